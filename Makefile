@@ -1,0 +1,32 @@
+# The two commands (see README): `make run` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+
+.PHONY: run test lint bench stop-db clean
+
+$(VENV)/.deps: requirements/base.txt requirements/dev.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements/dev.txt
+	touch $@
+
+## Install, start the database (embedded unless DATABASE_URL is set), migrate, and run
+## the worker and the web process (admin at http://127.0.0.1:8000/admin/).
+run: $(VENV)/.deps
+	$(PY) -m vpay.devstack
+
+## The whole test suite: lint, migrations in sync, every test (slow rehearsals included).
+test: $(VENV)/.deps
+	$(PY) -m ruff check .
+	$(PY) manage.py makemigrations --check --dry-run
+	$(PY) -m pytest
+
+bench: $(VENV)/.deps
+	bench/run.sh
+
+stop-db:
+	$(PY) -m vpay.embedded_db stop
+
+clean: stop-db
+	rm -rf .pgdata $(VENV)

@@ -1,0 +1,19 @@
+"""The closed set of job kinds.
+
+A kind is declared here, registered with a handler (``jobs.registry``), and listed in the
+``jobs`` table's CHECK constraint (generated from this enum by the model). A test keeps the
+three the same list. Adding a kind is therefore a migration, on purpose: a worker must
+never claim a row it has no handler for.
+"""
+
+from django.db import models
+
+
+class JobKind(models.TextChoices):
+    """Every kind of job the queue accepts."""
+
+    TASK = "task", "Application task (Django Tasks API)"
+    """A ``@task`` function from any importable module, run through the fence."""
+
+    SWEEP_EXPIRED = "sweep_expired", "Hourly housekeeping sweep"
+    """Singleton: expired fence rows and stale leases."""

@@ -1,0 +1,123 @@
+"""``python manage.py runworker``: run the job loop until drained or stopped."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+from django.core.management.base import BaseCommand, CommandError
+from django.db import DatabaseError, connection, connections
+
+from jobs.checks import fence_ttl_problems
+from jobs.migration_check import migration_problems
+from jobs.worker import DEFAULT_BATCH, Worker, default_worker_id
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise ValueError
+    return value
+
+
+class Command(BaseCommand):
+    help = (
+        "Run the vpay job worker: claim jobs, run their handlers, settle them. "
+        "SIGTERM/SIGINT drains (grace clock starts at the signal); a second signal exits at once."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument(
+            "--concurrency",
+            type=int,
+            default=int(os.environ.get("VPAY_WORKER_CONCURRENCY", 4)),
+            help="Loop threads, each with its own database connection (default 4).",
+        )
+        parser.add_argument(
+            "--queues",
+            default=os.environ.get("VPAY_WORKER_QUEUES", "default"),
+            help="Comma-separated queues to claim from (default: default).",
+        )
+        parser.add_argument(
+            "--lease",
+            type=float,
+            default=None,
+            metavar="SECONDS",
+            help="The lease this worker takes on what it claims, overriding each kind's "
+            "own (timeout + 30 s). The expiry is stored on the row from the database clock.",
+        )
+        parser.add_argument(
+            "--grace",
+            type=float,
+            default=30.0,
+            metavar="SECONDS",
+            help="On SIGTERM, how long in-flight jobs may take to finish (default 30).",
+        )
+        parser.add_argument("--burst", action="store_true", help="Drain what is claimable now, then exit 0.")
+        parser.add_argument(
+            "--batch",
+            type=int,
+            default=DEFAULT_BATCH,
+            help=f"Jobs claimed per claim statement (default {DEFAULT_BATCH}).",
+        )
+        parser.add_argument(
+            "--metrics-port", type=int, default=None, help="Serve Prometheus metrics on this port (default: off)."
+        )
+        parser.add_argument(
+            "--worker-id", default=None, help="Name in locked_by and pg_stat_activity (default host:pid:random)."
+        )
+
+    def handle(self, *args, **opts):
+        queues = [q.strip() for q in opts["queues"].split(",") if q.strip()]
+        if opts["concurrency"] < 1:
+            raise CommandError("--concurrency must be at least 1")
+        if opts["batch"] < 1:
+            raise CommandError("--batch must be at least 1")
+        if opts["lease"] is not None and opts["lease"] <= 0:
+            raise CommandError("--lease must be positive")
+        if opts["grace"] < 0:
+            raise CommandError("--grace must not be negative")
+        if not queues:
+            raise CommandError("--queues names no queue")
+
+        worker_id = opts["worker_id"] or default_worker_id()
+        # Every connection this process opens names itself in pg_stat_activity.
+        connections.settings["default"].setdefault("OPTIONS", {})["application_name"] = f"vpay-worker:{worker_id}"[:63]
+
+        problems = fence_ttl_problems()
+        try:
+            problems += migration_problems()
+        except DatabaseError as exc:
+            raise CommandError(f"cannot reach the database to check migrations: {exc}") from exc
+        finally:
+            connection.close()
+        if problems:
+            raise CommandError("refusing to start:\n  - " + "\n  - ".join(problems))
+
+        worker = Worker(
+            worker_id=worker_id,
+            concurrency=opts["concurrency"],
+            queues=queues,
+            lease_seconds=opts["lease"],
+            grace_seconds=opts["grace"],
+            burst=opts["burst"],
+            batch_size=opts["batch"],
+            metrics_port=opts["metrics_port"],
+        )
+
+        def on_signal(signum, frame):
+            # Only set flags here; the main loop does the work.
+            worker.request_stop()
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+
+        report, abandoned = worker.run()
+        self.stdout.write(f"runworker report: {report.line()}")
+        self.stdout.flush()
+        if abandoned:
+            # Loop threads are still inside handlers; their leases were released (or, on a
+            # second signal, left to the reaper). Do not wait for them.
+            sys.stderr.flush()
+            os._exit(1 if worker.forced else 0)

@@ -1,0 +1,200 @@
+"""The queue's three tables: live jobs, the idempotency fence, and dead letters.
+
+Successes are metrics, not rows: a finished job's row is deleted, and nothing but its
+``processed_jobs`` fence row (when its handler fences) outlives it.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db import models
+from django.db.models import Q
+from django.db.models.functions import Length, Now, Trim
+
+from jobs.kinds import JobKind
+
+LAST_ERROR_MAX = 2000
+
+# Lookups the CHECK constraints below are written with.
+models.TextField.register_lookup(Length, "length")
+models.TextField.register_lookup(Trim, "trim")
+
+
+class JobQuerySet(models.QuerySet):
+    def claimable(self):
+        """Rows a worker may claim now (the shape of the claim query's filter)."""
+        return self.filter(locked_at__isnull=True, run_at__lte=Now())
+
+    def leased(self):
+        return self.filter(locked_at__isnull=False)
+
+
+class Job(models.Model):
+    """One unit of live work. The worker loop is the only writer after enqueue."""
+
+    job_id = models.UUIDField(default=uuid.uuid4, help_text="Stable identity; replay reuses it.")
+    kind = models.CharField(max_length=64, choices=JobKind.choices)
+    queue = models.CharField(max_length=64, db_default="default")
+    payload = models.JSONField(default=dict)
+    # Lower runs first (ORDER BY priority, run_at).
+    priority = models.SmallIntegerField(db_default=0)
+    run_at = models.DateTimeField(db_default=Now())
+    attempts = models.IntegerField(db_default=0, help_text="Counted up by the claim itself.")
+    max_attempts = models.IntegerField(db_default=5)
+    deferrals = models.IntegerField(db_default=0, help_text="Deferrals spend no attempt.")
+    dedupe_key = models.TextField(null=True, blank=True)
+    correlation_id = models.CharField(max_length=128, db_default="", blank=True)
+    tenant = models.CharField(max_length=128, db_default="", blank=True)
+    locked_by = models.CharField(max_length=128, null=True, blank=True)
+    lease_token = models.UUIDField(null=True, blank=True)
+    locked_at = models.DateTimeField(null=True, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(db_default="", blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+
+    objects = JobQuerySet.as_manager()
+
+    class Meta:
+        db_table = "jobs"
+        constraints = [
+            models.UniqueConstraint(fields=["job_id"], name="jobs_job_job_id_unique"),
+            # Every row in this table is live, so a plain unique constraint is "unique
+            # while live": a finished job frees its key for the next enqueue.
+            models.UniqueConstraint(fields=["dedupe_key"], name="jobs_job_dedupe_key_unique"),
+            models.CheckConstraint(condition=Q(kind__in=JobKind.values), name="jobs_job_kind_known"),
+            models.CheckConstraint(condition=Q(attempts__gte=0), name="jobs_job_attempts_non_negative"),
+            models.CheckConstraint(condition=Q(max_attempts__gte=1), name="jobs_job_max_attempts_positive"),
+            models.CheckConstraint(condition=Q(deferrals__gte=0), name="jobs_job_deferrals_non_negative"),
+            # A lease is all four columns or none of them.
+            models.CheckConstraint(
+                condition=(
+                    Q(
+                        locked_at__isnull=True,
+                        locked_by__isnull=True,
+                        lease_token__isnull=True,
+                        lease_expires_at__isnull=True,
+                    )
+                    | Q(
+                        locked_at__isnull=False,
+                        locked_by__isnull=False,
+                        lease_token__isnull=False,
+                        lease_expires_at__isnull=False,
+                    )
+                ),
+                name="jobs_job_lease_complete",
+            ),
+            models.CheckConstraint(
+                condition=Q(last_error__length__lte=LAST_ERROR_MAX), name="jobs_job_last_error_bounded"
+            ),
+        ]
+        indexes = [
+            # Used by jobs.repository.CLAIM: the tenant skip-scan and each tenant's
+            # ORDER BY priority, run_at; partial so leased rows cost the claim nothing.
+            models.Index(
+                fields=["tenant", "priority", "run_at"],
+                condition=Q(locked_at__isnull=True),
+                name="jobs_job_claimable_idx",
+            ),
+            # Used by jobs.repository.REAP: leases past their expiry.
+            models.Index(
+                fields=["lease_expires_at"],
+                condition=Q(locked_at__isnull=False),
+                name="jobs_job_lease_expiry_idx",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.job_id}"
+
+
+class ProcessedJob(models.Model):
+    """The idempotency fence: a row per ``job_id`` whose effect has committed."""
+
+    job_id = models.UUIDField(primary_key=True)
+    kind = models.CharField(max_length=64)
+    # What the job acted on, for operators and for the Tasks backend's get_result
+    # (the task's import path): the job's own row is gone once it succeeded.
+    subject = models.CharField(max_length=255, blank=True, db_default="")
+    processed_at = models.DateTimeField(db_default=Now())
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "processed_jobs"
+        indexes = [models.Index(fields=["expires_at"], name="jobs_processed_expires_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.job_id}"
+
+
+class DeadLetterState(models.TextChoices):
+    """Where a dead letter stands in review."""
+
+    PENDING_REVIEW = "pending_review", "Pending review"
+    """Waiting for an operator."""
+    REPLAYED = "replayed", "Replayed"
+    """Re-enqueued with the same job_id."""
+    DISCARDED = "discarded", "Discarded"
+    """Closed by an operator, with a reason."""
+
+
+class DeadLetterCause(models.TextChoices):
+    """Why the job left the queue for a human."""
+
+    EXHAUSTED = "exhausted", "Retries exhausted"
+    POISON = "poison", "Poison (invalid payload or unknown kind)"
+    PERMANENT = "permanent", "Permanent failure"
+    CONFIGURATION = "configuration", "Configuration error"
+    DEFERRAL_CEILING = "deferral_ceiling", "Deferred too many times"
+    LEASE_EXHAUSTED = "lease_exhausted", "Worker died on the last attempt"
+    CANCELLED = "cancelled", "Cancelled by an operator"
+
+
+class DeadLetterQuerySet(models.QuerySet):
+    def pending_review(self):
+        return self.filter(state=DeadLetterState.PENDING_REVIEW)
+
+
+class DeadLetter(models.Model):
+    """Failed work, kept with everything needed to understand and replay it."""
+
+    job_id = models.UUIDField(db_index=True)
+    kind = models.CharField(max_length=64)
+    queue = models.CharField(max_length=64)
+    payload = models.JSONField()
+    priority = models.SmallIntegerField(default=0)
+    tenant = models.CharField(max_length=128, blank=True, default="")
+    correlation_id = models.CharField(max_length=128, blank=True, default="", db_index=True)
+    attempts = models.IntegerField()
+    max_attempts = models.IntegerField()
+    cause = models.CharField(max_length=32, choices=DeadLetterCause.choices)
+    error_category = models.CharField(max_length=32, blank=True, default="")
+    last_error = models.TextField(blank=True, default="")
+    job_created_at = models.DateTimeField()
+    created_at = models.DateTimeField(db_default=Now())
+    state = models.CharField(max_length=32, choices=DeadLetterState.choices, db_default=DeadLetterState.PENDING_REVIEW)
+    replayed_at = models.DateTimeField(null=True, blank=True)
+    replayed_by = models.CharField(max_length=150, blank=True, default="")
+    discarded_at = models.DateTimeField(null=True, blank=True)
+    discarded_by = models.CharField(max_length=150, blank=True, default="")
+    discard_reason = models.TextField(null=True, blank=True)
+
+    objects = DeadLetterQuerySet.as_manager()
+
+    class Meta:
+        db_table = "dead_letters"
+        constraints = [
+            models.CheckConstraint(condition=Q(state__in=DeadLetterState.values), name="jobs_deadletter_state_known"),
+            models.CheckConstraint(condition=Q(cause__in=DeadLetterCause.values), name="jobs_deadletter_cause_known"),
+            # The final guard behind the admin's form: no discard without a reason.
+            models.CheckConstraint(
+                condition=~Q(state=DeadLetterState.DISCARDED)
+                | (Q(discard_reason__isnull=False) & ~Q(discard_reason__trim="")),
+                name="jobs_deadletter_discard_requires_reason",
+            ),
+        ]
+        indexes = [models.Index(fields=["state", "created_at"], name="jobs_deadletter_review_idx")]
+
+    def __str__(self) -> str:
+        return f"dead letter {self.pk} ({self.kind} {self.job_id})"

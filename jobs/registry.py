@@ -1,0 +1,94 @@
+"""Handlers, registered per :class:`~jobs.kinds.JobKind`, with what the loop needs to run them.
+
+Apps register in their ``AppConfig.ready()`` (by importing the module that calls
+:func:`register`). ``jobs`` imports no app: dependencies point at the queue, never from it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from jobs.kinds import JobKind
+from jobs.retry import DEFAULT_RETRY, RetryPolicy
+from jobs.schema import PayloadSchema
+
+if TYPE_CHECKING:
+    from jobs.context import JobContext
+    from jobs.outcome import Outcome
+
+# What a lease adds on top of a kind's timeout: the handler gives up (timeout) well before
+# anyone else may take the job over (lease expiry), so a slow handler is not run twice.
+LEASE_MARGIN_SECONDS = 30.0
+DEFAULT_MAX_DEFERRALS = 100
+
+
+@dataclass(frozen=True)
+class Singleton:
+    """A kind with exactly one live job, seeded at worker boot under a fixed dedupe key."""
+
+    every_seconds: float
+    payload: dict = field(default_factory=dict)
+
+    def dedupe_key(self, kind: str) -> str:
+        return f"singleton:{kind}"
+
+
+@dataclass(frozen=True)
+class KindSpec:
+    kind: JobKind
+    handler: Callable[[JobContext], Outcome]
+    schema: PayloadSchema
+    timeout_seconds: float
+    retry: RetryPolicy = DEFAULT_RETRY
+    max_deferrals: int = DEFAULT_MAX_DEFERRALS
+    singleton: Singleton | None = None
+
+    @property
+    def lease_seconds(self) -> float:
+        """The lease a claim takes on this kind: its timeout plus a margin."""
+        return self.timeout_seconds + LEASE_MARGIN_SECONDS
+
+
+_REGISTRY: dict[str, KindSpec] = {}
+
+
+def register(
+    kind: JobKind,
+    *,
+    schema: PayloadSchema,
+    timeout_seconds: float,
+    retry: RetryPolicy | Callable[[], RetryPolicy] = DEFAULT_RETRY,
+    max_deferrals: int = DEFAULT_MAX_DEFERRALS,
+    singleton: Singleton | None = None,
+) -> Callable[[Callable[[JobContext], Outcome]], Callable[[JobContext], Outcome]]:
+    """Register the decorated function as the handler of ``kind``.
+
+    ``retry`` may be a callable read at use time (for policies that come from settings).
+    """
+
+    def decorate(handler: Callable[[JobContext], Outcome]) -> Callable[[JobContext], Outcome]:
+        if kind.value in _REGISTRY:
+            raise RuntimeError(f"kind {kind.value!r} is already registered")
+        spec = KindSpec(kind, handler, schema, timeout_seconds, retry, max_deferrals, singleton)  # type: ignore[arg-type]
+        _REGISTRY[kind.value] = spec
+        return handler
+
+    return decorate
+
+
+def get(kind: str) -> KindSpec | None:
+    return _REGISTRY.get(kind)
+
+
+def retry_policy(spec: KindSpec) -> RetryPolicy:
+    return spec.retry() if callable(spec.retry) else spec.retry
+
+
+def all_specs() -> list[KindSpec]:
+    return list(_REGISTRY.values())
+
+
+def registered_kinds() -> set[str]:
+    return set(_REGISTRY)

@@ -1,0 +1,489 @@
+"""Every SQL statement the queue runs, in one place.
+
+All instants are computed by PostgreSQL (``now()``); Python only ever passes *durations*.
+Every write that ends or changes a lease is guarded on the claim's ``lease_token``: when it
+matches nothing, the lease was reaped and someone else owns the job.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from django.db import connection
+
+from jobs.models import LAST_ERROR_MAX
+
+NOTIFY_CHANNEL = "vpay_jobs"
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedJob:
+    id: int
+    job_id: uuid.UUID
+    kind: str
+    queue: str
+    payload: dict
+    attempts: int
+    max_attempts: int
+    deferrals: int
+    lease_token: uuid.UUID
+    lease_seconds: float
+    tenant: str
+    correlation_id: str
+
+
+def _bounded(text: str) -> str:
+    return text if len(text) <= LAST_ERROR_MAX else text[: LAST_ERROR_MAX - 1] + "…"
+
+
+# --- enqueue --------------------------------------------------------------------------
+
+# NOTIFY inside the statement is delivered at commit, so a worker wakes only for a job it
+# can see. Only due jobs notify: waking a worker for a job an hour out buys nothing.
+_INSERT_ONE = f"""
+WITH ins AS (
+    INSERT INTO jobs (job_id, kind, queue, payload, priority, run_at, max_attempts,
+                      dedupe_key, correlation_id, tenant)
+    VALUES (%s, %s, %s, %s::jsonb, %s, now() + make_interval(secs => %s), %s, %s, %s, %s)
+    ON CONFLICT DO NOTHING
+    RETURNING id, queue
+)
+SELECT id, CASE WHEN %s THEN pg_notify('{NOTIFY_CHANNEL}', queue) END FROM ins
+"""
+
+
+def insert_job(
+    *,
+    job_id: uuid.UUID,
+    kind: str,
+    queue: str,
+    payload: str,
+    priority: int,
+    delay: float,
+    max_attempts: int,
+    dedupe_key: str | None,
+    correlation_id: str,
+    tenant: str,
+) -> int | None:
+    """Insert one job (``payload`` is JSON text); ``None`` when its ``job_id`` or ``dedupe_key`` is already live."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _INSERT_ONE,
+            [
+                job_id,
+                kind,
+                queue,
+                payload,
+                priority,
+                delay,
+                max_attempts,
+                dedupe_key,
+                correlation_id,
+                tenant,
+                delay <= 0,
+            ],
+        )
+        row = cursor.fetchone()
+    return row[0] if row else None
+
+
+# One statement for any number of jobs: parallel arrays unnested into rows.
+_INSERT_MANY = f"""
+WITH ins AS (
+    INSERT INTO jobs (job_id, kind, queue, payload, priority, run_at, max_attempts,
+                      dedupe_key, correlation_id, tenant)
+    SELECT job_id, kind, queue, payload, priority, now() + make_interval(secs => delay),
+           max_attempts, dedupe_key, correlation_id, tenant
+      FROM unnest(%s::uuid[], %s::text[], %s::text[], %s::jsonb[], %s::smallint[],
+                  %s::float8[], %s::int[], %s::text[], %s::text[], %s::text[])
+           AS r(job_id, kind, queue, payload, priority, delay, max_attempts,
+                dedupe_key, correlation_id, tenant)
+    ON CONFLICT DO NOTHING
+    RETURNING queue, run_at <= now() AS due
+)
+SELECT (SELECT count(*) FROM ins),
+       (SELECT count(pg_notify('{NOTIFY_CHANNEL}', q)) FROM (SELECT DISTINCT queue AS q FROM ins WHERE due) d)
+"""
+
+
+def insert_jobs(rows: Sequence[dict]) -> int:
+    """Insert many jobs in one statement; returns how many were new."""
+    if not rows:
+        return 0
+    columns = (
+        "job_id",
+        "kind",
+        "queue",
+        "payload",
+        "priority",
+        "delay",
+        "max_attempts",
+        "dedupe_key",
+        "correlation_id",
+        "tenant",
+    )
+    arrays = {c: [] for c in columns}
+    for row in rows:
+        for c in columns:
+            arrays[c].append(row[c])
+    with connection.cursor() as cursor:
+        cursor.execute(_INSERT_MANY, [arrays[c] for c in columns])
+        return cursor.fetchone()[0]
+
+
+_PULL_FORWARD = f"""
+WITH moved AS (
+    UPDATE jobs SET run_at = now()
+     WHERE dedupe_key = %s AND locked_at IS NULL
+       AND run_at > now() + make_interval(secs => %s)
+    RETURNING queue
+)
+SELECT pg_notify('{NOTIFY_CHANNEL}', queue) FROM moved
+"""
+
+
+def pull_forward(dedupe_key: str, floor_seconds: float) -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute(_PULL_FORWARD, [dedupe_key, floor_seconds])
+        return cursor.fetchone() is not None
+
+
+# --- claim ----------------------------------------------------------------------------
+
+# Fair claim, one statement. `tenants` walks the distinct tenants that have claimable work
+# (a skip-scan over jobs_job_claimable_idx: one index probe per tenant), starting after the
+# caller's rotating cursor and wrapping, at most %(max_tenants)s of them. Each tenant then
+# contributes its oldest rows by (priority, run_at), an even share of the batch, locked with
+# SKIP LOCKED; the batch interleaves them by rank within tenant. A tenant with a 300k
+# backlog therefore gets one slot in each round, like everyone else, and no claim touches
+# more than max_tenants * share rows. attempts is counted here, by the claim, so a job
+# that kills its worker still counts up. The lease expiry is written from now(): any
+# reaper, on any host, honours the claimant's lease as Postgres measures it.
+CLAIM = """
+WITH RECURSIVE tenants(tenant, n) AS (
+    (SELECT t.tenant, 1 FROM (
+        (SELECT j.tenant FROM jobs j
+          WHERE j.locked_at IS NULL AND j.run_at <= now() AND j.queue = ANY(%(queues)s)
+            AND j.tenant > %(after)s
+          ORDER BY j.tenant LIMIT 1)
+        UNION ALL
+        (SELECT j.tenant FROM jobs j
+          WHERE j.locked_at IS NULL AND j.run_at <= now() AND j.queue = ANY(%(queues)s)
+          ORDER BY j.tenant LIMIT 1)
+     ) t LIMIT 1)
+  UNION ALL
+    SELECT nxt.tenant, tenants.n + 1 FROM tenants, LATERAL (
+        SELECT j.tenant FROM jobs j
+         WHERE j.locked_at IS NULL AND j.run_at <= now() AND j.queue = ANY(%(queues)s)
+           AND j.tenant > tenants.tenant
+         ORDER BY j.tenant LIMIT 1) nxt
+     WHERE tenants.n < %(max_tenants)s
+),
+share AS (SELECT ceil(%(batch)s::numeric / count(*))::int AS k FROM tenants),
+locked AS (
+    SELECT c.* FROM tenants, LATERAL (
+        SELECT j.id, j.tenant, j.priority, j.run_at FROM jobs j
+         WHERE j.locked_at IS NULL AND j.run_at <= now() AND j.queue = ANY(%(queues)s)
+           AND j.tenant = tenants.tenant
+         ORDER BY j.priority, j.run_at
+         LIMIT (SELECT k FROM share)
+         FOR UPDATE SKIP LOCKED) c
+),
+chosen AS (
+    SELECT id FROM (
+        SELECT id, priority, run_at,
+               row_number() OVER (PARTITION BY tenant ORDER BY priority, run_at) AS rank
+          FROM locked) r
+     ORDER BY priority, rank, run_at
+     LIMIT %(batch)s
+)
+UPDATE jobs j
+   SET locked_by = %(worker)s,
+       lease_token = gen_random_uuid(),
+       locked_at = now(),
+       heartbeat_at = now(),
+       lease_expires_at = now() + make_interval(secs => coalesce(%(lease)s, (%(leases)s::jsonb ->> j.kind)::float8, %(default_lease)s)),
+       attempts = j.attempts + 1
+  FROM chosen
+ WHERE j.id = chosen.id
+RETURNING j.id, j.job_id, j.kind, j.queue, j.payload, j.attempts, j.max_attempts, j.deferrals,
+          j.lease_token, extract(epoch FROM j.lease_expires_at - j.locked_at)::float8,
+          j.tenant, j.correlation_id,
+          (SELECT max(tenant) FROM tenants), (SELECT count(*) FROM tenants)
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimResult:
+    jobs: list[ClaimedJob]
+    # Where the next claim's tenant walk starts, so many tenants are served round-robin.
+    next_after: str
+
+
+def claim(
+    *,
+    worker: str,
+    queues: Sequence[str],
+    batch: int,
+    lease_seconds: float | None,
+    kind_leases: dict[str, float],
+    default_lease: float,
+    after: str,
+    max_tenants: int,
+) -> ClaimResult:
+    """Claim up to ``batch`` jobs for ``worker``; see :data:`CLAIM`."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            CLAIM,
+            {
+                "worker": worker,
+                "queues": list(queues),
+                "batch": batch,
+                "lease": lease_seconds,
+                "leases": json.dumps(kind_leases),
+                "default_lease": default_lease,
+                "after": after,
+                "max_tenants": max_tenants,
+            },
+        )
+        rows = cursor.fetchall()
+    if not rows:
+        return ClaimResult([], "")
+    last_tenant, n_tenants = rows[0][12], rows[0][13]
+    # A walk cut short by max_tenants continues after its last tenant next time.
+    next_after = last_tenant if n_tenants >= max_tenants else ""
+    jobs = [
+        ClaimedJob(
+            id=r[0],
+            job_id=r[1],
+            kind=r[2],
+            queue=r[3],
+            payload=r[4] if isinstance(r[4], dict) else json.loads(r[4]) if isinstance(r[4], str) else r[4],
+            attempts=r[5],
+            max_attempts=r[6],
+            deferrals=r[7],
+            lease_token=r[8],
+            lease_seconds=r[9],
+            tenant=r[10],
+            correlation_id=r[11],
+        )
+        for r in rows
+    ]
+    return ClaimResult(jobs, next_after)
+
+
+# --- settle ---------------------------------------------------------------------------
+
+_FINISH_MANY = """
+DELETE FROM jobs j
+ USING unnest(%s::bigint[], %s::uuid[]) AS s(id, token)
+ WHERE j.id = s.id AND j.lease_token = s.token
+RETURNING j.id
+"""
+
+
+def finish_many(leases: Sequence[tuple[int, uuid.UUID]]) -> set[int]:
+    """Delete finished jobs still held under these leases; returns the ids that matched."""
+    if not leases:
+        return set()
+    with connection.cursor() as cursor:
+        cursor.execute(_FINISH_MANY, [[i for i, _ in leases], [t for _, t in leases]])
+        return {r[0] for r in cursor.fetchall()}
+
+
+_RESCHEDULE = """
+UPDATE jobs
+   SET run_at = now() + make_interval(secs => %(delay)s),
+       locked_by = NULL, lease_token = NULL, locked_at = NULL,
+       lease_expires_at = NULL, heartbeat_at = NULL,
+       attempts = CASE %(attempts)s WHEN 'reset' THEN 0
+                                    WHEN 'refund' THEN greatest(attempts - 1, 0)
+                                    ELSE attempts END,
+       deferrals = CASE WHEN %(attempts)s = 'reset' THEN 0 ELSE deferrals END + %(add_deferral)s,
+       last_error = %(error)s
+ WHERE id = %(id)s AND lease_token = %(token)s
+"""
+
+
+def reschedule(job_id: int, token: uuid.UUID, *, delay: float, attempts: str, add_deferral: bool, error: str) -> bool:
+    """Hand the job back to the queue to run after ``delay`` seconds (database clock)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _RESCHEDULE,
+            {
+                "delay": delay,
+                "attempts": attempts,
+                "add_deferral": int(add_deferral),
+                "error": _bounded(error),
+                "id": job_id,
+                "token": token,
+            },
+        )
+        return cursor.rowcount == 1
+
+
+_DEAD_LETTER_COLUMNS = """job_id, kind, queue, payload, priority, tenant, correlation_id, attempts,
+                          max_attempts, cause, error_category, last_error, job_created_at"""
+
+# Delete and insert in one statement: the job is in exactly one of the two tables.
+_DEAD_LETTER = f"""
+WITH gone AS (
+    DELETE FROM jobs WHERE id = %(id)s AND lease_token = %(token)s RETURNING *
+)
+INSERT INTO dead_letters ({_DEAD_LETTER_COLUMNS})
+SELECT job_id, kind, queue, payload, priority, tenant, correlation_id, attempts,
+       max_attempts, %(cause)s, %(category)s, %(error)s, created_at
+  FROM gone
+RETURNING id
+"""
+
+
+def dead_letter(job_id: int, token: uuid.UUID, *, cause: str, category: str, error: str) -> int | None:
+    """Move the job to ``dead_letters``; returns the dead letter's id, None if the lease was lost."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _DEAD_LETTER,
+            {"id": job_id, "token": token, "cause": cause, "category": category, "error": error[:20_000]},
+        )
+        row = cursor.fetchone()
+    return row[0] if row else None
+
+
+_HEARTBEAT = """
+UPDATE jobs SET heartbeat_at = now(), lease_expires_at = now() + make_interval(secs => %s)
+ WHERE id = %s AND lease_token = %s
+"""
+
+
+def heartbeat(job_id: int, token: uuid.UUID, lease_seconds: float) -> bool:
+    """Extend a held lease by ``lease_seconds`` from now; False when it was already taken."""
+    with connection.cursor() as cursor:
+        cursor.execute(_HEARTBEAT, [lease_seconds, job_id, token])
+        return cursor.rowcount == 1
+
+
+# Give leases back. `refund` undoes the claim's attempt for jobs that never started.
+_RELEASE = """
+UPDATE jobs j
+   SET locked_by = NULL, lease_token = NULL, locked_at = NULL, lease_expires_at = NULL,
+       heartbeat_at = NULL,
+       attempts = CASE WHEN %s THEN greatest(j.attempts - 1, 0) ELSE j.attempts END,
+       last_error = CASE WHEN %s THEN j.last_error ELSE %s END
+  FROM unnest(%s::bigint[], %s::uuid[]) AS s(id, token)
+ WHERE j.id = s.id AND j.lease_token = s.token
+"""
+
+
+def release(leases: Iterable[tuple[int, uuid.UUID]], *, refund: bool, error: str = "") -> int:
+    leases = list(leases)
+    if not leases:
+        return 0
+    with connection.cursor() as cursor:
+        cursor.execute(_RELEASE, [refund, refund, _bounded(error), [i for i, _ in leases], [t for _, t in leases]])
+        return cursor.rowcount
+
+
+# --- recovery -------------------------------------------------------------------------
+
+# Leases past their expiry belong to dead (or hopelessly late) workers. A job that was on
+# its last attempt is not handed out again: the worker that held it died on it, and that
+# is a failure a human should see. Everything else goes back to the queue, due at once.
+REAP = f"""
+WITH expired AS (
+    SELECT id, attempts >= max_attempts AS exhausted, locked_by
+      FROM jobs
+     WHERE locked_at IS NOT NULL AND lease_expires_at < now()
+     FOR UPDATE SKIP LOCKED
+),
+dead AS (
+    DELETE FROM jobs j USING expired e WHERE j.id = e.id AND e.exhausted RETURNING j.*
+),
+buried AS (
+    INSERT INTO dead_letters ({_DEAD_LETTER_COLUMNS})
+    SELECT job_id, kind, queue, payload, priority, tenant, correlation_id, attempts, max_attempts,
+           'lease_exhausted', 'transient',
+           left('lease expired on the last attempt (held by ' || locked_by || ')', {LAST_ERROR_MAX}),
+           created_at
+      FROM dead
+    RETURNING id
+),
+freed AS (
+    UPDATE jobs j
+       SET last_error = left('lease expired (held by ' || j.locked_by || ')', {LAST_ERROR_MAX}),
+           locked_by = NULL, lease_token = NULL, locked_at = NULL, lease_expires_at = NULL,
+           heartbeat_at = NULL
+      FROM expired e
+     WHERE j.id = e.id AND NOT e.exhausted
+    RETURNING j.id
+)
+SELECT (SELECT count(*) FROM freed), (SELECT count(*) FROM buried)
+"""
+
+
+def reap_expired_leases() -> tuple[int, int]:
+    """Free expired leases; returns (released, dead_lettered)."""
+    with connection.cursor() as cursor:
+        cursor.execute(REAP)
+        freed, buried = cursor.fetchone()
+    return freed, buried
+
+
+# --- the fence ------------------------------------------------------------------------
+
+_FENCE = """
+INSERT INTO processed_jobs (job_id, kind, subject, processed_at, expires_at)
+VALUES (%s, %s, %s, now(), now() + make_interval(secs => %s))
+ON CONFLICT (job_id) DO NOTHING
+RETURNING 1
+"""
+
+
+def insert_fence(job_id: uuid.UUID, kind: str, subject: str, ttl_seconds: float) -> bool:
+    """True when this is the first time ``job_id`` is processed."""
+    with connection.cursor() as cursor:
+        cursor.execute(_FENCE, [job_id, kind, subject[:255], ttl_seconds])
+        return cursor.fetchone() is not None
+
+
+_DELETE_EXPIRED_FENCES = """
+DELETE FROM processed_jobs
+ WHERE job_id IN (SELECT job_id FROM processed_jobs WHERE expires_at < now() LIMIT %s)
+"""
+
+
+def delete_expired_fences(page: int = 1000) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(_DELETE_EXPIRED_FENCES, [page])
+        return cursor.rowcount
+
+
+# --- health ---------------------------------------------------------------------------
+
+_OLDEST_CLAIMABLE_AGE = """
+SELECT coalesce(extract(epoch FROM now() - min(run_at)), 0)::float8
+  FROM jobs WHERE locked_at IS NULL AND run_at <= now()
+"""
+
+
+def oldest_claimable_age() -> float:
+    """Seconds the longest-waiting claimable job has been due (0 when none), on the DB clock."""
+    with connection.cursor() as cursor:
+        cursor.execute(_OLDEST_CLAIMABLE_AGE)
+        return cursor.fetchone()[0]
+
+
+_DEPTH = """
+SELECT queue, kind, count(*) FILTER (WHERE locked_at IS NULL AND run_at <= now()),
+       count(*) FILTER (WHERE locked_at IS NOT NULL), count(*)
+  FROM jobs GROUP BY queue, kind
+"""
+
+
+def depth() -> list[tuple[str, str, int, int, int]]:
+    """(queue, kind, claimable, leased, total) for every queue and kind with rows."""
+    with connection.cursor() as cursor:
+        cursor.execute(_DEPTH)
+        return cursor.fetchall()

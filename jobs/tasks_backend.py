@@ -1,0 +1,183 @@
+"""vpay's queue as a Django Tasks backend (the ``django-tasks`` API, ``django.tasks`` in Django 6).
+
+Application code writes ``@task`` functions in any importable module and calls
+``.enqueue()``; the call inserts one ``task`` job in the caller's transaction. The worker
+imports the function by path and runs it *inside one transaction together with the
+``processed_jobs`` fence*, so a task's database writes commit exactly once per result id,
+with the queue's retries (5 attempts, full-jitter backoff) and dead letters.
+
+What :meth:`VpayTaskBackend.get_result` reports, honestly:
+
+* ``READY`` / ``RUNNING`` while the job row is live (waiting or leased);
+* ``FAILED`` once it is in ``dead_letters`` (the last error is in ``errors``);
+* ``SUCCESSFUL`` once it succeeded, for as long as its fence row is kept
+  (``VPAY_PROCESSED_JOBS_TTL_SECONDS``, 7 days by default). Successes are not kept as
+  rows, so ``args``/``kwargs`` are empty and ``return_value`` is always ``None``;
+* after the fence row expires: :class:`TaskResultDoesNotExist`, as for an unknown id.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+from django.utils.module_loading import import_string
+from django_tasks.backends.base import BaseTaskBackend
+from django_tasks.base import Task, TaskContext, TaskError, TaskResult, TaskResultStatus
+from django_tasks.exceptions import TaskResultDoesNotExist
+from django_tasks.signals import task_enqueued
+from django_tasks.utils import normalize_json
+
+from jobs import queue, registry
+from jobs.context import JobContext
+from jobs.kinds import JobKind
+from jobs.models import DeadLetter, Job, ProcessedJob
+from jobs.outcome import Outcome
+from jobs.retry import RetryPolicy
+from jobs.schema import PayloadSchema
+from vpay.errors import PoisonError
+
+TASK_SCHEMA = PayloadSchema(required={"task": "str", "args": "list", "kwargs": "dict"}, optional={"backend": "str"})
+
+
+def _task_retry_policy() -> RetryPolicy:
+    # Read at use time so deployments (and the test suite's subprocess workers) set it by
+    # environment: VPAY_TASK_MAX_ATTEMPTS / _RETRY_BASE_SECONDS / _RETRY_CAP_SECONDS.
+    return RetryPolicy(
+        max_attempts=settings.VPAY_TASK_MAX_ATTEMPTS,
+        base_seconds=settings.VPAY_TASK_RETRY_BASE_SECONDS,
+        cap_seconds=settings.VPAY_TASK_RETRY_CAP_SECONDS,
+    )
+
+
+class VpayTaskBackend(BaseTaskBackend):
+    """Enqueues tasks as ``task`` jobs. ``priority``: higher runs first, as in Django Tasks."""
+
+    supports_defer = True
+    supports_get_result = True
+    supports_priority = True
+    supports_async_task = False
+
+    def enqueue(self, task: Task, args, kwargs) -> TaskResult:
+        self.validate_task(task)
+        job_id = uuid.uuid4()
+        payload = {
+            "task": task.module_path,
+            "args": normalize_json(list(args)),
+            "kwargs": normalize_json(dict(kwargs)),
+            "backend": self.alias,
+        }
+        delay = 0.0
+        if task.run_after is not None:
+            # run_after is an instant on the caller's clock; turning it into a delay on the
+            # same clock and letting Postgres add it to now() keeps "in ten minutes" true
+            # even when this host's clock is off.
+            delay = max((task.run_after - timezone.now()).total_seconds(), 0.0)
+        queue.enqueue(
+            JobKind.TASK,
+            payload,
+            job_id=job_id,
+            delay=delay,
+            queue=task.queue_name,
+            # Django Tasks: higher priority first; the queue: lower first.
+            priority=-task.priority,
+        )
+        result = _result(task, job_id, TaskResultStatus.READY, payload["args"], payload["kwargs"], self.alias)
+        task_enqueued.send(type(self), task_result=result)
+        return result
+
+    def get_result(self, result_id: str) -> TaskResult:
+        try:
+            job_id = uuid.UUID(str(result_id))
+        except ValueError:
+            raise TaskResultDoesNotExist(result_id) from None
+        job = Job.objects.filter(job_id=job_id, kind=JobKind.TASK).first()
+        if job is not None:
+            status = TaskResultStatus.RUNNING if job.locked_at else TaskResultStatus.READY
+            result = _result(
+                _import_task(job.payload["task"]),
+                job_id,
+                status,
+                job.payload["args"],
+                job.payload["kwargs"],
+                self.alias,
+            )
+            object.__setattr__(result, "enqueued_at", job.created_at)
+            object.__setattr__(result, "last_attempted_at", job.locked_at)
+            return result
+        letter = DeadLetter.objects.filter(job_id=job_id, kind=JobKind.TASK).order_by("-created_at").first()
+        if letter is not None:
+            result = _result(
+                _import_task(letter.payload["task"]),
+                job_id,
+                TaskResultStatus.FAILED,
+                letter.payload["args"],
+                letter.payload["kwargs"],
+                self.alias,
+            )
+            result.errors.append(
+                TaskError(exception_class_path=f"vpay.dead_letter.{letter.cause}", traceback=letter.last_error)
+            )
+            object.__setattr__(result, "enqueued_at", letter.job_created_at)
+            object.__setattr__(result, "finished_at", letter.created_at)
+            return result
+        fence = ProcessedJob.objects.filter(job_id=job_id, kind=JobKind.TASK).first()
+        if fence is not None and fence.subject:
+            result = _result(_import_task(fence.subject), job_id, TaskResultStatus.SUCCESSFUL, [], {}, self.alias)
+            object.__setattr__(result, "finished_at", fence.processed_at)
+            return result
+        raise TaskResultDoesNotExist(result_id)
+
+
+def _result(task: Task, job_id: uuid.UUID, status: TaskResultStatus, args, kwargs, alias: str) -> TaskResult:
+    return TaskResult(
+        task=task,
+        id=str(job_id),
+        status=status,
+        enqueued_at=None,
+        started_at=None,
+        last_attempted_at=None,
+        finished_at=None,
+        args=args,
+        kwargs=kwargs,
+        backend=alias,
+        errors=[],
+        worker_ids=[],
+    )
+
+
+def _import_task(path: str) -> Task:
+    try:
+        task = import_string(path)
+    except ImportError as exc:
+        raise PoisonError(f"task {path!r} cannot be imported: {exc}") from None
+    if not isinstance(task, Task):
+        raise PoisonError(f"{path!r} is not a @task function")
+    return task
+
+
+@registry.register(
+    JobKind.TASK,
+    schema=TASK_SCHEMA,
+    timeout_seconds=settings.VPAY_TASK_TIMEOUT_SECONDS,
+    retry=_task_retry_policy,
+)
+def run_task(ctx: JobContext) -> Outcome:
+    """Run one application task: the function and the fence commit together, or neither."""
+    task = _import_task(ctx.payload["task"])
+    args, kwargs = ctx.payload["args"], ctx.payload["kwargs"]
+    with transaction.atomic():
+        if not ctx.first_time(subject=ctx.payload["task"]):
+            return Outcome.done()
+        if task.takes_context:
+            result = _result(
+                task, ctx.job_id, TaskResultStatus.RUNNING, args, kwargs, ctx.payload.get("backend", "default")
+            )
+            # TaskContext.attempt counts worker_ids; give it one per attempt so far.
+            result.worker_ids.extend(["vpay"] * ctx.attempt)
+            task.call(TaskContext(task_result=result), *args, **kwargs)
+        else:
+            task.call(*args, **kwargs)
+    return Outcome.done()

@@ -1,0 +1,637 @@
+"""The worker loop: claim, run, settle — and drain, reap, and report.
+
+``Worker`` owns the ``jobs`` rows it claims; handlers only return an
+:class:`~jobs.outcome.Outcome` (or raise). Everything that ends a lease happens here, and
+every such write is guarded on the claim's ``lease_token``, so a worker whose lease was
+reaped discards its answer (``lost``) instead of stamping it over the new owner's.
+
+Threads: ``concurrency`` loop threads (each with its own database connection), one
+listener (``LISTEN vpay_jobs``) that wakes idle loops, and one maintenance thread (the
+half-lease reaper and the SQL gauges). The main thread only waits for signals.
+
+Tests call the step methods (:meth:`Worker.run_once`, :meth:`Worker.reap`) directly;
+``runworker`` calls :meth:`Worker.run`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+
+import psycopg
+from django.db import DatabaseError, InterfaceError, connection, connections
+
+from jobs import registry, repository
+from jobs.context import JobContext, LeaseLost
+from jobs.decisions import Disposition, JobState, Settle, settle_error, settle_outcome
+from jobs.models import DeadLetterCause
+from jobs.outcome import Outcome
+from jobs.repository import ClaimedJob
+from jobs.schema import PayloadError
+from vpay import metrics
+from vpay.errors import Category, Classification, PoisonError, Severity, classify, error_chain
+
+logger = logging.getLogger("jobs.worker")
+
+IDLE_SLEEP = 1.0  # an idle loop waits this long for a NOTIFY before claiming again
+DEFAULT_BATCH = 20
+# A claimed batch is only held while its handlers are fast: once a handler has run this
+# long, the batch's unstarted jobs go back to the queue for other workers to take.
+HOLD_LIMIT_SECONDS = 1.0
+GAUGE_PERIOD = 5.0
+CLAIM_BACKOFF_CAP = 10.0
+
+
+@dataclass
+class Report:
+    """What one worker did, by disposition. ``lost`` > 0 means a lease shorter than a handler."""
+
+    claimed: int = 0
+    finished: int = 0
+    retried: int = 0
+    rescheduled: int = 0
+    deferred: int = 0
+    dead_lettered: int = 0
+    lost: int = 0
+    released: int = 0
+    unsettled: int = 0  # the settle write itself failed; lease recovery takes the job
+
+    def count(self, disposition: Disposition, n: int = 1) -> None:
+        setattr(self, disposition.value, getattr(self, disposition.value) + n)
+
+    def merge(self, other: Report) -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    def as_dict(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def line(self) -> str:
+        return " ".join(f"{k}={v}" for k, v in self.as_dict().items())
+
+
+@dataclass
+class _LoopState:
+    """Per-thread state. ``held`` is read by the main thread at grace expiry, under ``lock``."""
+
+    report: Report = field(default_factory=Report)
+    held: dict[int, tuple[uuid.UUID, bool]] = field(default_factory=dict)  # id -> (token, started)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    tenant_after: str = ""
+    claim_failures: int = 0
+    current: tuple[ClaimedJob, float, float] | None = None  # job, start (monotonic), timeout
+    warned_timeout: int | None = None
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+class Worker:
+    """A pool of claim/run/settle loops over the queue. See the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        worker_id: str | None = None,
+        concurrency: int = 1,
+        queues: Sequence[str] = ("default",),
+        lease_seconds: float | None = None,
+        grace_seconds: float = 30.0,
+        burst: bool = False,
+        batch_size: int = DEFAULT_BATCH,
+        idle_sleep: float = IDLE_SLEEP,
+        max_tenants: int = 64,
+        metrics_port: int | None = None,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        if batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        if lease_seconds is not None and lease_seconds <= 0:
+            raise ValueError("lease_seconds must be positive")
+        if not queues:
+            raise ValueError("at least one queue is needed")
+        self.worker_id = worker_id or default_worker_id()
+        self.concurrency = concurrency
+        self.queues = list(queues)
+        self.lease_seconds = lease_seconds
+        self.grace_seconds = grace_seconds
+        self.burst = burst
+        self.batch_size = batch_size
+        self.idle_sleep = idle_sleep
+        self.max_tenants = max_tenants
+        self.metrics_port = metrics_port
+
+        specs = registry.all_specs()
+        self._kind_leases = {s.kind.value: s.lease_seconds for s in specs}
+        self._default_lease = max(self._kind_leases.values(), default=60.0)
+        shortest = lease_seconds or min(self._kind_leases.values(), default=60.0)
+        # Half a lease: the reaper can only free a lease already older than a lease, so a
+        # period of a whole lease would put the worst case at two. Floored at the idle
+        # sleep so a very short lease does not turn the reaper into a hot loop.
+        self.reap_period = max(shortest / 2, idle_sleep)
+
+        self._states: list[_LoopState] = []
+        self._states_lock = threading.Lock()
+        self._wake = threading.Condition()
+        self._wake_generation = 0
+        self._stopping = threading.Event()
+        self._exit_now = threading.Event()
+        self._grace_deadline: float | None = None
+        self._threads: list[threading.Thread] = []
+        self._metric_children: dict[tuple[str, str], object] = {}
+        self.boot_report = Report()
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        """First call: stop claiming, drain within grace. Second call: exit now."""
+        if self._stopping.is_set():
+            self._exit_now.set()
+        else:
+            # The grace clock starts at the signal, not at boot.
+            self._grace_deadline = time.monotonic() + self.grace_seconds
+            self._stopping.set()
+        self._notify_all()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    @property
+    def forced(self) -> bool:
+        """A second signal asked for an immediate exit."""
+        return self._exit_now.is_set()
+
+    def run(self) -> tuple[Report, bool]:
+        """Run until drained (``burst``) or stopped. Returns the report and whether any
+        loop thread was abandoned mid-job (the caller must then exit the process)."""
+        self.boot()
+        for i in range(self.concurrency):
+            thread = threading.Thread(target=self._loop, name=f"vpay-loop-{i}", daemon=True)
+            self._threads.append(thread)
+        helpers = [
+            threading.Thread(target=self._listen, name="vpay-listen", daemon=True),
+            threading.Thread(target=self._maintain, name="vpay-maintain", daemon=True),
+        ]
+        for thread in self._threads + helpers:
+            thread.start()
+        logger.info(
+            "worker started",
+            extra={
+                "worker_id": self.worker_id,
+                "concurrency": self.concurrency,
+                "queues": ",".join(self.queues),
+                "burst": self.burst,
+                "reap_period": self.reap_period,
+            },
+        )
+        abandoned = False
+        while any(t.is_alive() for t in self._threads):
+            if self._exit_now.is_set():
+                abandoned = True
+                logger.warning("second signal: exiting now; held leases are left to the reaper")
+                break
+            if self._grace_deadline is not None and time.monotonic() >= self._grace_deadline:
+                abandoned = True
+                self._release_everything_held()
+                break
+            for t in self._threads:
+                t.join(timeout=0.05)
+        self._stopping.set()
+        self._notify_all()
+        report = self.report()
+        logger.info("worker stopped", extra={"worker_id": self.worker_id, **report.as_dict()})
+        return report, abandoned
+
+    def boot(self) -> None:
+        """Reap stale leases, seed the singletons, serve metrics. Failures here are logged;
+        only the queue being unreadable would stop a worker, and the loop retries that."""
+        try:
+            self.reap()
+        except DatabaseError:
+            logger.exception("boot reap failed; the periodic reaper will retry", extra={"alert": True})
+        try:
+            from jobs.singletons import seed_singletons
+
+            seed_singletons()
+        except DatabaseError:
+            # The deployment loses its sweeps, which matters; the jobs it is driving matter more.
+            logger.exception("seeding the singleton jobs failed", extra={"alert": True})
+        finally:
+            connection.close()
+        if self.metrics_port is not None:
+            from prometheus_client import start_http_server
+
+            start_http_server(self.metrics_port)
+
+    def report(self) -> Report:
+        total = Report()
+        total.merge(self.boot_report)
+        with self._states_lock:
+            for state in self._states:
+                total.merge(state.report)
+        return total
+
+    # --- the loop -----------------------------------------------------------------------
+
+    def new_state(self) -> _LoopState:
+        state = _LoopState()
+        with self._states_lock:
+            self._states.append(state)
+        return state
+
+    def _loop(self) -> None:
+        state = self.new_state()
+        try:
+            while not self._stopping.is_set():
+                claimed = self.run_once(state)
+                if claimed:
+                    continue  # a backlog is walked as fast as its jobs run: no sleep
+                if self.burst and state.claim_failures == 0:
+                    return
+                self._wait_for_work(self._claim_backoff(state))
+        finally:
+            connection.close()
+
+    def run_once(self, state: _LoopState | None = None) -> int:
+        """Claim one batch, run it, settle it. Returns how many jobs were claimed."""
+        state = state or self.new_state()
+        claimed = self._claim(state)
+        if not claimed:
+            return 0
+        finished: list[ClaimedJob] = []
+        batch_started = time.monotonic()
+        for index, job in enumerate(claimed):
+            held_too_long = index > 0 and time.monotonic() - batch_started > HOLD_LIMIT_SECONDS
+            if self._stopping.is_set() or held_too_long:
+                self._flush_finished(state, finished)
+                self._release_unstarted(state, claimed[index:])
+                break
+            with state.lock:
+                state.held[job.id] = (job.lease_token, True)
+            started = time.monotonic()
+            settle = self._execute(state, job)
+            if settle is None:  # LeaseLost raised by a heartbeat
+                self._count(state, job, Disposition.LOST)
+                self._forget(state, job)
+            elif settle.disposition is Disposition.FINISHED:
+                finished.append(job)
+            else:
+                self._apply(state, job, settle)
+            if time.monotonic() - started > HOLD_LIMIT_SECONDS:
+                # A slow handler: do not keep fast neighbours' acks waiting behind it.
+                self._flush_finished(state, finished)
+        self._flush_finished(state, finished)
+        return len(claimed)
+
+    def _claim(self, state: _LoopState) -> list[ClaimedJob]:
+        try:
+            result = repository.claim(
+                worker=self.worker_id,
+                queues=self.queues,
+                batch=self.batch_size,
+                lease_seconds=self.lease_seconds,
+                kind_leases=self._kind_leases,
+                default_lease=self._default_lease,
+                after=state.tenant_after,
+                max_tenants=self.max_tenants,
+            )
+        except (DatabaseError, InterfaceError, psycopg.Error) as exc:
+            # Postgres briefly unreachable is what this retry exists for; exiting would
+            # turn a blip into a restart loop.
+            state.claim_failures += 1
+            metrics.CLAIM_FAILURES.inc()
+            logger.warning(
+                "claim failed; retrying after backoff",
+                extra={"error": error_chain(exc, 500), "consecutive_failures": state.claim_failures},
+            )
+            connection.close()
+            return []
+        state.claim_failures = 0
+        state.tenant_after = result.next_after
+        if result.jobs:
+            with state.lock:
+                for job in result.jobs:
+                    state.held[job.id] = (job.lease_token, False)
+            state.report.claimed += len(result.jobs)
+        return result.jobs
+
+    def _claim_backoff(self, state: _LoopState) -> float:
+        if state.claim_failures == 0:
+            return self.idle_sleep
+        return min(self.idle_sleep * (2 ** min(state.claim_failures - 1, 10)), CLAIM_BACKOFF_CAP)
+
+    def _execute(self, state: _LoopState, job: ClaimedJob) -> Settle | None:
+        spec = registry.get(job.kind)
+        if spec is None:
+            return self._poison(job, f"no handler is registered for kind {job.kind!r}")
+        job_state = JobState(job.attempts, job.max_attempts, job.deferrals, spec.max_deferrals)
+        try:
+            spec.schema.validate(job.payload)
+        except PayloadError as exc:
+            return self._poison(job, f"invalid payload: {exc}")
+        ctx = JobContext(job, spec.timeout_seconds)
+        state.current = (job, ctx.started_monotonic, spec.timeout_seconds)
+        try:
+            outcome = spec.handler(ctx)
+            if not isinstance(outcome, Outcome):
+                raise TypeError(f"handler for {job.kind!r} returned {type(outcome).__name__}, not Outcome")
+        except LeaseLost:
+            logger.warning("lease lost while the handler ran", extra=self._job_fields(job))
+            return None
+        except Exception as exc:  # noqa: BLE001 - any handler failure is classified, never fatal to the loop
+            classification = classify(exc)
+            self._log_failure(job, classification, exc)
+            if not connection.is_usable():
+                connection.close()
+            return settle_error(
+                classification,
+                error_chain(exc, 20_000),
+                job_state,
+                registry.retry_policy(spec),
+                defer_seconds=getattr(exc, "delay_seconds", 30.0),
+            )
+        finally:
+            state.current = None
+            metrics.JOB_DURATION.labels(kind=job.kind).observe(time.monotonic() - ctx.started_monotonic)
+        return settle_outcome(outcome, job_state)
+
+    def _poison(self, job: ClaimedJob, message: str) -> Settle:
+        classification = PoisonError.classification
+        self._log_failure(job, classification, PoisonError(message))
+        return settle_error(
+            classification, message, JobState(job.attempts, job.max_attempts, 0, 0), registry.DEFAULT_RETRY
+        )
+
+    def _apply(self, state: _LoopState, job: ClaimedJob, settle: Settle) -> None:
+        """Write one settle (not a finish), guarded on the lease token."""
+        try:
+            if settle.disposition is Disposition.DEAD_LETTERED:
+                dead_letter_id = repository.dead_letter(
+                    job.id,
+                    job.lease_token,
+                    cause=settle.cause or DeadLetterCause.PERMANENT,
+                    category=settle.error_category,
+                    error=settle.error,
+                )
+                matched = dead_letter_id is not None
+            else:
+                matched = repository.reschedule(
+                    job.id,
+                    job.lease_token,
+                    delay=settle.delay,
+                    attempts=settle.attempts.value,
+                    add_deferral=settle.add_deferral,
+                    error=settle.error,
+                )
+        except (DatabaseError, InterfaceError, psycopg.Error) as exc:
+            self._settle_failed(state, job, exc)
+            return
+        finally:
+            self._forget(state, job)
+        if not matched:
+            self._lost(state, job, settle.disposition)
+            return
+        self._count(state, job, settle.disposition)
+        fields_ = self._job_fields(job)
+        if settle.disposition is Disposition.DEAD_LETTERED:
+            logger.error(
+                "job dead-lettered",
+                extra={
+                    **fields_,
+                    "alert": True,
+                    "dead_letter_id": dead_letter_id,
+                    "cause": str(settle.cause),
+                    "error_category": settle.error_category,
+                },
+            )
+            metrics.ALERT_EVENTS.labels(category=settle.error_category or "unknown", severity=Severity.ERROR).inc()
+        elif settle.disposition is Disposition.RETRIED:
+            logger.warning("job failed; retrying", extra={**fields_, "retry_in": round(settle.delay, 3)})
+        elif settle.disposition is Disposition.DEFERRED:
+            logger.info(
+                "job deferred", extra={**fields_, "retry_in": round(settle.delay, 3), "reason": settle.error[:200]}
+            )
+
+    def _flush_finished(self, state: _LoopState, finished: list[ClaimedJob]) -> None:
+        if not finished:
+            return
+        batch = list(finished)
+        finished.clear()
+        try:
+            matched = repository.finish_many([(j.id, j.lease_token) for j in batch])
+        except (DatabaseError, InterfaceError, psycopg.Error) as exc:
+            for job in batch:
+                self._settle_failed(state, job, exc)
+                self._forget(state, job)
+            return
+        for job in batch:
+            self._forget(state, job)
+            if job.id in matched:
+                self._count(state, job, Disposition.FINISHED)
+            else:
+                self._lost(state, job, Disposition.FINISHED)
+
+    def _release_unstarted(self, state: _LoopState, jobs: list[ClaimedJob]) -> None:
+        if not jobs:
+            return
+        try:
+            released = repository.release([(j.id, j.lease_token) for j in jobs], refund=True)
+        except (DatabaseError, InterfaceError, psycopg.Error) as exc:
+            for job in jobs:
+                self._settle_failed(state, job, exc)
+            released = 0
+        for job in jobs:
+            self._forget(state, job)
+        state.report.released += released
+        for job in jobs[:released]:
+            self._metric(job.kind, Disposition.RELEASED).inc()
+
+    def _release_everything_held(self) -> None:
+        """Grace ran out: hand back every lease this process still holds (guarded)."""
+        started, unstarted = [], []
+        with self._states_lock:
+            states = list(self._states)
+        for state in states:
+            with state.lock:
+                for job_id, (token, was_started) in state.held.items():
+                    (started if was_started else unstarted).append((job_id, token))
+                state.held.clear()
+        released = 0
+        try:
+            released += repository.release(unstarted, refund=True)
+            released += repository.release(
+                started, refund=False, error=f"released at shutdown: grace elapsed (worker {self.worker_id})"
+            )
+        except (DatabaseError, InterfaceError, psycopg.Error) as exc:
+            logger.error(
+                "releasing held leases failed; the reaper will free them", extra={"error": error_chain(exc, 500)}
+            )
+        finally:
+            connection.close()
+        self.boot_report.released += released
+        logger.warning(
+            "grace elapsed; released held leases",
+            extra={"worker_id": self.worker_id, "released": released, "in_flight": len(started)},
+        )
+
+    def _settle_failed(self, state: _LoopState, job: ClaimedJob, exc: BaseException) -> None:
+        state.report.unsettled += 1
+        metrics.SETTLE_FAILURES.inc()
+        logger.warning(
+            "settle failed; the job is left to lease recovery",
+            extra={**self._job_fields(job), "error": error_chain(exc, 500)},
+        )
+        connection.close()
+
+    def _lost(self, state: _LoopState, job: ClaimedJob, intended: Disposition) -> None:
+        self._count(state, job, Disposition.LOST)
+        logger.warning(
+            "lease lost before settle; answer discarded",
+            extra={**self._job_fields(job), "intended": intended.value},
+        )
+
+    def _forget(self, state: _LoopState, job: ClaimedJob) -> None:
+        with state.lock:
+            state.held.pop(job.id, None)
+
+    def _count(self, state: _LoopState, job: ClaimedJob, disposition: Disposition) -> None:
+        state.report.count(disposition)
+        self._metric(job.kind, disposition).inc()
+
+    def _metric(self, kind: str, disposition: Disposition):
+        key = (kind, disposition.value)
+        child = self._metric_children.get(key)
+        if child is None:
+            child = self._metric_children[key] = metrics.JOBS.labels(kind=kind, disposition=disposition.value)
+        return child
+
+    def _log_failure(self, job: ClaimedJob, classification: Classification, exc: BaseException) -> None:
+        level = {
+            Severity.INFO: logging.INFO,
+            Severity.WARNING: logging.WARNING,
+            Severity.ERROR: logging.ERROR,
+            Severity.PAGE: logging.CRITICAL,
+        }[classification.severity]
+        extra = {
+            **self._job_fields(job),
+            "category": classification.category.value,
+            "severity": classification.severity.value,
+            "error": error_chain(exc, 1000),
+        }
+        if classification.alert:
+            extra["alert"] = True
+            metrics.ALERT_EVENTS.labels(category=classification.category, severity=classification.severity).inc()
+        metrics.ERROR_EVENTS.labels(category=classification.category, severity=classification.severity).inc()
+        logger.log(level, "job handler failed", extra=extra)
+
+    @staticmethod
+    def _job_fields(job: ClaimedJob) -> dict:
+        return {
+            "job_id": str(job.job_id),
+            "kind": job.kind,
+            "queue": job.queue,
+            "attempt": job.attempts,
+            "correlation_id": job.correlation_id,
+        }
+
+    # --- waking -------------------------------------------------------------------------
+
+    def _notify_all(self) -> None:
+        with self._wake:
+            self._wake_generation += 1
+            self._wake.notify_all()
+
+    def _wait_for_work(self, timeout: float) -> None:
+        with self._wake:
+            generation = self._wake_generation
+            self._wake.wait_for(lambda: self._wake_generation != generation or self._stopping.is_set(), timeout)
+
+    def _listen(self) -> None:
+        """Wake idle loops on NOTIFY. Any failure falls back to the idle poll, then reconnects."""
+        params = connection.get_connection_params()
+        for key in ("cursor_factory", "context", "prepare_threshold"):
+            params.pop(key, None)
+        params["application_name"] = f"vpay-listen:{self.worker_id}"[:63]
+        failures = 0
+        while not self._stopping.is_set():
+            try:
+                with psycopg.connect(**params, autocommit=True) as conn:
+                    conn.execute(f"LISTEN {repository.NOTIFY_CHANNEL}")
+                    failures = 0
+                    # A catch-up wake: anything enqueued while we were not listening.
+                    self._notify_all()
+                    while not self._stopping.is_set():
+                        for notify in conn.notifies(timeout=self.idle_sleep):
+                            if notify.payload in self.queues or not notify.payload:
+                                self._notify_all()
+            except (psycopg.Error, OSError) as exc:
+                failures += 1
+                logger.warning(
+                    "LISTEN connection failed; idle polling continues", extra={"error": error_chain(exc, 300)}
+                )
+                self._stopping.wait(min(self.idle_sleep * 2**failures, CLAIM_BACKOFF_CAP))
+        connection.close()
+
+    # --- maintenance --------------------------------------------------------------------
+
+    def reap(self) -> tuple[int, int]:
+        """Free expired leases (and dead-letter jobs that died on their last attempt)."""
+        freed, buried = repository.reap_expired_leases()
+        if freed or buried:
+            metrics.LEASES_REAPED.labels(result="released").inc(freed)
+            metrics.LEASES_REAPED.labels(result="dead_lettered").inc(buried)
+            logger.warning(
+                "reaped expired leases",
+                extra={"released": freed, "dead_lettered": buried, "alert": bool(buried)},
+            )
+        return freed, buried
+
+    def _maintain(self) -> None:
+        next_reap = time.monotonic() + self.reap_period
+        next_gauges = time.monotonic()
+        while not self._stopping.wait(0.25):
+            now = time.monotonic()
+            self._watch_timeouts(now)
+            try:
+                if now >= next_reap:
+                    next_reap = now + self.reap_period
+                    self.reap()
+                if self.metrics_port is not None and now >= next_gauges:
+                    next_gauges = now + GAUGE_PERIOD
+                    self.refresh_gauges()
+            except (DatabaseError, InterfaceError, psycopg.Error) as exc:
+                logger.warning("maintenance query failed; will retry", extra={"error": error_chain(exc, 300)})
+                connection.close()
+        connections.close_all()
+
+    def refresh_gauges(self) -> None:
+        metrics.OLDEST_CLAIMABLE_AGE.set(repository.oldest_claimable_age())
+        metrics.QUEUE_DEPTH.clear()
+        for queue, kind, claimable, leased, _total in repository.depth():
+            metrics.QUEUE_DEPTH.labels(queue=queue, kind=kind, state="claimable").set(claimable)
+            metrics.QUEUE_DEPTH.labels(queue=queue, kind=kind, state="leased").set(leased)
+
+    def _watch_timeouts(self, now: float) -> None:
+        with self._states_lock:
+            states = list(self._states)
+        for state in states:
+            current = state.current
+            if current is None:
+                continue
+            job, started, timeout = current
+            if now - started > timeout and state.warned_timeout != job.id:
+                state.warned_timeout = job.id
+                logger.error(
+                    "job exceeded its timeout; its lease will expire and another worker may run it",
+                    extra={**self._job_fields(job), "timeout": timeout, "alert": True},
+                )
+                metrics.ALERT_EVENTS.labels(category=Category.BUG, severity=Severity.ERROR).inc()

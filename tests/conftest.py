@@ -1,0 +1,120 @@
+"""Shared fixtures: the real database, the effects table, and real worker subprocesses."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def database_url() -> str:
+    """A URL for the database the tests are using (the test database), for subprocesses."""
+    s = connection.settings_dict
+    host = s["HOST"] or s["OPTIONS"].get("host", "")
+    auth = quote(s["USER"] or "", safe="")
+    if s["PASSWORD"]:
+        auth += ":" + quote(s["PASSWORD"], safe="")
+    if host.startswith("/"):
+        return f"postgresql://{auth}@/{s['NAME']}?host={quote(host, safe='/')}"
+    port = f":{s['PORT']}" if s["PORT"] else ""
+    return f"postgresql://{auth}@{host}{port}/{s['NAME']}"
+
+
+@pytest.fixture
+def effects(django_db_blocker):
+    """The ``test_effects`` table, emptied; returns a function reading its rows."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "CREATE TABLE IF NOT EXISTS test_effects ("
+            " id bigserial PRIMARY KEY, label text NOT NULL, value text NOT NULL DEFAULT '',"
+            " at timestamptz NOT NULL DEFAULT clock_timestamp())"
+        )
+        cursor.execute("TRUNCATE test_effects")
+
+    def rows(label_prefix: str = "") -> list[tuple[str, str]]:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT label, value FROM test_effects WHERE label LIKE %s ORDER BY id", [label_prefix + "%"]
+            )
+            return cursor.fetchall()
+
+    return rows
+
+
+class WorkerProcess:
+    """A real ``python manage.py runworker`` subprocess against the test database."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None, log_path: Path | None = None) -> None:
+        full_env = {
+            **os.environ,
+            "DATABASE_URL": database_url(),
+            "VPAY_LOG_FORMAT": "json",
+            "PYTHONUNBUFFERED": "1",
+            **(env or {}),
+        }
+        self.log_path = log_path
+        self._log = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, "manage.py", "runworker", *args],
+            cwd=ROOT,
+            env=full_env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def signal(self, signum: int = signal.SIGTERM) -> None:
+        self.proc.send_signal(signum)
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def wait(self, timeout: float = 60) -> int:
+        try:
+            return self.proc.wait(timeout=timeout)
+        finally:
+            if self._log is not subprocess.DEVNULL:
+                self._log.close()
+
+    def output(self) -> str:
+        return self.log_path.read_text() if self.log_path else ""
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
+@pytest.fixture
+def start_worker(tmp_path):
+    """Start real worker subprocesses; all are killed at teardown."""
+    started: list[WorkerProcess] = []
+
+    def start(*args: str, env: dict[str, str] | None = None) -> WorkerProcess:
+        worker = WorkerProcess(*args, env=env, log_path=tmp_path / f"worker-{len(started)}.log")
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop()
+
+
+def wait_for(predicate, timeout: float = 30.0, interval: float = 0.05, message: str = "condition"):
+    """Poll ``predicate`` until truthy; fail the test with ``message`` on timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    pytest.fail(f"timed out after {timeout}s waiting for {message}")

@@ -1,0 +1,84 @@
+"""``make run``: the whole stack on one machine, in the foreground.
+
+Starts the database (embedded unless ``DATABASE_URL`` is set), applies migrations, makes
+sure an admin login exists (development only), then runs the worker and the web process
+as child processes. Ctrl-C (or SIGTERM) stops them all: the worker drains first.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+WEB_ADDR = os.environ.get("VPAY_WEB_ADDR", "127.0.0.1:8000")
+DEV_ADMIN_USER = "admin"
+
+
+def _manage(*args: str) -> list[str]:
+    return [sys.executable, str(ROOT / "manage.py"), *args]
+
+
+def main() -> int:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "vpay.settings")
+    os.environ.setdefault("VPAY_DEBUG", "1")
+    import django
+
+    django.setup()  # starts the embedded database when DATABASE_URL is unset
+    from django.conf import settings
+
+    print("vpay: applying migrations", flush=True)
+    subprocess.run(_manage("migrate", "--no-input"), check=True)
+    if not settings.LIVE_MODE:
+        _ensure_dev_admin()
+
+    children = {
+        "worker": subprocess.Popen(_manage("runworker", "--concurrency", "4", "--metrics-port", "9100")),
+        "web": subprocess.Popen(_manage("runserver", WEB_ADDR, "--noreload")),
+    }
+    print(
+        f"vpay: web on http://{WEB_ADDR}/ (admin: /{settings.ADMIN_URL}), worker metrics on :9100; Ctrl-C stops",
+        flush=True,
+    )
+
+    stopping = False
+
+    def stop(signum, frame):
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    while not stopping and all(p.poll() is None for p in children.values()):
+        time.sleep(0.2)
+    for proc in children.values():
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for name, proc in children.items():
+        try:
+            proc.wait(timeout=40)
+        except subprocess.TimeoutExpired:
+            print(f"vpay: {name} did not stop; killing it", flush=True)
+            proc.kill()
+    failed = [n for n, p in children.items() if p.returncode not in (0, -signal.SIGTERM)]
+    return 1 if failed and not stopping else 0
+
+
+def _ensure_dev_admin() -> None:
+    from django.contrib.auth import get_user_model
+
+    user_model = get_user_model()
+    if not user_model.objects.exists():
+        password = os.environ.get("VPAY_DEV_ADMIN_PASSWORD", "admin")
+        user_model.objects.create_superuser(DEV_ADMIN_USER, "admin@example.invalid", password)
+        print(
+            f"vpay: created development login {DEV_ADMIN_USER!r} (password from VPAY_DEV_ADMIN_PASSWORD, default 'admin')"
+        )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""Log formatting and the secret-redaction filter.
+
+Production logs are one JSON object a line; development logs are readable text. Both
+carry the record's structured fields (``extra={...}``), among them ``alert=True`` where a
+human must look. The redaction filter is the last line of defence: code never logs a
+secret on purpose, and anything shaped like one is scrubbed anyway.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from datetime import UTC, datetime
+
+# Attributes every LogRecord has; anything else on a record came from `extra=`.
+_STANDARD_ATTRS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
+
+_SECRET_PATTERNS = [
+    # API keys, webhook secrets, client secrets: sk_..., whsec_..., rk_..., cs_secret_...
+    (re.compile(r"\b(sk|rk|whsec|pk_live|sk_live|sk_test)_[A-Za-z0-9_]{6,}"), r"\1_[REDACTED]"),
+    (re.compile(r"(?i)\b(bearer)\s+[A-Za-z0-9._~+/=-]{6,}"), r"\1 [REDACTED]"),
+    # user:password@ in URLs (DATABASE_URL, rail base URLs with credentials).
+    (re.compile(r"(?i)([a-z][a-z0-9+.-]*://[^/\s:@]*):[^@\s/]+@"), r"\1:[REDACTED]@"),
+    (re.compile(r"(?i)\b(api[_-]?key|secret|password|token)(\"?\s*[=:]\s*\"?)[^\s\",}]+"), r"\1\2[REDACTED]"),
+]
+
+
+def redact(text: str) -> str:
+    """Scrub anything shaped like a credential out of ``text``."""
+    for pattern, replacement in _SECRET_PATTERNS:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+class RedactSecretsFilter(logging.Filter):
+    """Rewrites the message and string extras of every record through :func:`redact`."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        scrubbed = redact(message)
+        if scrubbed != message or record.args:
+            record.msg, record.args = scrubbed, None
+        for key, value in list(vars(record).items()):
+            if key not in _STANDARD_ATTRS and isinstance(value, str):
+                setattr(record, key, redact(value))
+        if record.exc_info and record.exc_info[1] is not None:
+            record.exc_text = redact(logging.Formatter().formatException(record.exc_info))
+            record.exc_info = None
+        return True
+
+
+def _extras(record: logging.LogRecord) -> dict:
+    return {k: v for k, v in vars(record).items() if k not in _STANDARD_ATTRS and not k.startswith("_")}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object a line: time, level, logger, message, then the structured fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        entry.update(_extras(record))
+        if record.exc_info:
+            entry["exception"] = redact(self.formatException(record.exc_info))
+        elif record.exc_text:
+            entry["exception"] = record.exc_text
+        return json.dumps(entry, default=str)
+
+
+class TextFormatter(logging.Formatter):
+    """Readable development lines: ``time level logger message key=value ...``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        when = datetime.fromtimestamp(record.created, UTC).strftime("%H:%M:%S.%f")[:-3]
+        fields = " ".join(f"{k}={v}" for k, v in _extras(record).items())
+        line = f"{when} {record.levelname:<7} {record.name}: {record.getMessage()}"
+        if fields:
+            line += f"  {fields}"
+        if record.exc_info:
+            line += "\n" + redact(self.formatException(record.exc_info))
+        elif record.exc_text:
+            line += "\n" + record.exc_text
+        return line

