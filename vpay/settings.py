@@ -54,6 +54,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -183,3 +184,11 @@ LOGGING = {
 }
 
 ADMIN_URL = env.str("VPAY_ADMIN_URL", default="admin/")
+
+# --- Transport security (live mode behind TLS) ------------------------------------------
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = LIVE_MODE
+SECURE_SSL_REDIRECT = env.bool("VPAY_SECURE_SSL_REDIRECT", default=LIVE_MODE)
+SECURE_HSTS_SECONDS = env.int("VPAY_SECURE_HSTS_SECONDS", default=31_536_000 if LIVE_MODE else 0)
+# Behind a TLS-terminating proxy that sets X-Forwarded-Proto.
+if env.bool("VPAY_BEHIND_TLS_PROXY", default=False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
