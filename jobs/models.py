@@ -60,9 +60,12 @@ class Job(models.Model):
         db_table = "jobs"
         constraints = [
             models.UniqueConstraint(fields=["job_id"], name="jobs_job_job_id_unique"),
-            # Every row in this table is live, so a plain unique constraint is "unique
-            # while live": a finished job frees its key for the next enqueue.
-            models.UniqueConstraint(fields=["dedupe_key"], name="jobs_job_dedupe_key_unique"),
+            # Every row in this table is live, so this is "unique while live": a finished
+            # job frees its key for the next enqueue. Partial: keyless jobs (most of them)
+            # cost it nothing.
+            models.UniqueConstraint(
+                fields=["dedupe_key"], condition=Q(dedupe_key__isnull=False), name="jobs_job_dedupe_key_unique"
+            ),
             models.CheckConstraint(condition=Q(kind__in=JobKind.values), name="jobs_job_kind_known"),
             models.CheckConstraint(condition=Q(attempts__gte=0), name="jobs_job_attempts_non_negative"),
             models.CheckConstraint(condition=Q(max_attempts__gte=1), name="jobs_job_max_attempts_positive"),
@@ -163,21 +166,21 @@ class DeadLetter(models.Model):
     kind = models.CharField(max_length=64)
     queue = models.CharField(max_length=64)
     payload = models.JSONField()
-    priority = models.SmallIntegerField(default=0)
-    tenant = models.CharField(max_length=128, blank=True, default="")
-    correlation_id = models.CharField(max_length=128, blank=True, default="", db_index=True)
+    priority = models.SmallIntegerField(db_default=0)
+    tenant = models.CharField(max_length=128, blank=True, db_default="")
+    correlation_id = models.CharField(max_length=128, blank=True, db_default="", db_index=True)
     attempts = models.IntegerField()
     max_attempts = models.IntegerField()
     cause = models.CharField(max_length=32, choices=DeadLetterCause.choices)
-    error_category = models.CharField(max_length=32, blank=True, default="")
-    last_error = models.TextField(blank=True, default="")
+    error_category = models.CharField(max_length=32, blank=True, db_default="")
+    last_error = models.TextField(blank=True, db_default="")
     job_created_at = models.DateTimeField()
     created_at = models.DateTimeField(db_default=Now())
     state = models.CharField(max_length=32, choices=DeadLetterState.choices, db_default=DeadLetterState.PENDING_REVIEW)
     replayed_at = models.DateTimeField(null=True, blank=True)
-    replayed_by = models.CharField(max_length=150, blank=True, default="")
+    replayed_by = models.CharField(max_length=150, blank=True, db_default="")
     discarded_at = models.DateTimeField(null=True, blank=True)
-    discarded_by = models.CharField(max_length=150, blank=True, default="")
+    discarded_by = models.CharField(max_length=150, blank=True, db_default="")
     discard_reason = models.TextField(null=True, blank=True)
 
     objects = DeadLetterQuerySet.as_manager()

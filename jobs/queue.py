@@ -12,6 +12,7 @@ Every argument is validated before anything is written; a bad one raises
 from __future__ import annotations
 
 import json
+import math
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -65,25 +66,40 @@ def enqueue(
     ``priority``: lower runs first. ``delay``: seconds (or a timedelta) after now, on the
     database clock. ``max_attempts`` defaults to the kind's retry policy.
     """
+    job_id = job_id if job_id is not None else uuid.uuid4()
     row = _validated(
-        JobRequest(kind, payload, job_id, dedupe_key, delay, queue, priority, tenant, correlation_id, max_attempts)
+        JobRequest(kind, payload, job_id, dedupe_key, delay, queue, priority, tenant, correlation_id, max_attempts),
+        {},
     )
-    inserted = repository.insert_job(**row)
-    return row["job_id"] if inserted is not None else None
+    inserted = repository.insert_job(**dict(zip(repository.BULK_COLUMNS, row, strict=True)))
+    return job_id if inserted is not None else None
 
 
 def enqueue_many(requests: Iterable[JobRequest]) -> int:
     """Enqueue many jobs in one statement; returns how many were new (dedupe skips the rest).
 
-    All are validated first: one invalid request raises and nothing is written.
+    All are validated first: one invalid request raises and nothing is written. Jobs
+    without a ``job_id`` get one from PostgreSQL.
     """
-    rows = [_validated(r) for r in requests]
+    kinds: dict[str, tuple[registry.KindSpec, int]] = {}
+    rows = []
+    may_conflict = False
+    for request in requests:
+        row = _validated(request, kinds, encode=False)
+        if row[0] is not None or row[7] is not None:
+            may_conflict = True
+            row = (str(row[0]) if row[0] is not None else None, *row[1:])
+        rows.append(row)
     if not rows:
         return 0
+    try:
+        rows_json = json.dumps(rows, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise EnqueueError(f"a payload is not JSON-serializable: {exc}") from None
     # One statement is already atomic; the block only keeps the NOTIFY with the insert
     # when the caller runs in autocommit.
     with transaction.atomic():
-        return repository.insert_jobs(rows)
+        return repository.insert_jobs(rows_json, may_conflict=may_conflict)
 
 
 def pull_forward(dedupe_key: str, floor: timedelta | float = 0) -> bool:
@@ -94,56 +110,78 @@ def pull_forward(dedupe_key: str, floor: timedelta | float = 0) -> bool:
     return repository.pull_forward(dedupe_key, _seconds(floor, "floor"))
 
 
-def _validated(r: JobRequest) -> dict:
-    kind = r.kind.value if isinstance(r.kind, JobKind) else r.kind
-    if kind not in JobKind.values:
-        raise EnqueueError(f"unknown job kind {kind!r}")
-    spec = registry.get(kind)
-    if spec is None:
-        raise EnqueueError(f"job kind {kind!r} has no registered handler")
-    if not isinstance(r.payload, Mapping):
-        raise EnqueueError(f"payload for {kind!r} must be a mapping, not {type(r.payload).__name__}")
-    payload = dict(r.payload)
+_KINDS = frozenset(JobKind.values)
+
+
+def _kind(kind: JobKind | str, cache: dict) -> tuple[str, registry.KindSpec, int]:
+    name = kind.value if isinstance(kind, JobKind) else kind
+    known = cache.get(name)
+    if known is None:
+        if name not in _KINDS:
+            raise EnqueueError(f"unknown job kind {name!r}")
+        spec = registry.get(name)
+        if spec is None:
+            raise EnqueueError(f"job kind {name!r} has no registered handler")
+        known = cache[name] = (spec, registry.retry_policy(spec).max_attempts)
+    return (name, *known)
+
+
+def _validated(r: JobRequest, cache: dict, *, encode: bool = True) -> tuple:
+    """The request as a row in :data:`jobs.repository.BULK_COLUMNS` order, or EnqueueError.
+
+    With ``encode`` the payload is returned as JSON text (checked serializable here);
+    without, as the mapping itself, for a caller that encodes many rows at once.
+    """
+    kind, spec, default_max_attempts = _kind(r.kind, cache)
+    payload = r.payload
+    if not isinstance(payload, dict):
+        if not isinstance(payload, Mapping):
+            raise EnqueueError(f"payload for {kind!r} must be a mapping, not {type(payload).__name__}")
+        payload = dict(payload)
     try:
         spec.schema.validate(payload)
     except PayloadError as exc:
         raise EnqueueError(f"invalid payload for {kind!r}: {exc}") from None
-    try:
-        payload_json = json.dumps(payload, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise EnqueueError(f"payload for {kind!r} is not JSON-serializable: {exc}") from None
-    if not isinstance(r.queue, str) or not r.queue or len(r.queue) > _MAX_NAME:
+    if encode:
+        try:
+            payload = json.dumps(payload, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise EnqueueError(f"payload for {kind!r} is not JSON-serializable: {exc}") from None
+    queue, priority = r.queue, r.priority
+    if not isinstance(queue, str) or not queue or len(queue) > _MAX_NAME:
         raise EnqueueError(f"queue must be a non-empty string of at most {_MAX_NAME} characters")
-    if not isinstance(r.priority, int) or isinstance(r.priority, bool) or not -32768 <= r.priority <= 32767:
+    if type(priority) is not int or not -32768 <= priority <= 32767:
         raise EnqueueError("priority must be an integer between -32768 and 32767")
-    for name, value in (("tenant", r.tenant), ("correlation_id", r.correlation_id)):
-        if value is not None and (not isinstance(value, str) or len(value) > _MAX_LABEL):
-            raise EnqueueError(f"{name} must be a string of at most {_MAX_LABEL} characters")
+    if r.tenant is not None and (not isinstance(r.tenant, str) or len(r.tenant) > _MAX_LABEL):
+        raise EnqueueError(f"tenant must be a string of at most {_MAX_LABEL} characters")
+    if r.correlation_id is not None and (not isinstance(r.correlation_id, str) or len(r.correlation_id) > _MAX_LABEL):
+        raise EnqueueError(f"correlation_id must be a string of at most {_MAX_LABEL} characters")
     if r.dedupe_key is not None and (not isinstance(r.dedupe_key, str) or not r.dedupe_key):
         raise EnqueueError("dedupe_key must be a non-empty string")
     if r.job_id is not None and not isinstance(r.job_id, uuid.UUID):
         raise EnqueueError("job_id must be a uuid.UUID")
-    max_attempts = r.max_attempts if r.max_attempts is not None else registry.retry_policy(spec).max_attempts
-    if not isinstance(max_attempts, int) or max_attempts < 1:
+    max_attempts = default_max_attempts if r.max_attempts is None else r.max_attempts
+    if type(max_attempts) is not int or max_attempts < 1:
         raise EnqueueError("max_attempts must be a positive integer")
-    return {
-        "job_id": r.job_id or uuid.uuid4(),
-        "kind": kind,
-        "queue": r.queue,
-        "payload": payload_json,
-        "priority": r.priority,
-        "delay": _seconds(r.delay, "delay"),
-        "max_attempts": max_attempts,
-        "dedupe_key": r.dedupe_key,
-        "correlation_id": r.correlation_id or "",
-        "tenant": r.tenant or "",
-    }
+    delay = 0.0 if r.delay is None else _seconds(r.delay, "delay")
+    return (
+        r.job_id,
+        kind,
+        queue,
+        payload,
+        priority,
+        delay,
+        max_attempts,
+        r.dedupe_key,
+        r.correlation_id or "",
+        r.tenant or "",
+    )
 
 
 def _seconds(value: timedelta | float | None, name: str) -> float:
     if value is None:
         return 0.0
     seconds = value.total_seconds() if isinstance(value, timedelta) else value
-    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds < 0:
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 <= seconds < math.inf:
         raise EnqueueError(f"{name} must be a non-negative number of seconds or a timedelta")
     return float(seconds)

@@ -44,6 +44,13 @@ class KindSpec:
     retry: RetryPolicy = DEFAULT_RETRY
     max_deferrals: int = DEFAULT_MAX_DEFERRALS
     singleton: Singleton | None = None
+    # The loop runs a fenced handler inside one transaction together with the job's
+    # processed_jobs row and the job's own delete: effect, fence and finish commit together
+    # or not at all. The handler must not commit on its own (nested atomic blocks are fine)
+    # and cannot heartbeat (its transaction is not visible); its timeout sits under the lease.
+    fenced: bool = False
+    # What the job acts on, stored on its fence row (see ProcessedJob.subject).
+    subject: Callable[[dict], str] | None = None
 
     @property
     def lease_seconds(self) -> float:
@@ -62,6 +69,8 @@ def register(
     retry: RetryPolicy | Callable[[], RetryPolicy] = DEFAULT_RETRY,
     max_deferrals: int = DEFAULT_MAX_DEFERRALS,
     singleton: Singleton | None = None,
+    fenced: bool = False,
+    subject: Callable[[dict], str] | None = None,
 ) -> Callable[[Callable[[JobContext], Outcome]], Callable[[JobContext], Outcome]]:
     """Register the decorated function as the handler of ``kind``.
 
@@ -71,7 +80,7 @@ def register(
     def decorate(handler: Callable[[JobContext], Outcome]) -> Callable[[JobContext], Outcome]:
         if kind.value in _REGISTRY:
             raise RuntimeError(f"kind {kind.value!r} is already registered")
-        spec = KindSpec(kind, handler, schema, timeout_seconds, retry, max_deferrals, singleton)  # type: ignore[arg-type]
+        spec = KindSpec(kind, handler, schema, timeout_seconds, retry, max_deferrals, singleton, fenced, subject)  # type: ignore[arg-type]
         _REGISTRY[kind.value] = spec
         return handler
 

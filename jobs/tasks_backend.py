@@ -21,7 +21,6 @@ from __future__ import annotations
 import uuid
 
 from django.conf import settings
-from django.db import transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
 from django_tasks.backends.base import BaseTaskBackend
@@ -163,21 +162,21 @@ def _import_task(path: str) -> Task:
     schema=TASK_SCHEMA,
     timeout_seconds=settings.VPAY_TASK_TIMEOUT_SECONDS,
     retry=_task_retry_policy,
+    # The loop runs the function in one transaction with the fence row and the job's delete.
+    fenced=True,
+    subject=lambda payload: payload["task"],
 )
 def run_task(ctx: JobContext) -> Outcome:
-    """Run one application task: the function and the fence commit together, or neither."""
+    """Run one application task (inside the transaction the loop opened for it)."""
     task = _import_task(ctx.payload["task"])
     args, kwargs = ctx.payload["args"], ctx.payload["kwargs"]
-    with transaction.atomic():
-        if not ctx.first_time(subject=ctx.payload["task"]):
-            return Outcome.done()
-        if task.takes_context:
-            result = _result(
-                task, ctx.job_id, TaskResultStatus.RUNNING, args, kwargs, ctx.payload.get("backend", "default")
-            )
-            # TaskContext.attempt counts worker_ids; give it one per attempt so far.
-            result.worker_ids.extend(["vpay"] * ctx.attempt)
-            task.call(TaskContext(task_result=result), *args, **kwargs)
-        else:
-            task.call(*args, **kwargs)
+    if task.takes_context:
+        result = _result(
+            task, ctx.job_id, TaskResultStatus.RUNNING, args, kwargs, ctx.payload.get("backend", "default")
+        )
+        # TaskContext.attempt counts worker_ids; give it one per attempt so far.
+        result.worker_ids.extend(["vpay"] * ctx.attempt)
+        task.call(TaskContext(task_result=result), *args, **kwargs)
+    else:
+        task.call(*args, **kwargs)
     return Outcome.done()

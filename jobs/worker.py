@@ -25,13 +25,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 
 import psycopg
-from django.db import DatabaseError, InterfaceError, connection, connections
+from django.db import DatabaseError, InterfaceError, connection, connections, transaction
 
-from jobs import registry, repository
+from jobs import fence, registry, repository
 from jobs.context import JobContext, LeaseLost
 from jobs.decisions import Disposition, JobState, Settle, settle_error, settle_outcome
 from jobs.models import DeadLetterCause
-from jobs.outcome import Outcome
+from jobs.outcome import Action, Outcome
 from jobs.repository import ClaimedJob
 from jobs.schema import PayloadError
 from vpay import metrics
@@ -40,12 +40,30 @@ from vpay.errors import Category, Classification, PoisonError, Severity, classif
 logger = logging.getLogger("jobs.worker")
 
 IDLE_SLEEP = 1.0  # an idle loop waits this long for a NOTIFY before claiming again
-DEFAULT_BATCH = 20
+DEFAULT_BATCH = 50
 # A claimed batch is only held while its handlers are fast: once a handler has run this
 # long, the batch's unstarted jobs go back to the queue for other workers to take.
 HOLD_LIMIT_SECONDS = 1.0
 GAUGE_PERIOD = 5.0
 CLAIM_BACKOFF_CAP = 10.0
+# A group of fenced jobs commits once its bodies have run this long (see _run_group).
+GROUP_HOLD_SECONDS = 0.05
+
+
+class _GroupAbort(Exception):
+    """Roll the group back; its jobs are rerun one by one."""
+
+
+class _Undo(Exception):
+    """A fenced body answered something other than DONE: roll back, then settle that answer."""
+
+    def __init__(self, outcome: Outcome) -> None:
+        super().__init__(outcome.action.value)
+        self.outcome = outcome
+
+
+class _LeaseGone(Exception):
+    """The job's delete matched nothing: the lease was taken; roll the effect back."""
 
 
 @dataclass
@@ -269,28 +287,174 @@ class Worker:
             return 0
         finished: list[ClaimedJob] = []
         batch_started = time.monotonic()
-        for index, job in enumerate(claimed):
+        index = 0
+        while index < len(claimed):
             held_too_long = index > 0 and time.monotonic() - batch_started > HOLD_LIMIT_SECONDS
             if self._stopping.is_set() or held_too_long:
                 self._flush_finished(state, finished)
                 self._release_unstarted(state, claimed[index:])
                 break
-            with state.lock:
-                state.held[job.id] = (job.lease_token, True)
+            job = claimed[index]
+            spec = registry.get(job.kind)
             started = time.monotonic()
-            settle = self._execute(state, job)
-            if settle is None:  # LeaseLost raised by a heartbeat
-                self._count(state, job, Disposition.LOST)
-                self._forget(state, job)
-            elif settle.disposition is Disposition.FINISHED:
-                finished.append(job)
+            if spec is not None and spec.fenced:
+                group_end = index + 1
+                while group_end < len(claimed) and self._is_fenced(claimed[group_end]):
+                    group_end += 1
+                done = self._run_group(state, spec, claimed[index:group_end]) if group_end - index > 1 else 0
+                if done == 0:
+                    self._run_fenced(state, spec, job)
+                    done = 1
+                index += done
             else:
-                self._apply(state, job, settle)
+                settle = self._execute(state, job)
+                if settle is None:  # LeaseLost raised by a heartbeat
+                    self._count(state, job, Disposition.LOST)
+                    self._forget(state, job)
+                elif settle.disposition is Disposition.FINISHED:
+                    finished.append(job)
+                else:
+                    self._apply(state, job, settle)
+                index += 1
             if time.monotonic() - started > HOLD_LIMIT_SECONDS:
                 # A slow handler: do not keep fast neighbours' acks waiting behind it.
                 self._flush_finished(state, finished)
         self._flush_finished(state, finished)
         return len(claimed)
+
+    @staticmethod
+    def _is_fenced(job: ClaimedJob) -> bool:
+        spec = registry.get(job.kind)
+        return spec is not None and spec.fenced
+
+    # --- fenced kinds: the loop owns the transaction -----------------------------------------
+
+    def _run_group(self, state: _LoopState, spec: registry.KindSpec, group: list[ClaimedJob]) -> int:
+        """Run consecutive fenced jobs in ONE transaction with their fence rows and their deletes.
+
+        The fast path for short fenced jobs: one commit for the group instead of one per job.
+        Optimistic: anything but every body answering DONE, every fence row new and every
+        lease still ours rolls the whole group back (``0``), and the caller reruns the jobs
+        one by one, where each failure is classified and settled on its own. A group closes
+        early once its bodies have run for GROUP_HOLD_SECONDS, so a slow body does not hold
+        its neighbours' effects (and their row locks) uncommitted. Returns how many jobs of
+        ``group`` (a prefix) committed.
+        """
+        ran: list[ClaimedJob] = []
+        started = time.monotonic()
+        try:
+            with transaction.atomic():
+                seen = repository.processed_among([job.job_id for job in group])
+                for job in group:
+                    job_spec = registry.get(job.kind)
+                    if job_spec is None or not self._valid(job_spec, job):
+                        break  # the single path dead-letters it
+                    with state.lock:
+                        state.held[job.id] = (job.lease_token, True)
+                    if job.job_id not in seen:
+                        ctx = JobContext(job, job_spec.timeout_seconds)
+                        state.current = (job, ctx.started_monotonic, job_spec.timeout_seconds)
+                        try:
+                            outcome = job_spec.handler(ctx)
+                        finally:
+                            state.current = None
+                        if not isinstance(outcome, Outcome) or outcome.action is not Action.DONE:
+                            raise _GroupAbort
+                    ran.append(job)
+                    if time.monotonic() - started > GROUP_HOLD_SECONDS:
+                        break
+                if not ran:
+                    return 0
+                fresh = [j for j in ran if j.job_id not in seen]
+                fenced, finished = repository.fence_and_finish(
+                    fences=[(j.job_id, j.kind, self._subject(j)) for j in fresh],
+                    leases=[(j.id, j.lease_token) for j in ran],
+                    ttl_seconds=fence.ttl_seconds(),
+                )
+                if fenced != len(fresh) or finished != len(ran):
+                    raise _GroupAbort  # a concurrent run of one of them, or a lease taken
+        except Exception:  # noqa: BLE001 - every failure means "rerun one by one", where it is classified
+            if not connection.is_usable():
+                connection.close()
+            return 0
+        elapsed = time.monotonic() - started
+        for job in ran:
+            self._forget(state, job)
+            self._count(state, job, Disposition.FINISHED)
+            if job.job_id in seen:
+                metrics.DUPLICATES_SKIPPED.labels(kind=job.kind).inc()
+        metrics.JOB_DURATION.labels(kind=spec.kind.value).observe(elapsed / len(ran))
+        return len(ran)
+
+    def _run_fenced(self, state: _LoopState, spec: registry.KindSpec, job: ClaimedJob) -> None:
+        """One fenced job: fence row, body and the job's own delete commit together, or nothing does."""
+        with state.lock:
+            state.held[job.id] = (job.lease_token, True)
+        job_spec = registry.get(job.kind)
+        if job_spec is None or not self._valid(job_spec, job):
+            reason = "no handler is registered" if job_spec is None else "invalid payload"
+            self._apply(state, job, self._poison(job, self._poison_message(job_spec, job, reason)))
+            return
+        job_state = JobState(job.attempts, job.max_attempts, job.deferrals, job_spec.max_deferrals)
+        ctx = JobContext(job, job_spec.timeout_seconds)
+        state.current = (job, ctx.started_monotonic, job_spec.timeout_seconds)
+        try:
+            with transaction.atomic():
+                if fence.first_time(job.job_id, job.kind, self._subject(job)):
+                    outcome = job_spec.handler(ctx)
+                    if not isinstance(outcome, Outcome):
+                        raise TypeError(f"handler for {job.kind!r} returned {type(outcome).__name__}, not Outcome")
+                    if outcome.action is not Action.DONE:
+                        raise _Undo(outcome)  # the fence row must not outlive an unfinished body
+                if not repository.finish_many([(job.id, job.lease_token)]):
+                    raise _LeaseGone  # someone else owns the job now: our effect must not commit
+        except _Undo as undo:
+            self._apply(state, job, settle_outcome(undo.outcome, job_state))
+        except (_LeaseGone, LeaseLost):
+            self._forget(state, job)
+            self._lost(state, job, Disposition.FINISHED)
+        except Exception as exc:  # noqa: BLE001 - any handler failure is classified, never fatal to the loop
+            classification = classify(exc)
+            self._log_failure(job, classification, exc)
+            if not connection.is_usable():
+                connection.close()
+            settle = settle_error(
+                classification,
+                error_chain(exc, 20_000),
+                job_state,
+                registry.retry_policy(job_spec),
+                defer_seconds=getattr(exc, "delay_seconds", 30.0),
+            )
+            self._apply(state, job, settle)
+        else:
+            self._forget(state, job)
+            self._count(state, job, Disposition.FINISHED)
+        finally:
+            state.current = None
+            metrics.JOB_DURATION.labels(kind=job.kind).observe(time.monotonic() - ctx.started_monotonic)
+
+    @staticmethod
+    def _valid(spec: registry.KindSpec, job: ClaimedJob) -> bool:
+        try:
+            spec.schema.validate(job.payload)
+        except PayloadError:
+            return False
+        return True
+
+    @staticmethod
+    def _poison_message(spec: registry.KindSpec | None, job: ClaimedJob, reason: str) -> str:
+        if spec is None:
+            return f"no handler is registered for kind {job.kind!r}"
+        try:
+            spec.schema.validate(job.payload)
+        except PayloadError as exc:
+            return f"invalid payload: {exc}"
+        return reason
+
+    @staticmethod
+    def _subject(job: ClaimedJob) -> str:
+        spec = registry.get(job.kind)
+        return spec.subject(job.payload) if spec is not None and spec.subject is not None else ""
 
     def _claim(self, state: _LoopState) -> list[ClaimedJob]:
         try:
