@@ -10,15 +10,14 @@ import uuid
 
 from django.db import models
 from django.db.models import Q
-from django.db.models.functions import Length, Now, Trim
+from django.db.models.functions import Length, Now
 
 from jobs.kinds import JobKind
 
 LAST_ERROR_MAX = 2000
 
-# Lookups the CHECK constraints below are written with.
+# The lookup a CHECK constraint below is written with.
 models.TextField.register_lookup(Length, "length")
-models.TextField.register_lookup(Trim, "trim")
 
 
 class JobQuerySet(models.QuerySet):
@@ -190,10 +189,12 @@ class DeadLetter(models.Model):
         constraints = [
             models.CheckConstraint(condition=Q(state__in=DeadLetterState.values), name="jobs_deadletter_state_known"),
             models.CheckConstraint(condition=Q(cause__in=DeadLetterCause.values), name="jobs_deadletter_cause_known"),
-            # The final guard behind the admin's form: no discard without a reason.
+            # The final guard behind the admin's form: no discard without a reason with at
+            # least one non-blank character. NULL ~ '\S' is NULL, which a CHECK would let
+            # through, hence the explicit NULL test.
             models.CheckConstraint(
                 condition=~Q(state=DeadLetterState.DISCARDED)
-                | (Q(discard_reason__isnull=False) & ~Q(discard_reason__trim="")),
+                | (Q(discard_reason__isnull=False) & Q(discard_reason__regex=r"\S")),
                 name="jobs_deadletter_discard_requires_reason",
             ),
         ]

@@ -190,7 +190,8 @@ def pull_forward(dedupe_key: str, floor_seconds: float) -> bool:
 # (a skip-scan over jobs_job_claimable_idx: one index probe per tenant), starting after the
 # caller's rotating cursor and wrapping, at most %(max_tenants)s of them. Each tenant then
 # contributes its oldest rows by (priority, run_at), an even share of the batch, locked with
-# SKIP LOCKED; the batch interleaves them by rank within tenant. A tenant with a 300k
+# SKIP LOCKED; the batch interleaves them by rank within tenant, then by walk position, and
+# the cursor moves past the furthest tenant served (round-robin even at batch size 1). A tenant with a 300k
 # backlog therefore gets one slot in each round, like everyone else, and no claim touches
 # more than max_tenants * share rows. attempts is counted here, by the claim, so a job
 # that kills its worker still counts up. The lease expiry is written from now(): any
@@ -217,7 +218,7 @@ WITH RECURSIVE tenants(tenant, n) AS (
 ),
 share AS (SELECT ceil(%(batch)s::numeric / count(*))::int AS k FROM tenants),
 locked AS (
-    SELECT c.* FROM tenants, LATERAL (
+    SELECT c.*, tenants.n FROM tenants, LATERAL (
         SELECT j.id, j.tenant, j.priority, j.run_at FROM jobs j
          WHERE j.locked_at IS NULL AND j.run_at <= now() AND j.queue = ANY(%(queues)s)
            AND j.tenant = tenants.tenant
@@ -226,11 +227,11 @@ locked AS (
          FOR UPDATE SKIP LOCKED) c
 ),
 chosen AS (
-    SELECT id FROM (
-        SELECT id, priority, run_at,
+    SELECT id, tenant, n FROM (
+        SELECT id, tenant, n, priority,
                row_number() OVER (PARTITION BY tenant ORDER BY priority, run_at) AS rank
           FROM locked) r
-     ORDER BY priority, rank, run_at
+     ORDER BY priority, rank, n
      LIMIT %(batch)s
 )
 UPDATE jobs j
@@ -245,7 +246,7 @@ UPDATE jobs j
 RETURNING j.id, j.job_id, j.kind, j.queue, j.payload, j.attempts, j.max_attempts, j.deferrals,
           j.lease_token, extract(epoch FROM j.lease_expires_at - j.locked_at)::float8,
           j.tenant, j.correlation_id,
-          (SELECT max(tenant) FROM tenants), (SELECT count(*) FROM tenants)
+          (SELECT tenant FROM chosen ORDER BY n DESC LIMIT 1)
 """
 
 
@@ -283,9 +284,9 @@ def claim(
     )
     if not rows:
         return ClaimResult([], "")
-    last_tenant, n_tenants = rows[0][12], rows[0][13]
-    # A walk cut short by max_tenants continues after its last tenant next time.
-    next_after = last_tenant if n_tenants >= max_tenants else ""
+    # The next claim's walk starts after the furthest tenant this one served, so tenants
+    # beyond a batch's reach (or max_tenants') get their turn next, round-robin.
+    next_after = rows[0][12]
     jobs = [
         ClaimedJob(
             id=r[0],

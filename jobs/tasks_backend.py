@@ -9,10 +9,11 @@ with the queue's retries (5 attempts, full-jitter backoff) and dead letters.
 What :meth:`VpayTaskBackend.get_result` reports, honestly:
 
 * ``READY`` / ``RUNNING`` while the job row is live (waiting or leased);
-* ``FAILED`` once it is in ``dead_letters`` (the last error is in ``errors``);
 * ``SUCCESSFUL`` once it succeeded, for as long as its fence row is kept
   (``VPAY_PROCESSED_JOBS_TTL_SECONDS``, 7 days by default). Successes are not kept as
   rows, so ``args``/``kwargs`` are empty and ``return_value`` is always ``None``;
+* ``FAILED`` once it is in ``dead_letters`` and has no fence row (the last error is in
+  ``errors``);
 * after the fence row expires: :class:`TaskResultDoesNotExist`, as for an unknown id.
 """
 
@@ -106,6 +107,13 @@ class VpayTaskBackend(BaseTaskBackend):
             object.__setattr__(result, "enqueued_at", job.created_at)
             object.__setattr__(result, "last_attempted_at", job.locked_at)
             return result
+        # A fence row means it succeeded, even if an earlier attempt was dead-lettered
+        # and then replayed.
+        fence = ProcessedJob.objects.filter(job_id=job_id, kind=JobKind.TASK).first()
+        if fence is not None and fence.subject:
+            result = _result(_import_task(fence.subject), job_id, TaskResultStatus.SUCCESSFUL, [], {}, self.alias)
+            object.__setattr__(result, "finished_at", fence.processed_at)
+            return result
         letter = DeadLetter.objects.filter(job_id=job_id, kind=JobKind.TASK).order_by("-created_at").first()
         if letter is not None:
             result = _result(
@@ -121,11 +129,6 @@ class VpayTaskBackend(BaseTaskBackend):
             )
             object.__setattr__(result, "enqueued_at", letter.job_created_at)
             object.__setattr__(result, "finished_at", letter.created_at)
-            return result
-        fence = ProcessedJob.objects.filter(job_id=job_id, kind=JobKind.TASK).first()
-        if fence is not None and fence.subject:
-            result = _result(_import_task(fence.subject), job_id, TaskResultStatus.SUCCESSFUL, [], {}, self.alias)
-            object.__setattr__(result, "finished_at", fence.processed_at)
             return result
         raise TaskResultDoesNotExist(result_id)
 

@@ -301,10 +301,18 @@ class Worker:
                 group_end = index + 1
                 while group_end < len(claimed) and self._is_fenced(claimed[group_end]):
                     group_end += 1
-                done = self._run_group(state, spec, claimed[index:group_end]) if group_end - index > 1 else 0
+                group = claimed[index:group_end]
+                done = self._run_group(state, spec, group) if len(group) > 1 else 0
                 if done == 0:
-                    self._run_fenced(state, spec, job)
-                    done = 1
+                    # The group rolled back (or is a single job): run each on its own, where
+                    # every failure is classified and settled by itself. Retrying the group
+                    # minus its head instead would rerun the same bodies again and again.
+                    for single in group:
+                        held_too_long = done > 0 and time.monotonic() - batch_started > HOLD_LIMIT_SECONDS
+                        if self._stopping.is_set() or held_too_long:
+                            break  # the outer loop releases the rest
+                        self._run_fenced(state, spec, single)
+                        done += 1
                 index += done
             else:
                 settle = self._execute(state, job)

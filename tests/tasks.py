@@ -9,12 +9,13 @@ fixture), inside the task's own transaction, which is the fence's transaction.
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 from django.db import connection
 from django_tasks import task
 
-from vpay.errors import DeferError, PermanentError, TransientError
+from vpay.errors import ConfigurationError, DeferError, PermanentError, TransientError
 
 
 def _record(label: str, value: str = "") -> None:
@@ -64,3 +65,51 @@ def noop() -> None:
 @task
 def record_pid(label: str) -> None:
     _record(label, str(os.getpid()))
+
+
+@task
+def fail_with_configuration_error(label: str) -> None:
+    raise ConfigurationError(f"credentials refused for {label}")
+
+
+@task(takes_context=True)
+def record_own_status(context, label: str) -> None:
+    """Records the status the Tasks backend reports for this very task while it runs."""
+    from django_tasks import default_task_backend
+
+    _record(label, default_task_backend.get_result(context.task_result.id).status)
+
+
+@task(takes_context=True)
+def lose_lease(context, then: str = "succeed") -> None:
+    """Another worker takes this job's lease while it runs (as after a reap), then the task
+    succeeds, fails transiently or fails permanently. The take-over commits on its own
+    connection, so it needs a test with real commits (``transaction=True``)."""
+    job_id = context.task_result.id
+
+    def take_over() -> None:
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "UPDATE jobs SET lease_token = gen_random_uuid(), locked_by = 'thief' WHERE job_id = %s",
+                    [job_id],
+                )
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=take_over)
+    thread.start()
+    thread.join()
+    if then == "fail":
+        raise TransientError("failed after losing the lease")
+    if then == "permanent":
+        raise PermanentError("refused after losing the lease")
+
+
+@task
+def record_after_sql_sleep(label: str, seconds: float) -> None:
+    """``record_slowly``, but waiting in PostgreSQL (``pg_sleep``) rather than ``time.sleep``:
+    under libfaketime 0.9.10, Python's ``time.sleep`` fails with EINVAL (clock skew tests)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_sleep(%s)", [seconds])
+    _record(label)

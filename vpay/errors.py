@@ -131,7 +131,9 @@ def error_chain(exc: BaseException, limit: int = 2000) -> str:
     while current is not None and id(current) not in seen:
         seen.add(id(current))
         parts.append(f"{type(current).__name__}: {current}".rstrip(": "))
-        current = current.__cause__ or current.__context__
+        # Follow what the traceback would show: an explicit cause, else the implicit
+        # context unless `raise ... from None` suppressed it.
+        current = current.__cause__ or (None if current.__suppress_context__ else current.__context__)
     text = " <- ".join(parts)
     from vpay.logging import redact
 

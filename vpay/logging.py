@@ -18,11 +18,16 @@ _STANDARD_ATTRS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None)
 
 _SECRET_PATTERNS = [
     # API keys, webhook secrets, client secrets: sk_..., whsec_..., rk_..., cs_secret_...
-    (re.compile(r"\b(sk|rk|whsec|pk_live|sk_live|sk_test)_[A-Za-z0-9_]{6,}"), r"\1_[REDACTED]"),
+    (re.compile(r"\b(sk|rk|whsec|pk_live|sk_live|sk_test|cs_secret)_[A-Za-z0-9_]{6,}"), r"\1_[REDACTED]"),
     (re.compile(r"(?i)\b(bearer)\s+[A-Za-z0-9._~+/=-]{6,}"), r"\1 [REDACTED]"),
     # user:password@ in URLs (DATABASE_URL, rail base URLs with credentials).
     (re.compile(r"(?i)([a-z][a-z0-9+.-]*://[^/\s:@]*):[^@\s/]+@"), r"\1:[REDACTED]@"),
-    (re.compile(r"(?i)\b(api[_-]?key|secret|password|token)(\"?\s*[=:]\s*\"?)[^\s\",}]+"), r"\1\2[REDACTED]"),
+    # key=value and "key": "value" where the key names a credential, prefixed or not
+    # (client_secret, access_token, DB_PASSWORD).
+    (
+        re.compile(r"(?i)\b(\w*(?:api[_-]?key|secret|password|passwd|token))(\"?\s*[=:]\s*\"?)[^\s\",}]+"),
+        r"\1\2[REDACTED]",
+    ),
 ]
 
 
@@ -33,8 +38,26 @@ def redact(text: str) -> str:
     return text
 
 
+_SECRET_KEY_NAMES = re.compile(r"(?i)(api[_-]?key|secret|password|passwd|token|authorization|cookie)")
+
+
+def redact_value(value):
+    """:func:`redact` through dicts, lists and tuples; a value under a credential-named key goes."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {
+            k: "[REDACTED]" if isinstance(k, str) and _SECRET_KEY_NAMES.search(k) else redact_value(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return type(value)(redact_value(v) for v in value)
+    return value
+
+
 class RedactSecretsFilter(logging.Filter):
-    """Rewrites the message and string extras of every record through :func:`redact`."""
+    """Rewrites the message, the extras (strings, and strings inside dicts and lists) and the
+    exception text of every record through :func:`redact`."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
@@ -42,8 +65,8 @@ class RedactSecretsFilter(logging.Filter):
         if scrubbed != message or record.args:
             record.msg, record.args = scrubbed, None
         for key, value in list(vars(record).items()):
-            if key not in _STANDARD_ATTRS and isinstance(value, str):
-                setattr(record, key, redact(value))
+            if key not in _STANDARD_ATTRS and isinstance(value, str | dict | list | tuple):
+                setattr(record, key, redact_value(value))
         if record.exc_info and record.exc_info[1] is not None:
             record.exc_text = redact(logging.Formatter().formatException(record.exc_info))
             record.exc_info = None

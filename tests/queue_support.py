@@ -1,0 +1,93 @@
+"""Small helpers the queue tests share: SQL reads and a claim made the way a Worker makes it."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+
+from django.db import connection
+
+from jobs import registry, repository
+from jobs.context import JobContext
+from jobs.repository import ClaimedJob
+
+
+def one(sql: str, params: Sequence | dict | None = None):
+    """The first row of ``sql`` (a tuple), or None."""
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchone()
+
+
+def scalar(sql: str, params: Sequence | dict | None = None):
+    row = one(sql, params)
+    return row[0] if row else None
+
+
+def rows(sql: str, params: Sequence | dict | None = None) -> list[tuple]:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall()
+
+
+def execute(sql: str, params: Sequence | dict | None = None) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.rowcount
+
+
+def count(table: str, where: str = "TRUE", params: Sequence | None = None) -> int:
+    return scalar(f"SELECT count(*) FROM {table} WHERE {where}", params)
+
+
+def seconds_until_run(job_id: uuid.UUID | str) -> float:
+    """``run_at - now()`` of a live job, in seconds, on the database clock."""
+    return scalar("SELECT extract(epoch FROM run_at - now())::float8 FROM jobs WHERE job_id = %s", [str(job_id)])
+
+
+def task_payload(path: str = "tests.tasks.noop", *args, **kwargs) -> dict:
+    return {"task": path, "args": list(args), "kwargs": kwargs}
+
+
+def claim(
+    worker: str = "worker-a",
+    *,
+    batch: int = 1,
+    lease_seconds: float | None = None,
+    after: str = "",
+    max_tenants: int = 64,
+    queues: Sequence[str] = ("default",),
+) -> repository.ClaimResult:
+    """One claim statement with the arguments a :class:`jobs.worker.Worker` passes."""
+    kind_leases = {s.kind.value: s.lease_seconds for s in registry.all_specs()}
+    return repository.claim(
+        worker=worker,
+        queues=list(queues),
+        batch=batch,
+        lease_seconds=lease_seconds,
+        kind_leases=kind_leases,
+        default_lease=max(kind_leases.values()),
+        after=after,
+        max_tenants=max_tenants,
+    )
+
+
+def claimed_context(job: ClaimedJob) -> JobContext:
+    spec = registry.get(job.kind)
+    return JobContext(job, spec.timeout_seconds)
+
+
+def expire_lease(job_id: uuid.UUID | str) -> None:
+    """Make a held lease look like its worker died: expired one second ago, on the DB clock."""
+    assert execute(
+        "UPDATE jobs SET lease_expires_at = now() - interval '1 second' WHERE job_id = %s AND locked_at IS NOT NULL",
+        [str(job_id)],
+    )
+
+
+def make_due(job_id: uuid.UUID | str | None = None) -> None:
+    """Skip a job's backoff: due now (the database's now)."""
+    if job_id is None:
+        execute("UPDATE jobs SET run_at = now()")
+    else:
+        execute("UPDATE jobs SET run_at = now() WHERE job_id = %s", [str(job_id)])

@@ -1,0 +1,196 @@
+"""vpay.logging's redaction (messages, extras, exception text) and vpay.errors.error_chain."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import sys
+
+import pytest
+from django.conf import settings
+
+from vpay.errors import error_chain
+from vpay.logging import JsonFormatter, RedactSecretsFilter, TextFormatter, redact
+
+SECRETS = {
+    "stripe key": ("charging with sk_live_51HxAbCdEf0123456789", "sk_live_51HxAbCdEf0123456789"),
+    "test key": ("key sk_test_abcdef123456 in use", "sk_test_abcdef123456"),
+    "restricted key": ("rk_live_abcdef123456", "rk_live_abcdef123456"),
+    "webhook secret": ("verifying with whsec_9f8e7d6c5b4a3", "whsec_9f8e7d6c5b4a3"),
+    "bearer token": ("Authorization: Bearer eyJhbGciOi.JIUzI1Ni-J9_x", "eyJhbGciOi.JIUzI1Ni-J9_x"),
+    "lowercase bearer": ("header bearer abc123def456", "abc123def456"),
+    "url password": ("connecting to postgresql://vpay:s3cr3tPass@db:5432/vpay", "s3cr3tPass"),
+    "url password, no user": ("redis://:hunter2hunter2@cache:6379/0", "hunter2hunter2"),
+    "password=": ("login failed password=hunter22 for ops", "hunter22"),
+    "api_key:": ('{"api_key": "AKIA1234567890"}', "AKIA1234567890"),
+    "token=": ("retry with token=abc.def.ghi", "abc.def.ghi"),
+}
+
+
+@pytest.mark.parametrize(("text", "secret"), list(SECRETS.values()), ids=list(SECRETS))
+def test_redact__scrubs_each_shape_of_secret(text, secret):
+    scrubbed = redact(text)
+    assert secret not in scrubbed
+    assert "[REDACTED]" in scrubbed
+
+
+@pytest.mark.parametrize(
+    ("text", "secret"),
+    [
+        ("client_secret=c1i3ntS3cr3tValue", "c1i3ntS3cr3tValue"),
+        ("access_token=ya29.a0AfH6SMBx", "ya29.a0AfH6SMBx"),
+        ("DB_PASSWORD=hunter22", "hunter22"),
+        ("checkout cs_secret_abcdef123456", "cs_secret_abcdef123456"),
+    ],
+    ids=["client_secret=", "access_token=", "DB_PASSWORD=", "cs_secret_"],
+)
+def test_redact__scrubs_secrets_whose_key_has_a_prefix(text, secret):
+    # The key=value rule is about keys named secret/password/token/api_key; a prefixed name
+    # (client_secret, access_token) is the same secret. cs_secret_ is named in the module.
+    assert secret not in redact(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "job 8d7f finished in 12 ms",
+        "task_abcdefgh is not a key",
+        "see https://example.com/path@v2",
+        "postgresql://vpay@db/vpay",
+        "bearer",
+    ],
+)
+def test_redact__leaves_ordinary_text_alone(text):
+    assert redact(text) == text
+
+
+# --- the filter and the formatters on a real logger ------------------------------------------
+
+
+@pytest.fixture
+def json_log():
+    """A logger whose handler has the redaction filter and the JSON formatter, as settings wire it."""
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.addFilter(RedactSecretsFilter())
+    handler.setFormatter(JsonFormatter())
+    logger = logging.getLogger("tests.redaction")
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    logger.propagate = False
+
+    def lines() -> list[dict]:
+        return [json.loads(line) for line in stream.getvalue().splitlines()]
+
+    yield logger, lines, stream
+    logger.removeHandler(handler)
+
+
+def test_the_filter_scrubs_the_formatted_message(json_log):
+    logger, lines, stream = json_log
+    logger.info("calling %s with %s", "https://user:pw12345@api.example.com/x", "sk_live_abcdef123456")
+    (entry,) = lines()
+    assert entry["message"] == "calling https://user:[REDACTED]@api.example.com/x with sk_[REDACTED]"
+    assert "pw12345" not in stream.getvalue()
+
+
+def test_the_filter_scrubs_string_extras_and_keeps_other_fields(json_log):
+    logger, lines, stream = json_log
+    logger.warning(
+        "webhook rejected",
+        extra={"signature_secret": "whsec_abcdef123456", "auth": "Bearer abcdef.123456", "alert": True, "n": 3},
+    )
+    (entry,) = lines()
+    assert entry["signature_secret"] == "whsec_[REDACTED]"
+    assert entry["auth"] == "Bearer [REDACTED]"
+    assert (entry["alert"], entry["n"], entry["level"], entry["logger"]) == (True, 3, "warning", "tests.redaction")
+    assert "abcdef123456" not in stream.getvalue()
+
+
+def test_the_filter_scrubs_exception_text(json_log):
+    logger, lines, stream = json_log
+    try:
+        raise ConnectionError("could not connect to postgresql://vpay:TopS3cret@db/vpay")
+    except ConnectionError:
+        logger.exception("database down")
+    (entry,) = lines()
+    assert "ConnectionError" in entry["exception"]
+    assert "postgresql://vpay:[REDACTED]@db/vpay" in entry["exception"]
+    assert "TopS3cret" not in stream.getvalue()
+
+
+def test_the_json_formatter_alone_still_scrubs_exception_text():
+    record = _record_with_exception(ValueError("bad key sk_test_0123456789abc"))
+    entry = json.loads(JsonFormatter().format(record))
+    assert "sk_test_0123456789abc" not in entry["exception"]
+    assert "sk_[REDACTED]" in entry["exception"]
+
+
+def test_the_text_formatter_scrubs_exception_text_through_the_filter():
+    record = _record_with_exception(ValueError("Bearer abcdefghijkl"))
+    RedactSecretsFilter().filter(record)
+    line = TextFormatter().format(record)
+    assert "abcdefghijkl" not in line
+    assert "Bearer [REDACTED]" in line
+
+
+def test_settings_put_the_redaction_filter_on_the_console_handler():
+    assert settings.LOGGING["handlers"]["console"]["filters"] == ["redact"]
+    assert settings.LOGGING["filters"]["redact"]["()"] == "vpay.logging.RedactSecretsFilter"
+
+
+def _record_with_exception(exc: BaseException) -> logging.LogRecord:
+    try:
+        raise exc
+    except type(exc):
+        return logging.LogRecord("t", logging.ERROR, __file__, 1, "failed", None, sys.exc_info())
+
+
+# --- error_chain -------------------------------------------------------------------------------
+
+
+def test_error_chain__lists_the_exception_then_its_causes_and_contexts():
+    try:
+        try:
+            try:
+                raise OSError("connection refused")
+            except OSError as exc:
+                raise TimeoutError("connect timed out") from exc
+        except TimeoutError:
+            raise RuntimeError("sync failed")  # implicit context  # noqa: B904
+    except RuntimeError as exc:
+        chain = error_chain(exc)
+    assert chain == "RuntimeError: sync failed <- TimeoutError: connect timed out <- OSError: connection refused"
+
+
+def test_error_chain__of_an_exception_without_a_message_is_its_type():
+    assert error_chain(ValueError()) == "ValueError"
+
+
+def test_error_chain__is_bounded_to_its_limit():
+    exc = ValueError("x" * 5000)
+    chain = error_chain(exc, limit=100)
+    assert len(chain) == 100
+    assert chain.startswith("ValueError: xxx")
+    assert chain.endswith("…")
+    assert len(error_chain(exc)) == 2000
+
+
+def test_error_chain__stops_on_a_cycle():
+    first, second = ValueError("a"), KeyError("b")
+    first.__cause__, second.__cause__ = second, first
+    assert error_chain(first) == "ValueError: a <- KeyError: 'b'"
+
+
+def test_error_chain__scrubs_secrets_from_every_link():
+    try:
+        try:
+            raise ConnectionError("postgresql://vpay:hunter2hunter2@db/vpay unreachable")
+        except ConnectionError as exc:
+            raise RuntimeError("charging with sk_live_abcdef123456 failed") from exc
+    except RuntimeError as exc:
+        chain = error_chain(exc)
+    assert "hunter2hunter2" not in chain
+    assert "sk_live_abcdef123456" not in chain
+    assert chain.count("[REDACTED]") == 2

@@ -1,0 +1,407 @@
+"""jobs.worker.Worker driven in-process through its step methods (run_once, reap)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+from prometheus_client import REGISTRY
+
+from jobs import queue, registry, repository
+from jobs.context import LeaseLost
+from jobs.kinds import JobKind
+from jobs.models import DeadLetter
+from jobs.worker import Worker
+from tests import tasks
+from tests.queue_support import (
+    claim,
+    claimed_context,
+    count,
+    execute,
+    expire_lease,
+    make_due,
+    one,
+    rows,
+    scalar,
+    seconds_until_run,
+    task_payload,
+)
+
+
+def task_policy():
+    return registry.retry_policy(registry.get("task"))
+
+
+def job_row(job_id) -> dict:
+    columns = ("attempts", "max_attempts", "deferrals", "locked_by", "lease_token", "last_error")
+    row = one(f"SELECT {', '.join(columns)} FROM jobs WHERE job_id = %s", [str(job_id)])
+    return dict(zip(columns, row, strict=True)) if row else {}
+
+
+# --- transient failures: 5 attempts with growing backoff, then a dead letter -----------------
+
+
+def _fail_until_dead_lettered(job_id) -> list[tuple[int, float, float]]:
+    """Run the job until it leaves the queue; returns (attempt, delay, ceiling) per retry."""
+    worker = Worker(concurrency=1)
+    policy = task_policy()
+    retries = []
+    for attempt in range(1, policy.max_attempts + 1):
+        assert worker.run_once() == 1
+        if attempt < policy.max_attempts:
+            row = job_row(job_id)
+            assert (row["attempts"], row["locked_by"], row["lease_token"]) == (attempt, None, None)
+            retries.append((attempt, seconds_until_run(job_id), policy.ceiling(attempt)))
+            make_due(job_id)  # skip the wait
+    assert count("jobs") == 0
+    report = worker.report()
+    assert (report.claimed, report.retried, report.dead_lettered) == (5, 4, 1)
+    return retries
+
+
+@pytest.mark.django_db
+def test_a_transient_failure_retries_five_times_within_growing_backoff_ceilings_then_dead_letters():
+    result = tasks.fail_transiently.using(priority=5).enqueue("flaky")
+    retries = _fail_until_dead_lettered(result.id)
+    ceilings = [c for _, _, c in retries]
+    assert ceilings == [30, 60, 120, 240]
+    for attempt, delay, ceiling in retries:
+        # Each reschedule's run_at - now(), measured by PostgreSQL, is a full-jitter backoff.
+        assert 0 <= delay <= ceiling, (attempt, delay, ceiling)
+    letter = DeadLetter.objects.get(job_id=result.id)
+    assert (letter.cause, letter.error_category, letter.attempts, letter.max_attempts) == (
+        "exhausted",
+        "transient",
+        5,
+        5,
+    )
+    assert "TransientError: transient failure for flaky" in letter.last_error
+    assert letter.payload == task_payload("tests.tasks.fail_transiently", "flaky") | {"backend": "default"}
+    assert (letter.kind, letter.queue, letter.priority, letter.state) == ("task", "default", -5, "pending_review")
+
+
+@pytest.mark.django_db
+def test_the_task_retry_policy_follows_the_settings_at_use_time(settings):
+    settings.VPAY_TASK_MAX_ATTEMPTS = 5
+    settings.VPAY_TASK_RETRY_BASE_SECONDS = 0.5
+    settings.VPAY_TASK_RETRY_CAP_SECONDS = 1.5
+    result = tasks.fail_transiently.enqueue("configured")
+    retries = _fail_until_dead_lettered(result.id)
+    # With the default policy (30 s base) four waits this short would be all but impossible.
+    assert [(a, c) for a, _, c in retries] == [(1, 0.5), (2, 1.0), (3, 1.5), (4, 1.5)]
+    assert all(0 <= delay <= ceiling for _, delay, ceiling in retries)
+
+
+@pytest.mark.django_db
+def test_a_job_enqueued_with_fewer_attempts_dead_letters_after_them():
+    job_id = queue.enqueue(JobKind.TASK, task_payload("tests.tasks.fail_transiently", "x"), max_attempts=2)
+    worker = Worker(concurrency=1)
+    worker.run_once()
+    make_due(job_id)
+    worker.run_once()
+    assert DeadLetter.objects.get(job_id=job_id).attempts == 2
+
+
+# --- poison, permanent, configuration: no retries --------------------------------------------
+
+BAD_PAYLOADS = {
+    "wrong type": {"task": 1, "args": [], "kwargs": {}},
+    "missing field": {"task": "tests.tasks.noop"},
+    "unknown field": {"task": "tests.tasks.noop", "args": [], "kwargs": {}, "extra": True},
+    "not an object": ["tests.tasks.noop"],
+    "a string": "tests.tasks.noop",
+    "json null": None,
+}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("payload", list(BAD_PAYLOADS.values()), ids=list(BAD_PAYLOADS))
+def test_a_schema_invalid_payload_dead_letters_on_the_first_claim_as_poison(payload):
+    job_id = scalar(
+        "INSERT INTO jobs (job_id, kind, payload, run_at) VALUES (gen_random_uuid(), 'task', %s::jsonb, now())"
+        " RETURNING job_id",
+        [json.dumps(payload)],
+    )
+    worker = Worker(concurrency=1)
+    assert worker.run_once() == 1
+    assert count("jobs") == 0
+    letter = DeadLetter.objects.get(job_id=job_id)
+    assert (letter.cause, letter.error_category, letter.attempts) == ("poison", "poison", 1)
+    assert "invalid payload" in letter.last_error
+    # The full payload is kept, as it was, for the human who reads the dead letter.
+    assert letter.payload == payload
+    report = worker.report()
+    assert (report.dead_lettered, report.retried) == (1, 0)
+
+
+@pytest.mark.django_db
+def test_a_task_path_that_cannot_be_imported_dead_letters_as_poison():
+    job_id = queue.enqueue(JobKind.TASK, task_payload("tests.tasks.no_such_task"))
+    Worker(concurrency=1).run_once()
+    letter = DeadLetter.objects.get(job_id=job_id)
+    assert (letter.cause, letter.attempts) == ("poison", 1)
+    assert "cannot be imported" in letter.last_error
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("task", "cause", "message"),
+    [
+        (tasks.fail_permanently, "permanent", "PermanentError: the far side refused refused for good"),
+        (tasks.fail_with_configuration_error, "configuration", "ConfigurationError: credentials refused for refused"),
+    ],
+    ids=["permanent", "configuration"],
+)
+def test_a_permanent_or_configuration_error_dead_letters_with_zero_retries(task, cause, message):
+    result = task.enqueue("refused")
+    worker = Worker(concurrency=1)
+    assert worker.run_once() == 1
+    letter = DeadLetter.objects.get(job_id=result.id)
+    assert (letter.cause, letter.error_category, letter.attempts) == (cause, cause, 1)
+    assert message in letter.last_error
+    assert count("jobs") == 0
+    assert worker.report().retried == 0
+
+
+# --- deferrals -------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_deferral_requeues_after_its_delay_without_spending_an_attempt():
+    result = tasks.defer.enqueue("breaker", 45.0)
+    worker = Worker(concurrency=1)
+    for n in (1, 2, 3):
+        assert worker.run_once() == 1
+        row = job_row(result.id)
+        assert (row["attempts"], row["deferrals"], row["locked_by"]) == (0, n, None)
+        assert "breaker open for breaker" in row["last_error"]
+        assert seconds_until_run(result.id) == pytest.approx(45, abs=0.5)
+        make_due(result.id)
+    assert worker.report().deferred == 3
+    assert count("dead_letters") == 0
+
+
+@pytest.mark.django_db
+def test_a_deferral_at_the_ceiling_dead_letters():
+    ceiling = registry.get("task").max_deferrals
+    result = tasks.defer.enqueue("breaker")
+    execute("UPDATE jobs SET deferrals = %s", [ceiling - 1])
+    worker = Worker(concurrency=1)
+    worker.run_once()
+    assert job_row(result.id)["deferrals"] == ceiling  # the last deferral allowed
+    make_due(result.id)
+    worker.run_once()
+    letter = DeadLetter.objects.get(job_id=result.id)
+    assert (letter.cause, letter.error_category) == ("deferral_ceiling", "deferred")
+    assert f"deferred {ceiling} times (ceiling {ceiling})" in letter.last_error
+    assert (worker.report().deferred, worker.report().dead_lettered) == (1, 1)
+
+
+# --- fencing: a late worker's answer matches nothing -----------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_late_worker_whose_lease_was_reaped_matches_nothing_with_any_settle():
+    job_id = queue.enqueue(JobKind.TASK, task_payload("tests.tasks.noop"))
+    (late,) = claim("worker-a", lease_seconds=30).jobs
+    expire_lease(job_id)
+    assert Worker(concurrency=1).reap() == (1, 0)
+    (current,) = claim("worker-b", lease_seconds=30).jobs
+    assert current.id == late.id
+    assert current.lease_token != late.lease_token
+    assert current.attempts == 2
+
+    # Every write guarded on A's token matches nothing...
+    assert repository.finish_many([(late.id, late.lease_token)]) == set()
+    assert (
+        repository.reschedule(late.id, late.lease_token, delay=0, attempts="keep", add_deferral=False, error="x")
+        is False
+    )
+    assert repository.dead_letter(late.id, late.lease_token, cause="permanent", category="permanent", error="x") is None
+    assert repository.release([(late.id, late.lease_token)], refund=True) == 0
+    assert repository.heartbeat(late.id, late.lease_token, 30) is False
+    # ...and B's lease is untouched by all of them.
+    row = job_row(job_id)
+    assert (row["locked_by"], row["lease_token"], row["attempts"]) == ("worker-b", current.lease_token, 2)
+    assert count("dead_letters") == 0
+    assert repository.finish_many([(current.id, current.lease_token)]) == {current.id}
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("then", ["succeed", "fail", "permanent"])
+def test_a_worker_that_lost_its_lease_mid_job_counts_the_job_lost_and_leaves_the_new_owner_alone(then):
+    result = tasks.lose_lease.enqueue(then)
+    worker = Worker(concurrency=1)
+    assert worker.run_once() == 1
+    report = worker.report()
+    assert (report.lost, report.finished, report.retried, report.dead_lettered) == (1, 0, 0, 0)
+    # The job is still live, held by whoever took it over, with nothing stamped over it.
+    row = job_row(result.id)
+    assert (row["locked_by"], row["attempts"], row["last_error"]) == ("thief", 1, "")
+    assert count("dead_letters") == 0
+
+
+# --- the reaper ----------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_the_reaper_dead_letters_a_job_whose_lease_expired_on_its_last_attempt():
+    job_id = queue.enqueue(JobKind.TASK, task_payload("tests.tasks.noop"), max_attempts=1, correlation_id="c-1")
+    claim("worker-a")
+    expire_lease(job_id)
+    assert Worker(concurrency=1).reap() == (0, 1)
+    assert count("jobs") == 0
+    letter = DeadLetter.objects.get(job_id=job_id)
+    assert (letter.cause, letter.attempts, letter.max_attempts, letter.correlation_id) == (
+        "lease_exhausted",
+        1,
+        1,
+        "c-1",
+    )
+    assert "held by worker-a" in letter.last_error
+
+
+@pytest.mark.django_db
+def test_the_reaper_frees_an_expired_lease_with_attempts_left_and_leaves_live_leases_alone():
+    expired_id = queue.enqueue(JobKind.TASK, task_payload("tests.tasks.noop"), tenant="a")
+    live_id = queue.enqueue(JobKind.TASK, task_payload("tests.tasks.noop"), tenant="b")
+    claim("worker-a", batch=2, lease_seconds=30)
+    expire_lease(expired_id)
+    assert Worker(concurrency=1).reap() == (1, 0)
+    freed = job_row(expired_id)
+    assert (freed["locked_by"], freed["lease_token"], freed["attempts"]) == (None, None, 1)
+    assert freed["last_error"] == "lease expired (held by worker-a)"
+    # The freed job is claimable again at once.
+    assert seconds_until_run(expired_id) <= 0
+    assert job_row(live_id)["locked_by"] == "worker-a"
+    assert Worker(concurrency=1).reap() == (0, 0)
+
+
+# --- heartbeat -------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_heartbeat_extends_the_lease_by_a_full_lease_from_now_and_fails_once_the_lease_was_taken():
+    job_id = queue.enqueue(JobKind.TASK, task_payload("tests.tasks.noop"))
+    (job,) = claim("worker-a", lease_seconds=40).jobs
+    assert job.lease_seconds == 40
+    execute(
+        "UPDATE jobs SET lease_expires_at = now() + interval '1 second', heartbeat_at = now() - interval '1 minute'"
+    )
+    ctx = claimed_context(job)
+    ctx.heartbeat()
+    # Measured by PostgreSQL: a full lease from the database's now.
+    assert one(
+        "SELECT extract(epoch FROM lease_expires_at - now())::float8, heartbeat_at = now() FROM jobs WHERE job_id = %s",
+        [str(job_id)],
+    ) == (40.0, True)
+
+    expire_lease(job_id)
+    Worker(concurrency=1).reap()
+    (taken,) = claim("worker-b", lease_seconds=60).jobs
+    with pytest.raises(LeaseLost):
+        ctx.heartbeat()
+    assert scalar(
+        "SELECT extract(epoch FROM lease_expires_at - now())::float8 FROM jobs WHERE lease_token = %s",
+        [taken.lease_token],
+    ) == pytest.approx(60)
+
+
+# --- the batch hold limit --------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_slow_job_hands_its_batchs_unstarted_jobs_back_with_their_attempt_refunded(effects):
+    tasks.record_slowly.using(priority=10).enqueue("slow", 1.1)
+    rest = [tasks.record.enqueue(f"fast-{i}").id for i in range(2)]
+    worker = Worker(concurrency=1, batch_size=3)
+    assert worker.run_once() == 3
+    report = worker.report()
+    assert (report.claimed, report.finished, report.released) == (3, 1, 2)
+    assert effects() == [("slow", "")]
+    for job_id in rest:
+        row = job_row(job_id)
+        assert (row["locked_by"], row["attempts"]) == (None, 0)
+
+
+@pytest.mark.django_db
+def test_run_once_on_an_empty_queue_claims_nothing_and_is_not_a_claim_failure():
+    worker = Worker(concurrency=1)
+    state = worker.new_state()
+    failures = REGISTRY.get_sample_value("vpay_jobs_claim_failures_total") or 0.0
+    assert worker.run_once(state) == 0
+    assert state.claim_failures == 0
+    assert (REGISTRY.get_sample_value("vpay_jobs_claim_failures_total") or 0.0) == failures
+    assert worker.report().claimed == 0
+
+
+def test_a_worker_refuses_impossible_settings():
+    for kwargs in ({"concurrency": 0}, {"batch_size": 0}, {"lease_seconds": 0}, {"queues": ()}):
+        with pytest.raises(ValueError):
+            Worker(**kwargs)
+
+
+@pytest.mark.django_db
+def test_job_rows_hold_only_live_work_after_a_mixed_batch(effects):
+    ok = tasks.record.enqueue("mixed-ok").id
+    bad = tasks.fail_permanently.enqueue("mixed-bad").id
+    later = tasks.record.using(run_after=None).enqueue("mixed-later").id
+    execute("UPDATE jobs SET run_at = now() + interval '1 hour' WHERE job_id = %s", [later])
+    worker = Worker(concurrency=1, batch_size=10)
+    assert worker.run_once() == 2
+    assert {r[0] for r in rows("SELECT job_id::text FROM jobs")} == {later}
+    assert DeadLetter.objects.filter(job_id=uuid.UUID(bad)).count() == 1
+    assert count("processed_jobs", "job_id = %s", [ok]) == 1
+
+
+# --- a batch of fenced jobs --------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_failure_inside_a_batch_of_fenced_tasks_costs_its_neighbours_no_duplicate_effect(effects):
+    first = tasks.record.using(priority=3).enqueue("batch-1").id
+    failing = tasks.fail_transiently.using(priority=2).enqueue("batch-2").id
+    last = tasks.record.using(priority=1).enqueue("batch-3").id
+    worker = Worker(concurrency=1, batch_size=10)
+    assert worker.run_once() == 3
+    assert effects("batch") == [("batch-1", ""), ("batch-3", "")]
+    assert count("processed_jobs", "job_id IN (%s, %s)", [first, last]) == 2
+    assert {r[0] for r in rows("SELECT job_id::text FROM jobs")} == {failing}
+    assert job_row(failing)["attempts"] == 1
+    report = worker.report()
+    assert (report.finished, report.retried) == (2, 1)
+
+
+@pytest.mark.django_db
+def test_a_batch_holding_an_already_processed_job_id_skips_it_and_runs_the_rest(effects):
+    done_before = tasks.record.using(priority=2).enqueue("seen").id
+    fresh = tasks.record.using(priority=1).enqueue("fresh").id
+    execute(
+        "INSERT INTO processed_jobs (job_id, kind, subject, expires_at)"
+        " VALUES (%s, 'task', 'tests.tasks.record', now() + interval '1 day')",
+        [done_before],
+    )
+    before = REGISTRY.get_sample_value("vpay_jobs_duplicates_skipped_total", {"kind": "task"}) or 0.0
+    worker = Worker(concurrency=1, batch_size=10)
+    assert worker.run_once() == 2
+    assert effects() == [("fresh", "")]
+    assert count("jobs") == 0
+    assert count("processed_jobs", "job_id = %s", [fresh]) == 1
+    assert worker.report().finished == 2
+    assert REGISTRY.get_sample_value("vpay_jobs_duplicates_skipped_total", {"kind": "task"}) == before + 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_where_one_lease_is_taken_mid_run_loses_only_that_job(effects):
+    tasks.record.using(priority=3).enqueue("kept-1")
+    taken = tasks.lose_lease.using(priority=2).enqueue("succeed").id
+    tasks.record.using(priority=1).enqueue("kept-2")
+    worker = Worker(concurrency=1, batch_size=10)
+    assert worker.run_once() == 3
+    assert effects("kept") == [("kept-1", ""), ("kept-2", "")]
+    report = worker.report()
+    assert (report.finished, report.lost) == (2, 1)
+    assert rows("SELECT job_id::text, locked_by FROM jobs") == [(taken, "thief")]
+    # The lost job's answer did not commit: no fence row claims it was processed.
+    assert count("processed_jobs", "job_id = %s", [taken]) == 0
