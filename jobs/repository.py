@@ -33,6 +33,8 @@ class ClaimedJob:
     lease_seconds: float
     tenant: str
     correlation_id: str
+    # A fence row for this job_id existed when it was claimed: its effect already happened.
+    processed: bool = False
 
 
 def _bounded(text: str) -> str:
@@ -246,7 +248,8 @@ UPDATE jobs j
 RETURNING j.id, j.job_id, j.kind, j.queue, j.payload, j.attempts, j.max_attempts, j.deferrals,
           j.lease_token, extract(epoch FROM j.lease_expires_at - j.locked_at)::float8,
           j.tenant, j.correlation_id,
-          (SELECT tenant FROM chosen ORDER BY n DESC LIMIT 1)
+          (SELECT tenant FROM chosen ORDER BY n DESC LIMIT 1),
+          EXISTS (SELECT 1 FROM processed_jobs p WHERE p.job_id = j.job_id)
 """
 
 
@@ -301,6 +304,7 @@ def claim(
             lease_seconds=r[9],
             tenant=r[10],
             correlation_id=r[11],
+            processed=r[13],
         )
         for r in rows
     ]
@@ -474,18 +478,9 @@ def insert_fence(job_id: uuid.UUID, kind: str, subject: str, ttl_seconds: float)
         return cursor.fetchone() is not None
 
 
-_PROCESSED_AMONG = "SELECT job_id FROM processed_jobs WHERE job_id = ANY(%s::uuid[])"
-
-
-def processed_among(job_ids: Sequence[uuid.UUID]) -> set[uuid.UUID]:
-    """The ``job_ids`` that already have a fence row."""
-    with connection.cursor() as cursor:
-        cursor.execute(_PROCESSED_AMONG, [list(job_ids)])
-        return {r[0] for r in cursor.fetchall()}
-
-
-# The group settle of fenced jobs (jobs.worker._run_group): their fence rows and their
-# deletes in one statement, inside the transaction that made their effects.
+# The settle of fenced jobs (jobs.worker): their fence rows and their deletes in one
+# statement, inside the transaction that made their effects. A fence row that already
+# exists (a concurrent run committed first) is not inserted, and the caller rolls back.
 _FENCE_AND_FINISH = """
 WITH fenced AS (
     INSERT INTO processed_jobs (job_id, kind, subject, processed_at, expires_at)

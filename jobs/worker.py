@@ -62,6 +62,10 @@ class _Undo(Exception):
         self.outcome = outcome
 
 
+class _Duplicate(Exception):
+    """The fence row appeared while the body ran: roll back; the job is a duplicate."""
+
+
 class _LeaseGone(Exception):
     """The job's delete matched nothing: the lease was taken; roll the effect back."""
 
@@ -201,6 +205,14 @@ class Worker:
         ]
         for thread in self._threads + helpers:
             thread.start()
+        if self.lease_seconds is not None:
+            longest = max((s.timeout_seconds for s in registry.all_specs()), default=0.0)
+            if self.lease_seconds < longest:
+                logger.warning(
+                    "--lease is shorter than the longest kind timeout: a handler that runs past "
+                    "the lease is run again elsewhere and its own answer is counted lost",
+                    extra={"lease": self.lease_seconds, "longest_timeout": longest},
+                )
         logger.info(
             "worker started",
             extra={
@@ -272,6 +284,8 @@ class Worker:
             while not self._stopping.is_set():
                 claimed = self.run_once(state)
                 if claimed:
+                    if claimed >= self.batch_size:
+                        self._notify_one()  # more may be waiting: bring in one more loop
                     continue  # a backlog is walked as fast as its jobs run: no sleep
                 if self.burst and state.claim_failures == 0:
                     return
@@ -352,14 +366,13 @@ class Worker:
         started = time.monotonic()
         try:
             with transaction.atomic():
-                seen = repository.processed_among([job.job_id for job in group])
                 for job in group:
                     job_spec = registry.get(job.kind)
                     if job_spec is None or not self._valid(job_spec, job):
                         break  # the single path dead-letters it
                     with state.lock:
                         state.held[job.id] = (job.lease_token, True)
-                    if job.job_id not in seen:
+                    if not job.processed:  # a job whose fence row exists is a duplicate: skip the body
                         ctx = JobContext(job, job_spec.timeout_seconds)
                         state.current = (job, ctx.started_monotonic, job_spec.timeout_seconds)
                         try:
@@ -373,7 +386,7 @@ class Worker:
                         break
                 if not ran:
                     return 0
-                fresh = [j for j in ran if j.job_id not in seen]
+                fresh = [j for j in ran if not j.processed]
                 fenced, finished = repository.fence_and_finish(
                     fences=[(j.job_id, j.kind, self._subject(j)) for j in fresh],
                     leases=[(j.id, j.lease_token) for j in ran],
@@ -389,13 +402,20 @@ class Worker:
         for job in ran:
             self._forget(state, job)
             self._count(state, job, Disposition.FINISHED)
-            if job.job_id in seen:
+            if job.processed:
                 metrics.DUPLICATES_SKIPPED.labels(kind=job.kind).inc()
         metrics.JOB_DURATION.labels(kind=spec.kind.value).observe(elapsed / len(ran))
         return len(ran)
 
     def _run_fenced(self, state: _LoopState, spec: registry.KindSpec, job: ClaimedJob) -> None:
-        """One fenced job: fence row, body and the job's own delete commit together, or nothing does."""
+        """One fenced job: body, fence row and the job's own delete commit together, or nothing does.
+
+        The body runs first and the fence row is inserted with the delete, after it: the
+        claim already told us whether the fence row existed, so a fresh job reaches its
+        body without another round trip. If a concurrent run committed the same job_id in
+        between, the insert finds its row, this transaction rolls back, and the job is
+        finished as the duplicate it is.
+        """
         with state.lock:
             state.held[job.id] = (job.lease_token, True)
         job_spec = registry.get(job.kind)
@@ -403,21 +423,32 @@ class Worker:
             reason = "no handler is registered" if job_spec is None else "invalid payload"
             self._apply(state, job, self._poison(job, self._poison_message(job_spec, job, reason)))
             return
+        if job.processed:
+            self._finish_duplicate(state, job)
+            return
         job_state = JobState(job.attempts, job.max_attempts, job.deferrals, job_spec.max_deferrals)
         ctx = JobContext(job, job_spec.timeout_seconds)
         state.current = (job, ctx.started_monotonic, job_spec.timeout_seconds)
         try:
             with transaction.atomic():
-                if fence.first_time(job.job_id, job.kind, self._subject(job)):
-                    outcome = job_spec.handler(ctx)
-                    if not isinstance(outcome, Outcome):
-                        raise TypeError(f"handler for {job.kind!r} returned {type(outcome).__name__}, not Outcome")
-                    if outcome.action is not Action.DONE:
-                        raise _Undo(outcome)  # the fence row must not outlive an unfinished body
-                if not repository.finish_many([(job.id, job.lease_token)]):
+                outcome = job_spec.handler(ctx)
+                if not isinstance(outcome, Outcome):
+                    raise TypeError(f"handler for {job.kind!r} returned {type(outcome).__name__}, not Outcome")
+                if outcome.action is not Action.DONE:
+                    raise _Undo(outcome)  # no fence row for an unfinished body
+                fenced, finished = repository.fence_and_finish(
+                    fences=[(job.job_id, job.kind, self._subject(job))],
+                    leases=[(job.id, job.lease_token)],
+                    ttl_seconds=fence.ttl_seconds(),
+                )
+                if not finished:
                     raise _LeaseGone  # someone else owns the job now: our effect must not commit
+                if not fenced:
+                    raise _Duplicate  # a concurrent run committed this job_id first
         except _Undo as undo:
             self._apply(state, job, settle_outcome(undo.outcome, job_state))
+        except _Duplicate:
+            self._finish_duplicate(state, job)
         except (_LeaseGone, LeaseLost):
             self._forget(state, job)
             self._lost(state, job, Disposition.FINISHED)
@@ -440,6 +471,12 @@ class Worker:
         finally:
             state.current = None
             metrics.JOB_DURATION.labels(kind=job.kind).observe(time.monotonic() - ctx.started_monotonic)
+
+    def _finish_duplicate(self, state: _LoopState, job: ClaimedJob) -> None:
+        """The job's effect already committed under its job_id: ack it without running it again."""
+        metrics.DUPLICATES_SKIPPED.labels(kind=job.kind).inc()
+        logger.info("duplicate job skipped by the fence", extra=self._job_fields(job))
+        self._flush_finished(state, [job])
 
     @staticmethod
     def _valid(spec: registry.KindSpec, job: ClaimedJob) -> bool:
@@ -722,6 +759,14 @@ class Worker:
             self._wake_generation += 1
             self._wake.notify_all()
 
+    def _notify_one(self) -> None:
+        """Wake one idle loop. A NOTIFY usually announces one job: waking every loop would
+        have them all race to claim it, and the winner would pay for the losers' claims on
+        a busy machine. A loop that finds a full batch wakes the next one (see _loop)."""
+        with self._wake:
+            self._wake_generation += 1
+            self._wake.notify(1)
+
     def _wait_for_work(self, timeout: float) -> None:
         with self._wake:
             generation = self._wake_generation
@@ -744,7 +789,7 @@ class Worker:
                     while not self._stopping.is_set():
                         for notify in conn.notifies(timeout=self.idle_sleep):
                             if notify.payload in self.queues or not notify.payload:
-                                self._notify_all()
+                                self._notify_one()
             except (psycopg.Error, OSError) as exc:
                 failures += 1
                 logger.warning(
