@@ -16,6 +16,17 @@ from jobs.kinds import JobKind
 
 LAST_ERROR_MAX = 2000
 
+
+class TransactionNow(models.Func):
+    """``CURRENT_TIMESTAMP``: the transaction's start, the same instant as ``now()`` in the
+    queue's SQL. Django's ``Now()`` is ``STATEMENT_TIMESTAMP()``, which inside a transaction
+    is later than ``now()``: a row defaulted with it would not be due to a claim's
+    ``run_at <= now()`` in that same transaction."""
+
+    template = "CURRENT_TIMESTAMP"
+    output_field = models.DateTimeField()
+
+
 # The lookup a CHECK constraint below is written with.
 models.TextField.register_lookup(Length, "length")
 
@@ -38,7 +49,7 @@ class Job(models.Model):
     payload = models.JSONField(default=dict)
     # Lower runs first (ORDER BY priority, run_at).
     priority = models.SmallIntegerField(db_default=0)
-    run_at = models.DateTimeField(db_default=Now())
+    run_at = models.DateTimeField(db_default=TransactionNow())
     attempts = models.IntegerField(db_default=0, help_text="Counted up by the claim itself.")
     max_attempts = models.IntegerField(db_default=5)
     deferrals = models.IntegerField(db_default=0, help_text="Deferrals spend no attempt.")
@@ -51,7 +62,7 @@ class Job(models.Model):
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(db_default="", blank=True)
-    created_at = models.DateTimeField(db_default=Now())
+    created_at = models.DateTimeField(db_default=TransactionNow())
 
     objects = JobQuerySet.as_manager()
 

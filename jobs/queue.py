@@ -79,27 +79,34 @@ def enqueue_many(requests: Iterable[JobRequest]) -> int:
     """Enqueue many jobs in one statement; returns how many were new (dedupe skips the rest).
 
     All are validated first: one invalid request raises and nothing is written. Jobs
-    without a ``job_id`` get one from PostgreSQL.
+    without a ``job_id`` get a fresh one. When no job carries a ``dedupe_key``, a
+    ``job_id`` or a delay, the statement is a ``COPY`` (the fast path); otherwise one
+    ``INSERT … SELECT … ON CONFLICT DO NOTHING``. Either way one ``NOTIFY`` per queue is
+    delivered at commit.
     """
     kinds: dict[str, tuple[registry.KindSpec, int]] = {}
     rows = []
-    may_conflict = False
+    may_conflict = delayed = False
     for request in requests:
         row = _validated(request, kinds, encode=False)
         if row[0] is not None or row[7] is not None:
             may_conflict = True
-            row = (str(row[0]) if row[0] is not None else None, *row[1:])
+        if row[5]:
+            delayed = True
         rows.append(row)
     if not rows:
         return 0
     try:
-        rows_json = json.dumps(rows, allow_nan=False)
-    except (TypeError, ValueError) as exc:
+        with transaction.atomic():
+            if not (may_conflict or delayed):
+                return repository.copy_jobs(
+                    (uuid.uuid4(), r[1], r[2], json.dumps(r[3], allow_nan=False), r[4], r[6], r[8], r[9]) for r in rows
+                )
+            rows = [(str(r[0]) if r[0] is not None else None, *r[1:]) for r in rows]
+            rows_json = json.dumps(rows, allow_nan=False)
+            return repository.insert_jobs(rows_json, may_conflict=may_conflict)
+    except (TypeError, ValueError) as exc:  # json.dumps; the transaction rolled back
         raise EnqueueError(f"a payload is not JSON-serializable: {exc}") from None
-    # One statement is already atomic; the block only keeps the NOTIFY with the insert
-    # when the caller runs in autocommit.
-    with transaction.atomic():
-        return repository.insert_jobs(rows_json, may_conflict=may_conflict)
 
 
 def pull_forward(dedupe_key: str, floor: timedelta | float = 0) -> bool:

@@ -169,6 +169,32 @@ def insert_jobs(rows_json: str, *, may_conflict: bool) -> int:
         return cursor.fetchone()[0]
 
 
+# The bulk fast path: rows that need no dedupe, no explicit job_id and no delay go in by
+# COPY, several times faster than any INSERT. run_at and created_at are left to their
+# column defaults (the database clock); one NOTIFY per queue follows in the same
+# transaction and is delivered at its commit.
+_COPY_JOBS = "COPY jobs (job_id, kind, queue, payload, priority, max_attempts, correlation_id, tenant) FROM STDIN"
+_NOTIFY_QUEUES = f"SELECT pg_notify('{NOTIFY_CHANNEL}', q) FROM unnest(%s::text[]) AS q"
+
+
+def copy_jobs(rows: Iterable[tuple]) -> int:
+    """COPY due jobs in; each row is (job_id, kind, queue, payload_json, priority,
+    max_attempts, correlation_id, tenant). MUST run inside a transaction (with its NOTIFY)."""
+    if not connection.in_atomic_block:
+        raise RuntimeError("copy_jobs() must run inside a transaction")
+    connection.ensure_connection()
+    queues: set[str] = set()
+    count = 0
+    with connection.connection.cursor() as raw, raw.copy(_COPY_JOBS) as copy:
+        for row in rows:
+            copy.write_row(row)
+            queues.add(row[2])
+            count += 1
+    with connection.cursor() as cursor:
+        cursor.execute(_NOTIFY_QUEUES, [sorted(queues)])
+    return count
+
+
 _PULL_FORWARD = f"""
 WITH moved AS (
     UPDATE jobs SET run_at = now()
@@ -249,7 +275,9 @@ RETURNING j.id, j.job_id, j.kind, j.queue, j.payload, j.attempts, j.max_attempts
           j.lease_token, extract(epoch FROM j.lease_expires_at - j.locked_at)::float8,
           j.tenant, j.correlation_id,
           (SELECT tenant FROM chosen ORDER BY n DESC LIMIT 1),
-          EXISTS (SELECT 1 FROM processed_jobs p WHERE p.job_id = j.job_id)
+          -- A scalar subquery, not EXISTS: the planner turns a correlated EXISTS here into a
+          -- hashed scan of all of processed_jobs (days of rows); this is one PK probe per row.
+          coalesce((SELECT true FROM processed_jobs p WHERE p.job_id = j.job_id), false)
 """
 
 

@@ -40,7 +40,7 @@ from vpay.errors import Category, Classification, PoisonError, Severity, classif
 logger = logging.getLogger("jobs.worker")
 
 IDLE_SLEEP = 1.0  # an idle loop waits this long for a NOTIFY before claiming again
-DEFAULT_BATCH = 50
+DEFAULT_BATCH = 100
 # A claimed batch is only held while its handlers are fast: once a handler has run this
 # long, the batch's unstarted jobs go back to the queue for other workers to take.
 HOLD_LIMIT_SECONDS = 1.0
@@ -131,6 +131,7 @@ class Worker:
         idle_sleep: float = IDLE_SLEEP,
         max_tenants: int = 64,
         metrics_port: int | None = None,
+        metrics_addr: str = "127.0.0.1",
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -150,6 +151,7 @@ class Worker:
         self.idle_sleep = idle_sleep
         self.max_tenants = max_tenants
         self.metrics_port = metrics_port
+        self.metrics_addr = metrics_addr
 
         specs = registry.all_specs()
         self._kind_leases = {s.kind.value: s.lease_seconds for s in specs}
@@ -224,7 +226,7 @@ class Worker:
             },
         )
         abandoned = False
-        while any(t.is_alive() for t in self._threads):
+        while alive := [t for t in self._threads if t.is_alive()]:
             if self._exit_now.is_set():
                 abandoned = True
                 logger.warning("second signal: exiting now; held leases are left to the reaper")
@@ -233,8 +235,7 @@ class Worker:
                 abandoned = True
                 self._release_everything_held()
                 break
-            for t in self._threads:
-                t.join(timeout=0.05)
+            alive[0].join(timeout=0.05)
         self._stopping.set()
         self._notify_all()
         report = self.report()
@@ -260,7 +261,7 @@ class Worker:
         if self.metrics_port is not None:
             from prometheus_client import start_http_server
 
-            start_http_server(self.metrics_port)
+            start_http_server(self.metrics_port, addr=self.metrics_addr)
 
     def report(self) -> Report:
         total = Report()
@@ -355,46 +356,55 @@ class Worker:
         """Run consecutive fenced jobs in ONE transaction with their fence rows and their deletes.
 
         The fast path for short fenced jobs: one commit for the group instead of one per job.
-        Optimistic: anything but every body answering DONE, every fence row new and every
-        lease still ours rolls the whole group back (``0``), and the caller reruns the jobs
-        one by one, where each failure is classified and settled on its own. A group closes
-        early once its bodies have run for GROUP_HOLD_SECONDS, so a slow body does not hold
-        its neighbours' effects (and their row locks) uncommitted. Returns how many jobs of
-        ``group`` (a prefix) committed.
+        Each body runs under its own savepoint, taken lazily just before its first query (a
+        body that touches no table needs none), so a body that fails or answers anything
+        but DONE is rolled back alone and settled on its own after the commit; its
+        neighbours are not run again. A group closes early once its bodies have run for
+        GROUP_HOLD_SECONDS, so a slow body does not hold its neighbours' effects (and their
+        row locks) uncommitted.
+
+        Only when the group's closing write finds a fence row already there (a concurrent
+        run of the same job_id committed first) or a lease taken does the whole group roll
+        back and return ``0``; the caller then reruns its jobs one by one. Both need a lease
+        to have expired under a live handler, the case in which at-least-once already means
+        running again. Returns how many jobs of ``group`` (a prefix) were handled.
         """
         ran: list[ClaimedJob] = []
+        failed: list[tuple[ClaimedJob, Settle]] = []
         started = time.monotonic()
         try:
             with transaction.atomic():
                 for job in group:
                     job_spec = registry.get(job.kind)
-                    if job_spec is None or not self._valid(job_spec, job):
+                    if self._poison_reason(job_spec, job) is not None:
                         break  # the single path dead-letters it
                     with state.lock:
                         state.held[job.id] = (job.lease_token, True)
                     if not job.processed:  # a job whose fence row exists is a duplicate: skip the body
-                        ctx = JobContext(job, job_spec.timeout_seconds)
-                        state.current = (job, ctx.started_monotonic, job_spec.timeout_seconds)
-                        try:
-                            outcome = job_spec.handler(ctx)
-                        finally:
-                            state.current = None
-                        if not isinstance(outcome, Outcome) or outcome.action is not Action.DONE:
-                            raise _GroupAbort
-                    ran.append(job)
+                        settle = self._run_body_in_savepoint(state, job_spec, job)
+                        if settle is not None:
+                            failed.append((job, settle))
+                        else:
+                            ran.append(job)
+                    else:
+                        ran.append(job)
                     if time.monotonic() - started > GROUP_HOLD_SECONDS:
                         break
-                if not ran:
-                    return 0
-                fresh = [j for j in ran if not j.processed]
-                fenced, finished = repository.fence_and_finish(
-                    fences=[(j.job_id, j.kind, self._subject(j)) for j in fresh],
-                    leases=[(j.id, j.lease_token) for j in ran],
-                    ttl_seconds=fence.ttl_seconds(),
-                )
-                if fenced != len(fresh) or finished != len(ran):
-                    raise _GroupAbort  # a concurrent run of one of them, or a lease taken
-        except Exception:  # noqa: BLE001 - every failure means "rerun one by one", where it is classified
+                if ran:
+                    fresh = [j for j in ran if not j.processed]
+                    fenced, finished = repository.fence_and_finish(
+                        fences=[(j.job_id, j.kind, self._subject(j)) for j in fresh],
+                        leases=[(j.id, j.lease_token) for j in ran],
+                        ttl_seconds=fence.ttl_seconds(),
+                    )
+                    if fenced != len(fresh) or finished != len(ran):
+                        raise _GroupAbort  # a concurrent run of one of them, or a lease taken
+        except Exception as exc:  # noqa: BLE001 - every failure here means "rerun one by one"
+            metrics.GROUP_ABORTS.inc()
+            logger.warning(
+                "fenced group rolled back; its jobs run again one by one",
+                extra={"jobs": len(group), "error": error_chain(exc, 300)},
+            )
             if not connection.is_usable():
                 connection.close()
             return 0
@@ -404,8 +414,73 @@ class Worker:
             self._count(state, job, Disposition.FINISHED)
             if job.processed:
                 metrics.DUPLICATES_SKIPPED.labels(kind=job.kind).inc()
-        metrics.JOB_DURATION.labels(kind=spec.kind.value).observe(elapsed / len(ran))
-        return len(ran)
+        for job, settle in failed:
+            self._apply(state, job, settle)
+        handled = len(ran) + len(failed)
+        if handled:
+            metrics.JOB_DURATION.labels(kind=spec.kind.value).observe(elapsed / handled)
+        return handled
+
+    def _run_body_in_savepoint(self, state: _LoopState, spec: registry.KindSpec, job: ClaimedJob) -> Settle | None:
+        """Run one fenced body inside the group's transaction; None when it answered DONE.
+
+        Anything else rolls back to the savepoint taken before the body's first query and
+        returns the job's settle, to be written after the group commits.
+        """
+        savepoint: str | None = None
+        taking = False
+
+        def savepoint_before_first_query(execute, sql, params, many, context):
+            nonlocal savepoint, taking
+            if savepoint is None and not taking:
+                taking = True  # connection.savepoint() runs a query through this wrapper too
+                savepoint = connection.savepoint()
+            return execute(sql, params, many, context)
+
+        def roll_back() -> None:
+            if savepoint is not None:
+                connection.savepoint_rollback(savepoint)
+                # Everything the body did is undone, so the group's transaction is healthy again.
+                transaction.set_rollback(False)
+
+        job_state = JobState(job.attempts, job.max_attempts, job.deferrals, spec.max_deferrals)
+        ctx = JobContext(job, spec.timeout_seconds)
+        state.current = (job, ctx.started_monotonic, spec.timeout_seconds)
+        try:
+            with connection.execute_wrapper(savepoint_before_first_query):
+                outcome = spec.handler(ctx)
+            if not isinstance(outcome, Outcome):
+                raise TypeError(f"handler for {job.kind!r} returned {type(outcome).__name__}, not Outcome")
+        except LeaseLost:
+            roll_back()
+            return Settle(Disposition.LOST)
+        except Exception as exc:  # noqa: BLE001 - classified below, never fatal to the loop
+            roll_back()
+            return self._settle_for_exception(spec, job, job_state, exc)
+        finally:
+            state.current = None
+        if outcome.action is not Action.DONE:
+            roll_back()  # no effect and no fence row for an unfinished body
+            return settle_outcome(outcome, job_state)
+        if savepoint is not None:
+            connection.savepoint_commit(savepoint)
+        return None
+
+    def _settle_for_exception(
+        self, spec: registry.KindSpec, job: ClaimedJob, job_state: JobState, exc: Exception
+    ) -> Settle:
+        """Log a handler's failure once, at its classification, and decide its settle."""
+        classification = classify(exc)
+        self._log_failure(job, classification, exc)
+        if not connection.is_usable():
+            connection.close()
+        return settle_error(
+            classification,
+            error_chain(exc, 20_000),
+            job_state,
+            registry.retry_policy(spec),
+            defer_seconds=getattr(exc, "delay_seconds", 30.0),
+        )
 
     def _run_fenced(self, state: _LoopState, spec: registry.KindSpec, job: ClaimedJob) -> None:
         """One fenced job: body, fence row and the job's own delete commit together, or nothing does.
@@ -419,9 +494,9 @@ class Worker:
         with state.lock:
             state.held[job.id] = (job.lease_token, True)
         job_spec = registry.get(job.kind)
-        if job_spec is None or not self._valid(job_spec, job):
-            reason = "no handler is registered" if job_spec is None else "invalid payload"
-            self._apply(state, job, self._poison(job, self._poison_message(job_spec, job, reason)))
+        poison = self._poison_reason(job_spec, job)
+        if poison is not None:
+            self._apply(state, job, self._poison(job, poison))
             return
         if job.processed:
             self._finish_duplicate(state, job)
@@ -453,18 +528,7 @@ class Worker:
             self._forget(state, job)
             self._lost(state, job, Disposition.FINISHED)
         except Exception as exc:  # noqa: BLE001 - any handler failure is classified, never fatal to the loop
-            classification = classify(exc)
-            self._log_failure(job, classification, exc)
-            if not connection.is_usable():
-                connection.close()
-            settle = settle_error(
-                classification,
-                error_chain(exc, 20_000),
-                job_state,
-                registry.retry_policy(job_spec),
-                defer_seconds=getattr(exc, "delay_seconds", 30.0),
-            )
-            self._apply(state, job, settle)
+            self._apply(state, job, self._settle_for_exception(job_spec, job, job_state, exc))
         else:
             self._forget(state, job)
             self._count(state, job, Disposition.FINISHED)
@@ -479,22 +543,15 @@ class Worker:
         self._flush_finished(state, [job])
 
     @staticmethod
-    def _valid(spec: registry.KindSpec, job: ClaimedJob) -> bool:
-        try:
-            spec.schema.validate(job.payload)
-        except PayloadError:
-            return False
-        return True
-
-    @staticmethod
-    def _poison_message(spec: registry.KindSpec | None, job: ClaimedJob, reason: str) -> str:
+    def _poison_reason(spec: registry.KindSpec | None, job: ClaimedJob) -> str | None:
+        """Why this claimed job can never run (no handler, payload off its schema), or None."""
         if spec is None:
             return f"no handler is registered for kind {job.kind!r}"
         try:
             spec.schema.validate(job.payload)
         except PayloadError as exc:
             return f"invalid payload: {exc}"
-        return reason
+        return None
 
     @staticmethod
     def _subject(job: ClaimedJob) -> str:
@@ -540,13 +597,10 @@ class Worker:
 
     def _execute(self, state: _LoopState, job: ClaimedJob) -> Settle | None:
         spec = registry.get(job.kind)
-        if spec is None:
-            return self._poison(job, f"no handler is registered for kind {job.kind!r}")
+        poison = self._poison_reason(spec, job)
+        if poison is not None:
+            return self._poison(job, poison)
         job_state = JobState(job.attempts, job.max_attempts, job.deferrals, spec.max_deferrals)
-        try:
-            spec.schema.validate(job.payload)
-        except PayloadError as exc:
-            return self._poison(job, f"invalid payload: {exc}")
         ctx = JobContext(job, spec.timeout_seconds)
         state.current = (job, ctx.started_monotonic, spec.timeout_seconds)
         try:
@@ -557,17 +611,7 @@ class Worker:
             logger.warning("lease lost while the handler ran", extra=self._job_fields(job))
             return None
         except Exception as exc:  # noqa: BLE001 - any handler failure is classified, never fatal to the loop
-            classification = classify(exc)
-            self._log_failure(job, classification, exc)
-            if not connection.is_usable():
-                connection.close()
-            return settle_error(
-                classification,
-                error_chain(exc, 20_000),
-                job_state,
-                registry.retry_policy(spec),
-                defer_seconds=getattr(exc, "delay_seconds", 30.0),
-            )
+            return self._settle_for_exception(spec, job, job_state, exc)
         finally:
             state.current = None
             metrics.JOB_DURATION.labels(kind=job.kind).observe(time.monotonic() - ctx.started_monotonic)
@@ -582,6 +626,10 @@ class Worker:
 
     def _apply(self, state: _LoopState, job: ClaimedJob, settle: Settle) -> None:
         """Write one settle (not a finish), guarded on the lease token."""
+        if settle.disposition is Disposition.LOST:  # a heartbeat found the lease taken
+            self._forget(state, job)
+            self._lost(state, job, Disposition.FINISHED)
+            return
         try:
             if settle.disposition is Disposition.DEAD_LETTERED:
                 dead_letter_id = repository.dead_letter(

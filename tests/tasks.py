@@ -113,3 +113,20 @@ def record_after_sql_sleep(label: str, seconds: float) -> None:
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_sleep(%s)", [seconds])
     _record(label)
+
+
+@task
+def record_slowly_announced(label: str, seconds: float, started_file: str) -> None:
+    """``record_slowly`` that first creates ``started_file``: a test in another process knows
+    the handler itself is running (a claimed job may still be waiting its turn in the batch)."""
+    with open(started_file, "a"):
+        pass
+    time.sleep(seconds)
+    _record(label)
+
+
+@task
+def append_to_file(path: str, text: str) -> None:
+    """An effect outside the database: it cannot be rolled back, so running twice shows."""
+    with open(path, "a") as handle:
+        handle.write(text)

@@ -405,3 +405,23 @@ def test_a_batch_where_one_lease_is_taken_mid_run_loses_only_that_job(effects):
     assert rows("SELECT job_id::text, locked_by FROM jobs") == [(taken, "thief")]
     # The lost job's answer did not commit: no fence row claims it was processed.
     assert count("processed_jobs", "job_id = %s", [taken]) == 0
+
+
+@pytest.mark.django_db
+def test_a_failing_body_in_a_group_is_rolled_back_alone_and_its_neighbours_run_once(effects, tmp_path):
+    outside = tmp_path / "outside-effects.txt"
+    tasks.append_to_file.using(priority=5).enqueue(str(outside), "A")
+    tasks.record.using(priority=4).enqueue("group-kept-1")
+    crashed = tasks.record_then_crash.using(priority=3).enqueue("group-crashed").id
+    tasks.append_to_file.using(priority=2).enqueue(str(outside), "B")
+    tasks.record.using(priority=1).enqueue("group-kept-2")
+    worker = Worker(concurrency=1, batch_size=10)
+    assert worker.run_once() == 5
+    # Effects outside the database happened once each: no neighbour body ran twice.
+    assert outside.read_text() == "AB"
+    # The failing body's own insert was rolled back to its savepoint; the others committed.
+    assert effects("group") == [("group-kept-1", ""), ("group-kept-2", "")]
+    assert count("processed_jobs", "job_id = %s", [crashed]) == 0
+    assert {r[0] for r in rows("SELECT job_id::text FROM jobs")} == {crashed}
+    report = worker.report()
+    assert (report.finished, report.retried) == (4, 1)

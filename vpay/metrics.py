@@ -14,6 +14,7 @@ CLAIM_FAILURES = Counter("vpay_jobs_claim_failures_total", "Claims that failed (
 SETTLE_FAILURES = Counter(
     "vpay_jobs_settle_failures_total", "Settle writes that failed; the lease reaper recovers them"
 )
+GROUP_ABORTS = Counter("vpay_jobs_group_aborts_total", "Fenced groups rolled back whole (their jobs reran one by one)")
 LEASES_REAPED = Counter(
     "vpay_jobs_leases_reaped_total", "Expired leases freed or dead-lettered by a reaper", ["result"]
 )

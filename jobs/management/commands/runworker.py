@@ -65,6 +65,11 @@ class Command(BaseCommand):
             "--metrics-port", type=int, default=None, help="Serve Prometheus metrics on this port (default: off)."
         )
         parser.add_argument(
+            "--metrics-addr",
+            default=os.environ.get("VPAY_METRICS_ADDR", "127.0.0.1"),
+            help="Address the metrics server binds (default 127.0.0.1; VPAY_METRICS_ADDR).",
+        )
+        parser.add_argument(
             "--worker-id", default=None, help="Name in locked_by and pg_stat_activity (default host:pid:random)."
         )
 
@@ -104,6 +109,7 @@ class Command(BaseCommand):
             burst=opts["burst"],
             batch_size=opts["batch"],
             metrics_port=opts["metrics_port"],
+            metrics_addr=opts["metrics_addr"],
         )
 
         def on_signal(signum, frame):

@@ -1,0 +1,1 @@
+"""Benchmark harness (bench/run.sh). Not imported by the product."""
