@@ -20,6 +20,8 @@ class JobContext:
 
     job: ClaimedJob
     timeout_seconds: float
+    # The loop itself fences this kind (registry ``fenced=True``): the handler must not.
+    loop_fenced: bool = False
     started_monotonic: float = field(default_factory=time.monotonic)
 
     @property
@@ -47,6 +49,8 @@ class JobContext:
         """Extend the lease by a full lease from now. Raises :class:`LeaseLost` if it was taken.
 
         Long handlers call this between units of work; the timeout clock restarts too.
+        (Handlers of loop-fenced kinds run inside the loop's transaction, where the new
+        expiry is invisible to reapers until commit: they keep to their timeout instead.)
         """
         if not repository.heartbeat(self.job.id, self.job.lease_token, self.job.lease_seconds):
             raise LeaseLost(f"lease on job {self.job.job_id} was taken over")
@@ -54,4 +58,8 @@ class JobContext:
 
     def first_time(self, subject: str = "") -> bool:
         """The fence for this job; see :func:`jobs.fence.first_time`."""
+        if self.loop_fenced:
+            # The loop inserts this job's fence row after the body; a row inserted here
+            # would make the loop see a duplicate and roll the effect back.
+            raise RuntimeError(f"kind {self.job.kind!r} is fenced by the loop; its handler must not call first_time()")
         return fence.first_time(self.job.job_id, self.job.kind, subject)

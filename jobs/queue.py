@@ -26,6 +26,7 @@ from jobs.schema import PayloadError
 
 _MAX_NAME = 64
 _MAX_LABEL = 128
+_MAX_DEDUPE_KEY = 512  # well under a btree entry's limit
 
 
 class EnqueueError(ValueError):
@@ -150,10 +151,7 @@ def _validated(r: JobRequest, cache: dict, *, encode: bool = True) -> tuple:
     except PayloadError as exc:
         raise EnqueueError(f"invalid payload for {kind!r}: {exc}") from None
     if encode:
-        try:
-            payload = json.dumps(payload, allow_nan=False)
-        except (TypeError, ValueError) as exc:
-            raise EnqueueError(f"payload for {kind!r} is not JSON-serializable: {exc}") from None
+        payload = _encode(payload, kind)
     queue, priority = r.queue, r.priority
     if not isinstance(queue, str) or not queue or len(queue) > _MAX_NAME:
         raise EnqueueError(f"queue must be a non-empty string of at most {_MAX_NAME} characters")
@@ -163,8 +161,15 @@ def _validated(r: JobRequest, cache: dict, *, encode: bool = True) -> tuple:
         raise EnqueueError(f"tenant must be a string of at most {_MAX_LABEL} characters")
     if r.correlation_id is not None and (not isinstance(r.correlation_id, str) or len(r.correlation_id) > _MAX_LABEL):
         raise EnqueueError(f"correlation_id must be a string of at most {_MAX_LABEL} characters")
-    if r.dedupe_key is not None and (not isinstance(r.dedupe_key, str) or not r.dedupe_key):
-        raise EnqueueError("dedupe_key must be a non-empty string")
+    for name, value in (("queue", queue), ("tenant", r.tenant), ("correlation_id", r.correlation_id)):
+        if value and "\x00" in value:  # PostgreSQL text cannot hold NUL
+            raise EnqueueError(f"{name} contains a NUL character")
+    if r.dedupe_key is not None and (
+        not isinstance(r.dedupe_key, str) or not r.dedupe_key or len(r.dedupe_key) > _MAX_DEDUPE_KEY
+    ):
+        raise EnqueueError(f"dedupe_key must be a non-empty string of at most {_MAX_DEDUPE_KEY} characters")
+    if r.dedupe_key is not None and "\x00" in r.dedupe_key:
+        raise EnqueueError("dedupe_key contains a NUL character")
     if r.job_id is not None and not isinstance(r.job_id, uuid.UUID):
         raise EnqueueError("job_id must be a uuid.UUID")
     max_attempts = default_max_attempts if r.max_attempts is None else r.max_attempts
@@ -183,6 +188,17 @@ def _validated(r: JobRequest, cache: dict, *, encode: bool = True) -> tuple:
         r.correlation_id or "",
         r.tenant or "",
     )
+
+
+def _encode(payload: Mapping | list, kind: str) -> str:
+    """The payload (or a batch of rows) as JSON text PostgreSQL accepts, or EnqueueError."""
+    try:
+        text = json.dumps(payload, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise EnqueueError(f"payload for {kind!r} is not JSON-serializable: {exc}") from None
+    if "\\u0000" in text:  # jsonb cannot store NUL; refuse it here, not as a database error
+        raise EnqueueError(f"payload for {kind!r} contains a NUL character (\\u0000)")
+    return text
 
 
 def _seconds(value: timedelta | float | None, name: str) -> float:

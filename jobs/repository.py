@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from django.db import connection
 
@@ -25,7 +25,7 @@ class ClaimedJob:
     job_id: uuid.UUID
     kind: str
     queue: str
-    payload: dict
+    payload: dict = field(repr=False)  # application data: kept out of reprs and logs
     attempts: int
     max_attempts: int
     deferrals: int
@@ -54,7 +54,7 @@ def _bookkeeping(sql: str, params) -> list[tuple] | int:
 
     Returns the rows of a statement that returns rows, else its row count.
     """
-    if connection.in_atomic_block:
+    if connection.in_atomic_block or not connection.get_autocommit():
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
             return cursor.fetchall() if cursor.description else cursor.rowcount
@@ -74,13 +74,18 @@ def _bookkeeping(sql: str, params) -> list[tuple] | int:
 
 # --- enqueue --------------------------------------------------------------------------
 
+# A due job's run_at is now(), the transaction's start, the instant the claim compares with
+# (so it is due even within its own transaction). A delay counts from the enqueueing
+# statement instead: a transaction that stayed open for a while must not shorten it.
+_RUN_AT = "(CASE WHEN {delay} > 0 THEN statement_timestamp() ELSE now() END + make_interval(secs => {delay}))"
+
 # NOTIFY inside the statement is delivered at commit, so a worker wakes only for a job it
 # can see. Only due jobs notify: waking a worker for a job an hour out buys nothing.
 _INSERT_ONE = f"""
 WITH ins AS (
     INSERT INTO jobs (job_id, kind, queue, payload, priority, run_at, max_attempts,
                       dedupe_key, correlation_id, tenant)
-    VALUES (%s, %s, %s, %s::jsonb, %s, now() + make_interval(secs => %s), %s, %s, %s, %s)
+    VALUES (%s, %s, %s, %s::jsonb, %s, {_RUN_AT.format(delay="%s")}, %s, %s, %s, %s)
     ON CONFLICT DO NOTHING
     RETURNING id, queue
 )
@@ -111,6 +116,7 @@ def insert_job(
                 queue,
                 payload,
                 priority,
+                delay,  # twice: _RUN_AT reads it twice
                 delay,
                 max_attempts,
                 dedupe_key,
@@ -133,7 +139,7 @@ WITH ins AS (
     INSERT INTO jobs (job_id, kind, queue, payload, priority, run_at, max_attempts,
                       dedupe_key, correlation_id, tenant)
     SELECT coalesce((r->>0)::uuid, gen_random_uuid()), r->>1, r->>2, (r->3)::jsonb,
-           (r->>4)::int2, now() + make_interval(secs => (r->>5)::float8), (r->>6)::int4,
+           (r->>4)::int2, {_RUN_AT.format(delay="(r->>5)::float8")}, (r->>6)::int4,
            r->>7, r->>8, r->>9
       FROM json_array_elements(%s::json) AS r
     {{on_conflict}}

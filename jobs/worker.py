@@ -15,6 +15,7 @@ Tests call the step methods (:meth:`Worker.run_once`, :meth:`Worker.reap`) direc
 
 from __future__ import annotations
 
+import enum
 import logging
 import os
 import socket
@@ -98,17 +99,55 @@ class Report:
         return " ".join(f"{k}={v}" for k, v in self.as_dict().items())
 
 
+class Held(enum.Enum):
+    """Where a claimed job stands in this worker."""
+
+    UNSTARTED = "unstarted"  # claimed in a batch, not begun: handing it back refunds its attempt
+    STARTED = "started"  # its handler is running (or ran and its settle is being written)
+    DONE = "done"  # finished; its delete is buffered with its batch's
+
+
 @dataclass
 class _LoopState:
-    """Per-thread state. ``held`` is read by the main thread at grace expiry, under ``lock``."""
+    """Per-thread state. ``held`` is also read by the maintenance thread (to hand back a
+    slow batch's unstarted jobs) and by the main thread at grace expiry, under ``lock``."""
 
     report: Report = field(default_factory=Report)
-    held: dict[int, tuple[uuid.UUID, bool]] = field(default_factory=dict)  # id -> (token, started)
+    held: dict[int, tuple[uuid.UUID, Held]] = field(default_factory=dict)  # id -> (token, state)
     lock: threading.Lock = field(default_factory=threading.Lock)
     tenant_after: str = ""
     claim_failures: int = 0
-    current: tuple[ClaimedJob, float, float] | None = None  # job, start (monotonic), timeout
+    current: tuple[ClaimedJob, JobContext] | None = None  # the job whose handler runs now
     warned_timeout: int | None = None
+
+    def hold(self, jobs: list[ClaimedJob]) -> None:
+        with self.lock:
+            for job in jobs:
+                self.held[job.id] = (job.lease_token, Held.UNSTARTED)
+
+    def start(self, job: ClaimedJob) -> bool:
+        """Mark ``job`` started; False when it was already handed back (see take_unstarted)."""
+        with self.lock:
+            if job.id not in self.held:
+                return False
+            self.held[job.id] = (job.lease_token, Held.STARTED)
+            return True
+
+    def done(self, job: ClaimedJob) -> None:
+        with self.lock:
+            self.held[job.id] = (job.lease_token, Held.DONE)
+
+    def forget(self, job: ClaimedJob) -> None:
+        with self.lock:
+            self.held.pop(job.id, None)
+
+    def take(self, *states: Held) -> list[tuple[int, uuid.UUID]]:
+        """Remove and return the held leases in ``states``."""
+        with self.lock:
+            taken = [(job_id, token) for job_id, (token, st) in self.held.items() if st in states]
+            for job_id, _ in taken:
+                del self.held[job_id]
+            return taken
 
 
 def default_worker_id() -> str:
@@ -172,6 +211,7 @@ class Worker:
         self._threads: list[threading.Thread] = []
         self._metric_children: dict[tuple[str, str], object] = {}
         self.boot_report = Report()
+        self.crashed = False  # a loop thread died: the process should exit non-zero
 
     # --- lifecycle ----------------------------------------------------------------------
 
@@ -280,6 +320,19 @@ class Worker:
         return state
 
     def _loop(self) -> None:
+        try:
+            self._loop_body()
+        except BaseException as exc:  # noqa: BLE001 - a dead loop thread must not go unnoticed
+            # Handlers' failures are caught per job; reaching here means something escaped
+            # (SystemExit raised by a task, a bug in the loop). Stop the whole worker so a
+            # supervisor restarts it, rather than run on with fewer loops than configured.
+            self.crashed = True
+            logger.critical(
+                "a worker loop died; stopping the worker", extra={"error": error_chain(exc, 1000), "alert": True}
+            )
+            self.request_stop()
+
+    def _loop_body(self) -> None:
         state = self.new_state()
         try:
             while not self._stopping.is_set():
@@ -310,6 +363,9 @@ class Worker:
                 self._release_unstarted(state, claimed[index:])
                 break
             job = claimed[index]
+            if job.id not in state.held:  # handed back while a slow neighbour ran
+                index += 1
+                continue
             spec = registry.get(job.kind)
             started = time.monotonic()
             if spec is not None and spec.fenced:
@@ -326,18 +382,21 @@ class Worker:
                         held_too_long = done > 0 and time.monotonic() - batch_started > HOLD_LIMIT_SECONDS
                         if self._stopping.is_set() or held_too_long:
                             break  # the outer loop releases the rest
-                        self._run_fenced(state, spec, single)
+                        if state.start(single):
+                            self._run_fenced(state, spec, single)
                         done += 1
                 index += done
             else:
-                settle = self._execute(state, job)
-                if settle is None:  # LeaseLost raised by a heartbeat
-                    self._count(state, job, Disposition.LOST)
-                    self._forget(state, job)
-                elif settle.disposition is Disposition.FINISHED:
-                    finished.append(job)
-                else:
-                    self._apply(state, job, settle)
+                if state.start(job):
+                    settle = self._execute(state, job)
+                    if settle is None:  # LeaseLost raised by a heartbeat
+                        self._count(state, job, Disposition.LOST)
+                        self._forget(state, job)
+                    elif settle.disposition is Disposition.FINISHED:
+                        state.done(job)
+                        finished.append(job)
+                    else:
+                        self._apply(state, job, settle)
                 index += 1
             if time.monotonic() - started > HOLD_LIMIT_SECONDS:
                 # A slow handler: do not keep fast neighbours' acks waiting behind it.
@@ -378,8 +437,8 @@ class Worker:
                     job_spec = registry.get(job.kind)
                     if self._poison_reason(job_spec, job) is not None:
                         break  # the single path dead-letters it
-                    with state.lock:
-                        state.held[job.id] = (job.lease_token, True)
+                    if not state.start(job):
+                        break  # handed back; the outer loop skips it
                     if not job.processed:  # a job whose fence row exists is a duplicate: skip the body
                         settle = self._run_body_in_savepoint(state, job_spec, job)
                         if settle is not None:
@@ -429,6 +488,7 @@ class Worker:
         """
         savepoint: str | None = None
         taking = False
+        callbacks_before = len(connection.run_on_commit)
 
         def savepoint_before_first_query(execute, sql, params, many, context):
             nonlocal savepoint, taking
@@ -442,10 +502,14 @@ class Worker:
                 connection.savepoint_rollback(savepoint)
                 # Everything the body did is undone, so the group's transaction is healthy again.
                 transaction.set_rollback(False)
+            # A raw savepoint is not in Django's on_commit bookkeeping: drop the body's
+            # callbacks ourselves, or a rolled-back body's on_commit side effect would fire
+            # at the group's commit.
+            del connection.run_on_commit[callbacks_before:]
 
         job_state = JobState(job.attempts, job.max_attempts, job.deferrals, spec.max_deferrals)
-        ctx = JobContext(job, spec.timeout_seconds)
-        state.current = (job, ctx.started_monotonic, spec.timeout_seconds)
+        ctx = JobContext(job, spec.timeout_seconds, loop_fenced=True)
+        state.current = (job, ctx)
         try:
             with connection.execute_wrapper(savepoint_before_first_query):
                 outcome = spec.handler(ctx)
@@ -491,8 +555,6 @@ class Worker:
         between, the insert finds its row, this transaction rolls back, and the job is
         finished as the duplicate it is.
         """
-        with state.lock:
-            state.held[job.id] = (job.lease_token, True)
         job_spec = registry.get(job.kind)
         poison = self._poison_reason(job_spec, job)
         if poison is not None:
@@ -502,8 +564,8 @@ class Worker:
             self._finish_duplicate(state, job)
             return
         job_state = JobState(job.attempts, job.max_attempts, job.deferrals, job_spec.max_deferrals)
-        ctx = JobContext(job, job_spec.timeout_seconds)
-        state.current = (job, ctx.started_monotonic, job_spec.timeout_seconds)
+        ctx = JobContext(job, job_spec.timeout_seconds, loop_fenced=True)
+        state.current = (job, ctx)
         try:
             with transaction.atomic():
                 outcome = job_spec.handler(ctx)
@@ -584,9 +646,7 @@ class Worker:
         state.claim_failures = 0
         state.tenant_after = result.next_after
         if result.jobs:
-            with state.lock:
-                for job in result.jobs:
-                    state.held[job.id] = (job.lease_token, False)
+            state.hold(result.jobs)
             state.report.claimed += len(result.jobs)
         return result.jobs
 
@@ -602,7 +662,7 @@ class Worker:
             return self._poison(job, poison)
         job_state = JobState(job.attempts, job.max_attempts, job.deferrals, spec.max_deferrals)
         ctx = JobContext(job, spec.timeout_seconds)
-        state.current = (job, ctx.started_monotonic, spec.timeout_seconds)
+        state.current = (job, ctx)
         try:
             outcome = spec.handler(ctx)
             if not isinstance(outcome, Outcome):
@@ -698,6 +758,9 @@ class Worker:
                 self._lost(state, job, Disposition.FINISHED)
 
     def _release_unstarted(self, state: _LoopState, jobs: list[ClaimedJob]) -> None:
+        """Hand back the batch's jobs that never started (attempt refunded)."""
+        with state.lock:
+            jobs = [j for j in jobs if j.id in state.held]  # the watchdog may have done it already
         if not jobs:
             return
         try:
@@ -709,21 +772,26 @@ class Worker:
         for job in jobs:
             self._forget(state, job)
         state.report.released += released
-        for job in jobs[:released]:
-            self._metric(job.kind, Disposition.RELEASED).inc()
+        if released:
+            self._metric(jobs[0].kind, Disposition.RELEASED).inc(released)
 
     def _release_everything_held(self) -> None:
-        """Grace ran out: hand back every lease this process still holds (guarded)."""
-        started, unstarted = [], []
+        """Grace ran out: settle or hand back every lease this process still holds (guarded).
+
+        Finished jobs whose delete was still buffered are deleted; jobs whose handler is
+        still running go back with their attempt counted; jobs never started go back with
+        it refunded.
+        """
         with self._states_lock:
             states = list(self._states)
+        done, started, unstarted = [], [], []
         for state in states:
-            with state.lock:
-                for job_id, (token, was_started) in state.held.items():
-                    (started if was_started else unstarted).append((job_id, token))
-                state.held.clear()
-        released = 0
+            done += state.take(Held.DONE)
+            started += state.take(Held.STARTED)
+            unstarted += state.take(Held.UNSTARTED)
+        released = finished = 0
         try:
+            finished = len(repository.finish_many(done))
             released += repository.release(unstarted, refund=True)
             released += repository.release(
                 started, refund=False, error=f"released at shutdown: grace elapsed (worker {self.worker_id})"
@@ -735,9 +803,10 @@ class Worker:
         finally:
             connection.close()
         self.boot_report.released += released
+        self.boot_report.finished += finished
         logger.warning(
             "grace elapsed; released held leases",
-            extra={"worker_id": self.worker_id, "released": released, "in_flight": len(started)},
+            extra={"worker_id": self.worker_id, "released": released, "in_flight": len(started), "finished": finished},
         )
 
     def _settle_failed(self, state: _LoopState, job: ClaimedJob, exc: BaseException) -> None:
@@ -757,8 +826,7 @@ class Worker:
         )
 
     def _forget(self, state: _LoopState, job: ClaimedJob) -> None:
-        with state.lock:
-            state.held.pop(job.id, None)
+        state.forget(job)
 
     def _count(self, state: _LoopState, job: ClaimedJob, disposition: Disposition) -> None:
         state.report.count(disposition)
@@ -838,7 +906,7 @@ class Worker:
                         for notify in conn.notifies(timeout=self.idle_sleep):
                             if notify.payload in self.queues or not notify.payload:
                                 self._notify_one()
-            except (psycopg.Error, OSError) as exc:
+            except Exception as exc:  # noqa: BLE001 - idle polling covers for the listener; keep trying
                 failures += 1
                 logger.warning(
                     "LISTEN connection failed; idle polling continues", extra={"error": error_chain(exc, 300)}
@@ -876,6 +944,9 @@ class Worker:
             except (DatabaseError, InterfaceError, psycopg.Error) as exc:
                 logger.warning("maintenance query failed; will retry", extra={"error": error_chain(exc, 300)})
                 connection.close()
+            except Exception as exc:  # noqa: BLE001 - the reaper must outlive a bug in a gauge
+                logger.error("maintenance step failed", extra={"error": error_chain(exc, 500), "alert": True})
+                connection.close()
         connections.close_all()
 
     def refresh_gauges(self) -> None:
@@ -886,17 +957,28 @@ class Worker:
             metrics.QUEUE_DEPTH.labels(queue=queue, kind=kind, state="leased").set(leased)
 
     def _watch_timeouts(self, now: float) -> None:
+        """Alert on a handler past its timeout, and hand back the unstarted rest of a batch
+        stuck behind a slow handler so their leases do not run out unused."""
         with self._states_lock:
             states = list(self._states)
         for state in states:
             current = state.current
             if current is None:
                 continue
-            job, started, timeout = current
-            if now - started > timeout and state.warned_timeout != job.id:
+            job, ctx = current
+            running = now - ctx.started_monotonic  # restarts at each heartbeat
+            if running > HOLD_LIMIT_SECONDS:
+                unstarted = state.take(Held.UNSTARTED)
+                if unstarted:
+                    try:
+                        state.report.released += repository.release(unstarted, refund=True)
+                    except (DatabaseError, InterfaceError, psycopg.Error) as exc:
+                        logger.warning("handing back a batch failed", extra={"error": error_chain(exc, 300)})
+                        connection.close()
+            if running > ctx.timeout_seconds and state.warned_timeout != job.id:
                 state.warned_timeout = job.id
                 logger.error(
                     "job exceeded its timeout; its lease will expire and another worker may run it",
-                    extra={**self._job_fields(job), "timeout": timeout, "alert": True},
+                    extra={**self._job_fields(job), "timeout": ctx.timeout_seconds, "alert": True},
                 )
                 metrics.ALERT_EVENTS.labels(category=Category.BUG, severity=Severity.ERROR).inc()

@@ -41,8 +41,11 @@ def count(table: str, where: str = "TRUE", params: Sequence | None = None) -> in
 
 
 def seconds_until_run(job_id: uuid.UUID | str) -> float:
-    """``run_at - now()`` of a live job, in seconds, on the database clock."""
-    return scalar("SELECT extract(epoch FROM run_at - now())::float8 FROM jobs WHERE job_id = %s", [str(job_id)])
+    """``run_at`` minus the current statement's time, in seconds, on the database clock (a delay
+    counts from its enqueueing statement, see jobs.repository._RUN_AT)."""
+    return scalar(
+        "SELECT extract(epoch FROM run_at - statement_timestamp())::float8 FROM jobs WHERE job_id = %s", [str(job_id)]
+    )
 
 
 def task_payload(path: str = "tests.tasks.noop", *args, **kwargs) -> dict:

@@ -130,3 +130,15 @@ def append_to_file(path: str, text: str) -> None:
     """An effect outside the database: it cannot be rolled back, so running twice shows."""
     with open(path, "a") as handle:
         handle.write(text)
+
+
+@task
+def append_on_commit(path: str, text: str, then_fail: bool = False) -> None:
+    """Registers an on_commit side effect, then succeeds or fails."""
+    from django.db import transaction
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")  # a query, so the group takes this body's savepoint
+    transaction.on_commit(lambda: append_to_file.call(path, text))
+    if then_fail:
+        raise TransientError("failed after registering an on_commit callback")

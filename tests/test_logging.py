@@ -25,6 +25,8 @@ SECRETS = {
     "password=": ("login failed password=hunter22 for ops", "hunter22"),
     "api_key:": ('{"api_key": "AKIA1234567890"}', "AKIA1234567890"),
     "token=": ("retry with token=abc.def.ghi", "abc.def.ghi"),
+    "dict repr": ("{'api_key': 'AKIA1234567890'}", "AKIA1234567890"),
+    "basic auth header": ("Authorization: Basic dXNlcjpwYXNz", "dXNlcjpwYXNz"),
 }
 
 

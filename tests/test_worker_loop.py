@@ -425,3 +425,40 @@ def test_a_failing_body_in_a_group_is_rolled_back_alone_and_its_neighbours_run_o
     assert {r[0] for r in rows("SELECT job_id::text FROM jobs")} == {crashed}
     report = worker.report()
     assert (report.finished, report.retried) == (4, 1)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failed_body_in_a_group_loses_its_on_commit_callbacks_and_its_neighbours_keep_theirs(tmp_path):
+    outside = tmp_path / "on-commit.txt"
+    tasks.append_on_commit.using(priority=3).enqueue(str(outside), "kept-")
+    failing = tasks.append_on_commit.using(priority=2).enqueue(str(outside), "LEAKED-", then_fail=True).id
+    tasks.append_on_commit.using(priority=1).enqueue(str(outside), "kept")
+    worker = Worker(concurrency=1, batch_size=10)
+    assert worker.run_once() == 3
+    # The failing body's callback was dropped with its savepoint; the group's commit ran the rest.
+    assert outside.read_text() == "kept-kept"
+    assert {r[0] for r in rows("SELECT job_id::text FROM jobs")} == {failing}
+
+
+def test_a_loop_fenced_handler_may_not_insert_its_own_fence_row():
+    from jobs.context import JobContext
+
+    job = repository.ClaimedJob(
+        id=1,
+        job_id=uuid.uuid4(),
+        kind="task",
+        queue="default",
+        payload={},
+        attempts=1,
+        max_attempts=5,
+        deferrals=0,
+        lease_token=uuid.uuid4(),
+        lease_seconds=60.0,
+        tenant="",
+        correlation_id="",
+    )
+    # A second fence row would make the loop see a duplicate and roll the effect back.
+    with pytest.raises(RuntimeError, match="fenced by the loop"):
+        JobContext(job, 10.0, loop_fenced=True).first_time()
+    # The payload stays out of the repr (it is application data).
+    assert "payload" not in repr(job)

@@ -23,11 +23,13 @@ _SECRET_PATTERNS = [
     # user:password@ in URLs (DATABASE_URL, rail base URLs with credentials).
     (re.compile(r"(?i)([a-z][a-z0-9+.-]*://[^/\s:@]*):[^@\s/]+@"), r"\1:[REDACTED]@"),
     # key=value and "key": "value" where the key names a credential, prefixed or not
-    # (client_secret, access_token, DB_PASSWORD).
+    # (client_secret, access_token, DB_PASSWORD), also as a quoted key in a dict's repr.
     (
-        re.compile(r"(?i)\b(\w*(?:api[_-]?key|secret|password|passwd|token))(\"?\s*[=:]\s*\"?)[^\s\",}]+"),
+        re.compile(r"(?i)\b(\w*(?:api[_-]?key|secret|password|passwd|token))(['\"]?\s*[=:]\s*['\"]?)[^\s'\",}]+"),
         r"\1\2[REDACTED]",
     ),
+    # Authorization headers of any scheme (Bearer, Basic, Token ...).
+    (re.compile(r"(?i)\b(authorization['\"]?\s*[=:]\s*['\"]?)(\w+\s+)?[^\s'\",}]+"), r"\1\2[REDACTED]"),
 ]
 
 

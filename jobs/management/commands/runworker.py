@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
+import threading
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError, connection, connections
 
+from jobs import registry
 from jobs.checks import fence_ttl_problems
 from jobs.migration_check import migration_problems
 from jobs.worker import DEFAULT_BATCH, Worker, default_worker_id
@@ -87,8 +91,17 @@ class Command(BaseCommand):
             raise CommandError("--queues names no queue")
 
         worker_id = opts["worker_id"] or default_worker_id()
+        db_options = connections.settings["default"].setdefault("OPTIONS", {})
         # Every connection this process opens names itself in pg_stat_activity.
-        connections.settings["default"].setdefault("OPTIONS", {})["application_name"] = f"vpay-worker:{worker_id}"[:63]
+        db_options["application_name"] = f"vpay-worker:{worker_id}"[:63]
+        # A fenced handler runs inside a transaction the loop holds open for up to the kind's
+        # timeout: the server must not kill it as idle-in-transaction before that.
+        longest_lease_ms = int(max((s.lease_seconds for s in registry.all_specs()), default=60.0) * 1000)
+        if longest_lease_ms > settings.DB_IDLE_IN_TX_TIMEOUT_MS:
+            db_options["options"] = db_options.get("options", "").replace(
+                f"idle_in_transaction_session_timeout={settings.DB_IDLE_IN_TX_TIMEOUT_MS}",
+                f"idle_in_transaction_session_timeout={longest_lease_ms}",
+            )
 
         problems = fence_ttl_problems()
         try:
@@ -112,6 +125,16 @@ class Command(BaseCommand):
             metrics_addr=opts["metrics_addr"],
         )
 
+        def log_thread_death(args):
+            # Through logging, so the redaction filter sees it (the default hook prints raw).
+            logging.getLogger("jobs.worker").critical(
+                "a worker thread died",
+                exc_info=(args.exc_type, args.exc_value, args.exc_traceback),
+                extra={"thread": getattr(args.thread, "name", "?"), "alert": True},
+            )
+
+        threading.excepthook = log_thread_death
+
         def on_signal(signum, frame):
             # Only set flags here; the main loop does the work.
             worker.request_stop()
@@ -122,6 +145,8 @@ class Command(BaseCommand):
         report, abandoned = worker.run()
         self.stdout.write(f"runworker report: {report.line()}")
         self.stdout.flush()
+        if worker.crashed:
+            raise CommandError("a worker loop died (see the alert above); exiting so a supervisor restarts the worker")
         if abandoned:
             # Loop threads are still inside handlers; their leases were released (or, on a
             # second signal, left to the reaper). Do not wait for them.
