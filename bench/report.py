@@ -273,8 +273,8 @@ def main() -> None:
         "rate that is a ±3% granularity on its steady figure).\n"
         "- vpay's worker starts with a migration check and seeds the hourly `sweep_expired` singleton (it runs "
         'once during the drain); both are inside "incl. worker start".\n'
-        "- Idle latency: vpay's handler stamps `time.time()` as its first statement, after the claim and after "
-        "the task's fence INSERT (the task body runs inside that transaction). The peers' stamp is taken in the "
+        "- Idle latency: vpay's handler stamps `time.time()` as its first statement, right after the claim (the "
+        "task body runs first; its fence row is inserted with the job's delete after it). The peers' stamp is taken in the "
         "bench process just before the enqueue call; vpay reports that and a stamp taken right after the "
         "enqueue's commit returned. Both processes are on one host and read the same system clock.\n"
         "- pgqueuer's one-by-one comparator is the faster of its sync and async one-by-one figures.\n\n"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import uuid
 
+from django.contrib.postgres.functions import RandomUUID
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Length, Now
@@ -43,7 +44,9 @@ class JobQuerySet(models.QuerySet):
 class Job(models.Model):
     """One unit of live work. The worker loop is the only writer after enqueue."""
 
-    job_id = models.UUIDField(default=uuid.uuid4, help_text="Stable identity; replay reuses it.")
+    job_id = models.UUIDField(
+        default=uuid.uuid4, db_default=RandomUUID(), help_text="Stable identity; replay reuses it."
+    )
     kind = models.CharField(max_length=64, choices=JobKind.choices)
     queue = models.CharField(max_length=64, db_default="default")
     payload = models.JSONField(default=dict)

@@ -34,30 +34,30 @@ class PayloadSchema:
     optional: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for name, type_name in {**self.required, **self.optional}.items():
+        fields_ = {**self.required, **self.optional}
+        for name, type_name in fields_.items():
             if type_name not in _TYPES:
                 raise ValueError(f"field {name!r}: unknown type {type_name!r}")
+        # Precomputed once: validate() runs for every job enqueued and every job claimed.
+        object.__setattr__(self, "_allowed", frozenset(fields_))
+        object.__setattr__(self, "_required", frozenset(self.required))
+        object.__setattr__(self, "_types", {name: (_TYPES[t], t) for name, t in fields_.items()})
 
     def validate(self, payload: object) -> None:
         """Raise :class:`PayloadError` naming the first problem found."""
         if not isinstance(payload, dict):
             raise PayloadError(f"payload must be a JSON object, not {type(payload).__name__}")
-        unknown = sorted(set(payload) - set(self.required) - set(self.optional))
-        if unknown:
-            raise PayloadError(f"unknown field(s): {', '.join(unknown)}")
-        for name in self.required:
-            if name not in payload:
-                raise PayloadError(f"missing required field {name!r}")
+        keys = payload.keys()
+        if not keys <= self._allowed:
+            raise PayloadError(f"unknown field(s): {', '.join(sorted(keys - self._allowed))}")
+        if not self._required <= keys:
+            raise PayloadError(f"missing required field {sorted(self._required - keys)[0]!r}")
+        types = self._types
         for name, value in payload.items():
-            type_name = self.required.get(name) or self.optional[name]
-            if not _is_type(value, type_name):
+            python_types, type_name = types[name]
+            # bool is an int in Python, and never a valid int or float here.
+            if not isinstance(value, python_types) or ((value is True or value is False) and type_name != "bool"):
                 raise PayloadError(f"field {name!r} must be {type_name}, not {_json_type(value)}")
-
-
-def _is_type(value: object, type_name: str) -> bool:
-    if isinstance(value, bool) and type_name != "bool":
-        return False
-    return isinstance(value, _TYPES[type_name])
 
 
 def _json_type(value: object) -> str:
