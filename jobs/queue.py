@@ -69,12 +69,13 @@ def enqueue(
     ``priority``: lower runs first. ``delay``: seconds (or a timedelta) after now, on the
     database clock. ``max_attempts`` defaults to the kind's retry policy.
     """
-    job_id = job_id if job_id is not None else uuid.uuid4()
+    fresh = job_id is None
+    job_id = uuid.uuid4() if fresh else job_id
     row = _validated(
         JobRequest(kind, payload, job_id, dedupe_key, delay, queue, priority, tenant, correlation_id, max_attempts),
         {},
     )
-    inserted = repository.insert_job(**dict(zip(repository.BULK_COLUMNS, row, strict=True)))
+    inserted = repository.insert_job(**dict(zip(repository.BULK_COLUMNS, row, strict=True)), may_conflict=not fresh)
     return job_id if inserted is not None else None
 
 

@@ -62,7 +62,6 @@ class VpayTaskBackend(BaseTaskBackend):
 
     def enqueue(self, task: Task, args, kwargs) -> TaskResult:
         self.validate_task(task)
-        job_id = uuid.uuid4()
         payload = {
             "task": task.module_path,
             "args": normalize_json(list(args)),
@@ -75,10 +74,9 @@ class VpayTaskBackend(BaseTaskBackend):
             # same clock and letting Postgres add it to now() keeps "in ten minutes" true
             # even when this host's clock is off.
             delay = max((task.run_after - timezone.now()).total_seconds(), 0.0)
-        queue.enqueue(
+        job_id = queue.enqueue(
             JobKind.TASK,
             payload,
-            job_id=job_id,
             delay=delay,
             queue=task.queue_name,
             # Django Tasks: higher priority first; the queue: lower first.

@@ -367,3 +367,20 @@ def test_pull_forward__notifies_the_jobs_queue_at_commit(listener):
     assert received(listener) == []
     assert queue.pull_forward("sweep") is True
     assert received(listener, 1) == ["house"]
+
+
+def test_enqueue_runs_as_a_prepared_statement_that_an_execute_wrapper_still_sees():
+    queue.enqueue(JobKind.TASK, NOOP)
+    # Prepared once on this connection (the session's own pg_prepared_statements).
+    assert scalar("SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE '%INSERT INTO jobs%'") >= 1
+    seen: list[str] = []
+
+    def spy(execute, sql, params, many, context):
+        seen.append(sql)
+        return execute(sql, params, many, context)
+
+    # A fenced group's lazy savepoint is such a wrapper: it must see the insert.
+    with connection.execute_wrapper(spy):
+        assert queue.enqueue(JobKind.TASK, NOOP) is not None
+    assert any("INSERT INTO jobs" in sql for sql in seen)
+    assert count("jobs") == 2
