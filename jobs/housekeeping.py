@@ -18,6 +18,7 @@ from jobs.context import JobContext
 from jobs.kinds import JobKind
 from jobs.outcome import Outcome
 from jobs.schema import PayloadSchema
+from vpay.errors import error_chain
 
 logger = logging.getLogger(__name__)
 
@@ -49,8 +50,8 @@ def sweep_expired(ctx: JobContext) -> Outcome:
     except DatabaseError as exc:
         failures.append(("leases", exc))
     for what, exc in failures:
-        logger.warning("sweep statement failed", extra={"statement": what, "error": repr(exc)[:300]})
+        logger.warning("sweep statement failed", extra={"statement": what, "error": error_chain(exc, 300)})
     logger.info("sweep_expired", extra=counts)
     if len(failures) == 2:  # nothing worked: let the retry policy see it
         raise failures[0][1]
-    return Outcome.reschedule_in(SWEEP_EVERY_SECONDS)
+    return Outcome.reschedule_in(SWEEP_EVERY_SECONDS)  # the singleton's row lives on, an hour out
