@@ -142,3 +142,9 @@ def append_on_commit(path: str, text: str, then_fail: bool = False) -> None:
     transaction.on_commit(lambda: append_to_file.call(path, text))
     if then_fail:
         raise TransientError("failed after registering an on_commit callback")
+
+
+@task
+def exit_the_process() -> None:
+    """A task that raises SystemExit: not an Exception, so it escapes the per-job handling."""
+    raise SystemExit(3)

@@ -384,3 +384,14 @@ def test_enqueue_runs_as_a_prepared_statement_that_an_execute_wrapper_still_sees
         assert queue.enqueue(JobKind.TASK, NOOP) is not None
     assert any("INSERT INTO jobs" in sql for sql in seen)
     assert count("jobs") == 2
+
+
+def test_bulk_job_ids_are_distinct_version_4_uuids():
+    from jobs.queue import _uuid4_texts
+
+    texts = _uuid4_texts(2000)
+    assert len(set(texts)) == 2000
+    for text in texts:
+        parsed = uuid.UUID(text)
+        assert parsed.version == 4
+        assert parsed.variant == uuid.RFC_4122

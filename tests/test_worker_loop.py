@@ -6,6 +6,7 @@ import json
 import uuid
 
 import pytest
+from django.db import connection
 from prometheus_client import REGISTRY
 
 from jobs import queue, registry, repository
@@ -462,3 +463,31 @@ def test_a_loop_fenced_handler_may_not_insert_its_own_fence_row():
         JobContext(job, 10.0, loop_fenced=True).first_time()
     # The payload stays out of the repr (it is application data).
     assert "payload" not in repr(job)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_watchdog_hands_back_a_batch_stuck_behind_a_slow_handler_with_attempts_refunded(effects):
+    import threading
+    import time
+
+    slow = tasks.record_slowly.using(priority=5).enqueue("slow", 2.0).id
+    waiting = [tasks.record.using(priority=1).enqueue(f"waiting-{i}").id for i in range(3)]
+    worker = Worker(concurrency=1, batch_size=10)
+    runner = threading.Thread(target=lambda: (worker.run_once(), connection.close()))
+    runner.start()
+    try:
+        wait_for_held = time.monotonic() + 10
+        while scalar("SELECT count(*) FROM jobs WHERE locked_at IS NOT NULL") < 4 and time.monotonic() < wait_for_held:
+            time.sleep(0.02)
+        time.sleep(1.3)  # the slow handler is now past the hold limit
+        worker._watch_timeouts(time.monotonic())
+        # Handed back while the slow one still runs: unleased, attempt refunded, claimable.
+        for job_id in waiting:
+            assert one("SELECT locked_at, attempts FROM jobs WHERE job_id = %s", [job_id]) == (None, 0)
+        assert one("SELECT locked_at IS NOT NULL FROM jobs WHERE job_id = %s", [slow]) == (True,)
+    finally:
+        runner.join(timeout=10)
+    # The slow one finished; the loop did not run the handed-back jobs itself.
+    assert effects() == [("slow", "")]
+    assert worker.report().released == 3
+    assert count("jobs") == 3

@@ -588,3 +588,18 @@ def test_metrics_port_serves_jobs_total_by_kind_and_disposition(effects, start_w
 
     worker.signal(signal.SIGTERM)
     assert wait_exit(worker, timeout=15) == 0, worker.output()[-3000:]
+
+
+def test_a_loop_thread_killed_by_a_task_stops_the_worker_with_a_non_zero_exit_and_an_alert(start_worker):
+    from tests.tasks import exit_the_process
+
+    job_id = exit_the_process.enqueue().id
+    worker = start_worker("--burst", "--concurrency", "2")
+    # SystemExit is not an Exception: it escapes per-job handling and kills its loop thread.
+    # The worker must not run on silently with fewer loops: it stops and exits non-zero.
+    assert wait_exit(worker, timeout=30) != 0
+    output = worker.output()
+    assert "a worker loop died" in output
+    assert any(json.loads(line).get("alert") for line in output.splitlines() if "a worker loop died" in line)
+    # The job is not lost: its lease is left for the reaper (or was released by the drain).
+    assert scalar("SELECT count(*) FROM jobs WHERE job_id = %s", [job_id]) == 1
