@@ -148,3 +148,11 @@ def append_on_commit(path: str, text: str, then_fail: bool = False) -> None:
 def exit_the_process() -> None:
     """A task that raises SystemExit: not an Exception, so it escapes the per-job handling."""
     raise SystemExit(3)
+
+
+@task
+def record_setting(label: str, name: str) -> None:
+    """Records a server setting as the worker's own session sees it."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting(%s)", [name])
+        _record(label, cursor.fetchone()[0])

@@ -603,3 +603,17 @@ def test_a_loop_thread_killed_by_a_task_stops_the_worker_with_a_non_zero_exit_an
     assert any(json.loads(line).get("alert") for line in output.splitlines() if "a worker loop died" in line)
     # The job is not lost: its lease is left for the reaper (or was released by the drain).
     assert scalar("SELECT count(*) FROM jobs WHERE job_id = %s", [job_id]) == 1
+
+
+def test_the_worker_session_allows_idle_in_transaction_for_its_longest_lease(start_worker, effects):
+    from jobs import registry
+    from tests.tasks import record_setting
+
+    record_setting.enqueue("idle-timeout", "idle_in_transaction_session_timeout")
+    worker = start_worker("--burst")
+    assert wait_exit(worker, timeout=30) == 0, worker.output()[-3000:]
+    longest_lease = max(spec.lease_seconds for spec in registry.all_specs())
+    # A fenced handler's transaction stays open up to its timeout: the server must not kill
+    # it as idle before the lease (the web process keeps the shorter default).
+    ((_label, value),) = effects("idle-timeout")
+    assert value == f"{int(longest_lease)}s"
