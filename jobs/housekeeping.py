@@ -31,7 +31,7 @@ MAX_FENCE_PAGES = 100  # at most 100k fence rows a pass; the next pass continues
     JobKind.SWEEP_EXPIRED,
     schema=PayloadSchema(),
     timeout_seconds=300.0,
-    singleton=registry.Singleton(every_seconds=SWEEP_EVERY_SECONDS),
+    singleton=registry.Singleton(),
 )
 def sweep_expired(ctx: JobContext) -> Outcome:
     counts = {"processed_jobs": 0, "leases_released": 0, "leases_dead_lettered": 0}

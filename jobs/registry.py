@@ -26,9 +26,12 @@ DEFAULT_MAX_DEFERRALS = 100
 
 @dataclass(frozen=True)
 class Singleton:
-    """A kind with exactly one live job, seeded at worker boot under a fixed dedupe key."""
+    """A kind with exactly one live job, seeded at worker boot under a fixed dedupe key.
 
-    every_seconds: float
+    The period is the handler's own: it answers ``Outcome.reschedule_in(period)``, so the
+    same row lives on (one place says how often, not two).
+    """
+
     payload: dict = field(default_factory=dict)
 
     def dedupe_key(self, kind: str) -> str:

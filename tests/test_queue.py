@@ -395,3 +395,14 @@ def test_bulk_job_ids_are_distinct_version_4_uuids():
         parsed = uuid.UUID(text)
         assert parsed.version == 4
         assert parsed.variant == uuid.RFC_4122
+
+
+def test_a_delay_counts_from_the_enqueueing_statement_not_from_the_start_of_its_transaction():
+    # The test runs inside one transaction; let it age before enqueueing.
+    scalar("SELECT pg_sleep(0.4)::text")
+    delayed = queue.enqueue(JobKind.TASK, NOOP, delay=10)
+    due = queue.enqueue(JobKind.TASK, NOOP)
+    # The delayed job is 10 s after the statement, so more than 10.3 s after now() (the
+    # transaction's start); a due job is due at now(), claimable within this transaction.
+    assert scalar("SELECT extract(epoch FROM run_at - now())::float8 FROM jobs WHERE job_id = %s", [delayed]) > 10.3
+    assert scalar("SELECT run_at = now() FROM jobs WHERE job_id = %s", [due]) is True

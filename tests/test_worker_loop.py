@@ -491,3 +491,26 @@ def test_the_watchdog_hands_back_a_batch_stuck_behind_a_slow_handler_with_attemp
     assert effects() == [("slow", "")]
     assert worker.report().released == 3
     assert count("jobs") == 3
+
+
+@pytest.mark.django_db(transaction=True)  # the release closes its connection afterwards
+def test_grace_expiry_finishes_acked_jobs_and_releases_the_rest_with_the_right_attempt_count():
+    ids = [queue.enqueue(JobKind.TASK, task_payload("tests.tasks.noop"), priority=i) for i in range(3)]
+    worker = Worker(concurrency=1, batch_size=10)
+    state = worker.new_state()
+    done, started, unstarted = worker._claim(state)  # ordered by priority
+    assert [j.job_id for j in (done, started, unstarted)] == ids
+    state.start(done)
+    state.done(done)  # finished, its delete still buffered
+    state.start(started)  # its handler still running when grace ran out
+    worker._release_everything_held()
+    # The finished one is deleted; the running one goes back with its attempt counted;
+    # the one never started goes back with its attempt refunded.
+    assert count("jobs", "job_id = %s", [done.job_id]) == 0
+    assert job_row(started.job_id)["attempts"] == 1
+    assert job_row(started.job_id)["locked_by"] is None
+    assert "grace elapsed" in job_row(started.job_id)["last_error"]
+    assert (job_row(unstarted.job_id)["attempts"], job_row(unstarted.job_id)["locked_by"]) == (0, None)
+    report = worker.report()
+    assert (report.finished, report.released) == (1, 2)
+    assert state.held == {}

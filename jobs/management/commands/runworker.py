@@ -16,6 +16,7 @@ from jobs import registry
 from jobs.checks import fence_ttl_problems
 from jobs.migration_check import migration_problems
 from jobs.worker import DEFAULT_BATCH, Worker, default_worker_id
+from vpay.errors import error_chain
 
 
 def _positive_float(text: str) -> float:
@@ -107,7 +108,8 @@ class Command(BaseCommand):
         try:
             problems += migration_problems()
         except DatabaseError as exc:
-            raise CommandError(f"cannot reach the database to check migrations: {exc}") from exc
+            # error_chain redacts: a connection error can quote the DSN it failed on.
+            raise CommandError(f"cannot reach the database to check migrations: {error_chain(exc, 500)}") from exc
         finally:
             connection.close()
         if problems:
