@@ -4,14 +4,15 @@ Independent statements, each its own transaction (autocommit), so one failing do
 roll back the others: expired ``processed_jobs`` rows (in pages) and expired job leases.
 The lease reap is here as well as in every worker because a job cannot recover its own
 lease: when the only worker dies holding this job, the next worker's boot reaper frees it.
-Later apps add their own expiries to this sweep.
+Later apps add their own expiries with :func:`register_sweep_step`; ``jobs`` imports none
+of them.
 """
 
 from __future__ import annotations
 
 import logging
-
-from django.db import DatabaseError
+from collections.abc import Callable
+from typing import NamedTuple
 
 from jobs import registry, repository
 from jobs.context import JobContext
@@ -27,6 +28,57 @@ FENCE_PAGE = 1000
 MAX_FENCE_PAGES = 100  # at most 100k fence rows a pass; the next pass continues
 
 
+class StepResult(NamedTuple):
+    """What one sweep step did: rows it retired, and whether a full page made progress."""
+
+    count: int
+    more: bool = False
+
+
+SweepStep = Callable[[JobContext], StepResult]
+_STEPS: dict[str, SweepStep] = {}
+
+
+def register_sweep_step(name: str, step: SweepStep) -> None:
+    """Add ``step`` to the hourly ``sweep_expired`` pass under ``name`` (its log count key).
+
+    A step owns its transactions (one per row or per statement, never one for the pass),
+    so its failure rolls back only itself: the sweep logs it at WARN and runs the others.
+    A step answers ``more=True`` only when a full page made progress; the sweep then
+    reschedules at once instead of an hour out, so a backlog drains in one run while a
+    page that made no progress cannot become a hot loop. Call it from ``AppConfig.ready``.
+    """
+    if name in _STEPS or name in _BUILT_IN:
+        raise RuntimeError(f"sweep step {name!r} is already registered")
+    _STEPS[name] = step
+
+
+def sweep_steps() -> dict[str, SweepStep]:
+    """Every step of a pass, the queue's own first, in registration order."""
+    return {**_BUILT_IN, **_STEPS}
+
+
+def _expired_fences(ctx: JobContext) -> StepResult:
+    total = 0
+    for _ in range(MAX_FENCE_PAGES):
+        deleted = repository.delete_expired_fences(FENCE_PAGE)
+        total += deleted
+        if deleted < FENCE_PAGE:
+            return StepResult(total)
+        ctx.heartbeat()
+    return StepResult(total, more=True)
+
+
+def _expired_leases(ctx: JobContext) -> StepResult:
+    released, buried = repository.reap_expired_leases()
+    if buried:
+        logger.warning("sweep dead-lettered jobs out of attempts", extra={"leases_dead_lettered": buried})
+    return StepResult(released + buried)
+
+
+_BUILT_IN: dict[str, SweepStep] = {"processed_jobs": _expired_fences, "leases": _expired_leases}
+
+
 @registry.register(
     JobKind.SWEEP_EXPIRED,
     schema=PayloadSchema(),
@@ -34,24 +86,24 @@ MAX_FENCE_PAGES = 100  # at most 100k fence rows a pass; the next pass continues
     singleton=registry.Singleton(),
 )
 def sweep_expired(ctx: JobContext) -> Outcome:
-    counts = {"processed_jobs": 0, "leases_released": 0, "leases_dead_lettered": 0}
-    failures = []
-    try:
-        for _ in range(MAX_FENCE_PAGES):
-            deleted = repository.delete_expired_fences(FENCE_PAGE)
-            counts["processed_jobs"] += deleted
-            if deleted < FENCE_PAGE:
-                break
-            ctx.heartbeat()
-    except DatabaseError as exc:
-        failures.append(("processed_jobs", exc))
-    try:
-        counts["leases_released"], counts["leases_dead_lettered"] = repository.reap_expired_leases()
-    except DatabaseError as exc:
-        failures.append(("leases", exc))
-    for what, exc in failures:
-        logger.warning("sweep statement failed", extra={"statement": what, "error": error_chain(exc, 300)})
-    logger.info("sweep_expired", extra=counts)
-    if len(failures) == 2:  # nothing worked: let the retry policy see it
-        raise failures[0][1]
+    """One pass: every step, each isolated; one log line with every count."""
+    steps = sweep_steps()
+    counts: dict[str, int] = {}
+    failed: list[Exception] = []
+    more = False
+    for name, step in steps.items():
+        try:
+            result = step(ctx)
+        except Exception as exc:  # noqa: BLE001 - one step's failure must not stop the others
+            failed.append(exc)
+            logger.warning("sweep step failed", extra={"step": name, "error": error_chain(exc, 300)})
+            continue
+        counts[name] = result.count
+        more = more or result.more
+        ctx.heartbeat()
+    logger.info("sweep_expired", extra={"counts": counts, "failed_steps": len(failed)})
+    if len(failed) == len(steps):  # nothing worked: let the retry policy see it
+        raise failed[0]
+    if more:
+        return Outcome.reschedule_in(0, "a full page made progress")
     return Outcome.reschedule_in(SWEEP_EVERY_SECONDS)  # the singleton's row lives on, an hour out

@@ -49,6 +49,10 @@ INSTALLED_APPS = [
     "django_prometheus",
     "django_tasks",
     "jobs",
+    "api",
+    "merchants",
+    "webhooks",
+    "customers",
 ]
 
 MIDDLEWARE = [
@@ -161,6 +165,10 @@ VPAY_TASK_MAX_ATTEMPTS = env.int("VPAY_TASK_MAX_ATTEMPTS", default=5)
 VPAY_TASK_RETRY_BASE_SECONDS = env.float("VPAY_TASK_RETRY_BASE_SECONDS", default=30.0)
 VPAY_TASK_RETRY_CAP_SECONDS = env.float("VPAY_TASK_RETRY_CAP_SECONDS", default=3600.0)
 VPAY_TASK_TIMEOUT_SECONDS = env.float("VPAY_TASK_TIMEOUT_SECONDS", default=300.0)
+
+# --- The merchant API (/v1) --------------------------------------------------------------
+# Larger request bodies are refused with a 413 before anything is parsed.
+VPAY_API_MAX_BODY_BYTES = env.int("VPAY_API_MAX_BODY_BYTES", default=64 * 1024)
 
 # --- Logging ----------------------------------------------------------------------------
 # JSON lines in production, readable lines in development. A redaction filter scrubs

@@ -1,0 +1,350 @@
+"""The ``/v1`` API base: authentication, the one error format, request validation,
+``Idempotency-Key`` and cursor pagination. Every ``/v1`` view is wrapped by :func:`route`.
+
+Errors always have the shape ``{"error": {"type", "code", "message", "param"}}``, for
+every 4xx and 5xx, including the ones Django would otherwise answer in HTML.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from functools import wraps
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
+from django.db import transaction
+from django.db.models import Model, Q, QuerySet
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from api import idempotency
+from vpay.errors import error_chain
+
+logger = logging.getLogger(__name__)
+
+INVALID_REQUEST = "invalid_request_error"
+AUTHENTICATION = "authentication_error"
+IDEMPOTENCY = "idempotency_error"
+API = "api_error"
+
+MAX_IDEMPOTENCY_KEY = 255
+DEFAULT_PAGE = 10
+MAX_PAGE = 100
+
+
+class ApiError(Exception):
+    """A refusal, rendered in the common error format. ``message`` is for humans and
+    must never contain a secret; ``code`` is for machines; ``param`` names the field."""
+
+    def __init__(
+        self, status: int, code: str, message: str, *, param: str | None = None, type: str = INVALID_REQUEST
+    ) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.param, self.type = status, code, message, param, type
+
+    def response(self) -> JsonResponse:
+        return error_response(self.status, self.code, self.message, param=self.param, type=self.type)
+
+
+def error_response(
+    status: int, code: str, message: str, *, param: str | None = None, type: str = INVALID_REQUEST
+) -> JsonResponse:
+    """The one error body every ``/v1`` 4xx and 5xx answers with."""
+    body = {"error": {"type": type, "code": code, "message": message, "param": param}}
+    return JsonResponse(body, status=status)
+
+
+def not_found(what: str, object_id: str) -> ApiError:
+    """The same 404 whether the object does not exist or belongs to someone else."""
+    return ApiError(404, "resource_missing", f"No such {what}: {object_id!r}.", param="id")
+
+
+def respond(payload: dict, status: int = 200) -> JsonResponse:
+    return JsonResponse(payload, status=status)
+
+
+# --- request bodies ------------------------------------------------------------------
+
+
+_TYPE_NAMES = {str: "a string", int: "an integer", bool: "a boolean", dict: "an object", list: "an array"}
+
+
+@dataclass(frozen=True)
+class Field:
+    """One accepted body field: its JSON type and its bounds.
+
+    ``check`` may refine a value; it returns the value to use or raises ``ValueError`` with a
+    message for the client (the field name is added).
+    """
+
+    type: type
+    required: bool = False
+    nullable: bool = False
+    max_length: int | None = None
+    min_value: int | None = None
+    max_value: int | None = None
+    choices: Iterable[str] | None = None
+    items: type | None = None
+    check: Callable[[Any], Any] | None = None
+
+    def clean(self, name: str, value: Any) -> Any:
+        if value is None:
+            if self.nullable:
+                return None
+            raise ApiError(400, "parameter_invalid", f"{name} may not be null.", param=name)
+        # bool is an int in Python; JSON true is never an amount.
+        if not isinstance(value, self.type) or (self.type is int and isinstance(value, bool)):
+            raise ApiError(400, "parameter_invalid_type", f"{name} must be {_TYPE_NAMES[self.type]}.", param=name)
+        if self.max_length is not None and len(value) > self.max_length:
+            raise ApiError(400, "parameter_too_long", f"{name} is longer than {self.max_length}.", param=name)
+        if self.type is str and self.required and not value.strip():
+            raise ApiError(400, "parameter_missing", f"{name} may not be blank.", param=name)
+        if self.min_value is not None and value < self.min_value:
+            raise ApiError(400, "parameter_out_of_range", f"{name} must be at least {self.min_value}.", param=name)
+        if self.max_value is not None and value > self.max_value:
+            raise ApiError(400, "parameter_out_of_range", f"{name} must be at most {self.max_value}.", param=name)
+        if self.choices is not None and value not in self.choices:
+            allowed = ", ".join(sorted(self.choices))
+            raise ApiError(400, "parameter_invalid", f"{name} must be one of: {allowed}.", param=name)
+        if self.items is not None:
+            for i, item in enumerate(value):
+                if not isinstance(item, self.items) or isinstance(item, bool):
+                    raise ApiError(
+                        400, "parameter_invalid_type", f"{name}[{i}] must be {_TYPE_NAMES[self.items]}.", param=name
+                    )
+        if self.check is not None:
+            try:
+                value = self.check(value)
+            except ValueError as exc:
+                raise ApiError(400, "parameter_invalid", f"{name}: {exc}", param=name) from None
+        return value
+
+
+def _metadata(value: dict) -> dict:
+    if len(value) > 50:
+        raise ValueError("at most 50 keys.")
+    for key, item in value.items():
+        if not key or len(key) > 40:
+            raise ValueError("keys are 1 to 40 characters.")
+        if not isinstance(item, str) or len(item) > 500:
+            raise ValueError(f"the value of {key!r} must be a string of at most 500 characters.")
+    return value
+
+
+METADATA = Field(dict, check=_metadata)
+"""``metadata``: up to 50 string keys (40 chars) with string values (500 chars)."""
+
+
+class Body:
+    """The fields a POST accepts. Unknown fields, wrong types, bad JSON and oversize bodies
+    are refused with a 400 that names the problem, before anything is written."""
+
+    def __init__(self, **fields: Field) -> None:
+        self.fields = fields
+
+    def parse(self, request: HttpRequest) -> dict[str, Any]:
+        """The cleaned fields present in the body (absent optional fields are left out)."""
+        data = parse_json_object(request)
+        unknown = sorted(set(data) - set(self.fields))
+        if unknown:
+            raise ApiError(400, "parameter_unknown", f"Received unknown parameter: {unknown[0]}.", param=unknown[0])
+        cleaned = {}
+        for name, field in self.fields.items():
+            if name not in data:
+                if field.required:
+                    raise ApiError(400, "parameter_missing", f"Missing required param: {name}.", param=name)
+                continue
+            cleaned[name] = field.clean(name, data[name])
+        return cleaned
+
+
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def parse_json_object(request: HttpRequest) -> dict[str, Any]:
+    """The request body as a JSON object; an empty body is ``{}``."""
+    body = request.body  # size already bounded by ``route``
+    if not body.strip():
+        return {}
+    content_type = request.content_type or ""
+    if content_type and content_type not in ("application/json", "text/plain"):
+        raise ApiError(415, "unsupported_media_type", "Send the body as application/json.")
+    try:
+        data = json.loads(body, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError):
+        raise ApiError(400, "invalid_json", "The request body is not valid JSON.") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "invalid_json", "The request body must be a JSON object.")
+    return data
+
+
+# --- lists ---------------------------------------------------------------------------
+
+
+def list_params(request: HttpRequest, *filters: str) -> dict[str, str]:
+    """The query string of a list call: ``limit``, ``starting_after`` and the named
+    filters; anything else is a 400."""
+    allowed = {"limit", "starting_after", *filters}
+    params = {}
+    for name in request.GET:
+        if name not in allowed:
+            raise ApiError(400, "parameter_unknown", f"Received unknown parameter: {name}.", param=name)
+        values = request.GET.getlist(name)
+        if len(values) != 1:
+            raise ApiError(400, "parameter_invalid", f"{name} may be given once.", param=name)
+        params[name] = values[0]
+    return params
+
+
+def paginate(request: HttpRequest, queryset: QuerySet, render: Callable[[Model], dict], *filters: str) -> JsonResponse:
+    """A page of ``queryset``, newest first, as ``{"object": "list", "data", "has_more"}``.
+
+    The cursor is an object id (``starting_after``): the page holds what comes after it in
+    (``created_at``, ``id``) descending order, so pages neither skip nor repeat rows when
+    new ones are created between requests. The model needs ``created_at`` and a text ``id``.
+    """
+    params = list_params(request, *filters)
+    try:
+        limit = int(params.get("limit", DEFAULT_PAGE))
+    except ValueError:
+        raise ApiError(400, "parameter_invalid_type", "limit must be an integer.", param="limit") from None
+    if not 1 <= limit <= MAX_PAGE:
+        raise ApiError(400, "parameter_out_of_range", f"limit must be between 1 and {MAX_PAGE}.", param="limit")
+    queryset = queryset.order_by("-created_at", "-id")
+    after = params.get("starting_after")
+    if after is not None:
+        anchor = queryset.filter(id=after).values_list("created_at", flat=True).first()
+        if anchor is None:
+            raise not_found("object", after)
+        queryset = queryset.filter(Q(created_at__lt=anchor) | Q(created_at=anchor, id__lt=after))
+    rows = list(queryset[: limit + 1])
+    return respond(
+        {
+            "object": "list",
+            "url": request.path,
+            "has_more": len(rows) > limit,
+            "data": [render(row) for row in rows[:limit]],
+        }
+    )
+
+
+# --- the decorator -------------------------------------------------------------------
+
+
+def route(*methods: str, atomic: bool = True) -> Callable:
+    """Wrap a ``/v1`` view: method check, body bound, API-key authentication (sets
+    ``request.merchant``), ``Idempotency-Key`` on POST, and errors in the common format.
+
+    With ``atomic`` (the default) a POST runs in one transaction with its idempotency
+    record: either both commit or neither. A view that must commit before calling out
+    (confirm calls a rail between two transactions) passes ``atomic=False`` and owns its
+    transactions; its answer is then stored after it returns.
+    """
+    allowed = set(methods)
+
+    def decorate(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+        @csrf_exempt
+        @wraps(view)
+        def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            try:
+                if request.method not in allowed:
+                    raise ApiError(405, "method_not_allowed", f"{request.method} is not allowed here.")
+                _bound_body(request)
+                from merchants.services import authenticate
+
+                request.merchant = authenticate(request.headers.get("Authorization", ""))
+                if request.method == "POST" and "Idempotency-Key" in request.headers:
+                    return _idempotent(request, view, atomic, args, kwargs)
+                if atomic and request.method != "GET":
+                    with transaction.atomic():
+                        return view(request, *args, **kwargs)
+                return view(request, *args, **kwargs)
+            except ApiError as exc:
+                return exc.response()
+            except Exception as exc:  # noqa: BLE001 - one error format for every 5xx
+                logger.error(
+                    "api request failed",
+                    extra={"path": request.path, "method": request.method, "error": error_chain(exc, 1000)},
+                )
+                return error_response(500, "internal_error", "An internal error occurred.", type=API)
+
+        return wrapper
+
+    return decorate
+
+
+def _bound_body(request: HttpRequest) -> None:
+    limit = settings.VPAY_API_MAX_BODY_BYTES
+    declared = request.META.get("CONTENT_LENGTH") or "0"
+    too_big = ApiError(413, "body_too_large", f"The request body is larger than {limit} bytes.")
+    try:
+        if int(declared) > limit:
+            raise too_big
+    except ValueError:
+        raise ApiError(400, "invalid_request", "Content-Length is not a number.") from None
+    try:
+        body = request.body
+    except RequestDataTooBig:
+        raise too_big from None
+    if len(body) > limit:
+        raise too_big
+
+
+class _ConcurrentKey(Exception):
+    """Another request under the same key committed first: roll ours back."""
+
+
+def _idempotent(request: HttpRequest, view: Callable, atomic: bool, args: tuple, kwargs: dict) -> HttpResponse:
+    key = request.headers["Idempotency-Key"]
+    if not key or len(key) > MAX_IDEMPOTENCY_KEY or not key.isprintable():
+        raise ApiError(
+            400, "idempotency_key_invalid", f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} printable characters."
+        )
+    merchant_id = request.merchant.id
+    hashed = idempotency.request_hash(request.method, request.path, request.body)
+    stored = idempotency.lookup(merchant_id, key)
+    if stored is not None:
+        return _replay(stored, hashed)
+    try:
+        if atomic:
+            with transaction.atomic():
+                response = view(request, *args, **kwargs)
+                if 200 <= response.status_code < 300 and not idempotency.store(
+                    merchant_id, key, hashed, response.status_code, response.content
+                ):
+                    raise _ConcurrentKey
+            return response
+        response = view(request, *args, **kwargs)
+        if 200 <= response.status_code < 300:
+            idempotency.store(merchant_id, key, hashed, response.status_code, response.content)
+        return response
+    except _ConcurrentKey:
+        stored = idempotency.lookup(merchant_id, key)
+        if stored is None:  # it expired in between: vanishingly rare, and safe to ask again
+            raise ApiError(
+                409, "idempotency_conflict", "A concurrent request used this key; retry.", type=IDEMPOTENCY
+            ) from None
+        return _replay(stored, hashed)
+
+
+def _replay(stored: idempotency.Stored, hashed: str) -> HttpResponse:
+    if stored.request_hash != hashed:
+        raise ApiError(
+            409,
+            "idempotency_key_in_use",
+            "This Idempotency-Key was used with a different request in the last 24 hours.",
+            type=IDEMPOTENCY,
+        )
+    response = HttpResponse(stored.body, status=stored.status_code, content_type="application/json")
+    response["Idempotent-Replayed"] = "true"
+    return response
+
+
+def unknown_route(request: HttpRequest, rest: str = "") -> HttpResponse:
+    """Any ``/v1`` path no view matched: a 404 in the common format."""
+    return error_response(404, "route_missing", f"Unrecognized request URL ({request.method}: {request.path}).")

@@ -1,0 +1,85 @@
+"""``Idempotency-Key`` on POST: the SQL of the ``api_idempotency_records`` table.
+
+Only successful (2xx) answers are stored. A refused request wrote nothing, so a client
+that corrects its body may reuse the key; a stored answer is replayed byte for byte for
+``IDEMPOTENCY_TTL`` and a different request under the same key is a 409. Every age here
+is computed by Postgres (``now() - created_at``), never by this host's clock.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import NamedTuple
+
+from django.db import connection
+
+from jobs.context import JobContext
+from jobs.housekeeping import StepResult
+
+TTL_SQL = "interval '24 hours'"
+SWEEP_PAGE = 1000
+MAX_SWEEP_PAGES = 50
+
+
+class Stored(NamedTuple):
+    request_hash: str
+    status_code: int
+    body: bytes
+
+
+def request_hash(method: str, path: str, body: bytes) -> str:
+    """What a key is bound to: the method, the path and the exact body bytes."""
+    digest = hashlib.sha256()
+    digest.update(f"{method} {path}\n".encode())
+    digest.update(body)
+    return digest.hexdigest()
+
+
+def lookup(merchant_id: str, key: str) -> Stored | None:
+    """The live record under ``key`` for this merchant, if any."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT request_hash, status_code, body FROM api_idempotency_records"
+            f" WHERE merchant_id = %s AND key = %s AND created_at > now() - {TTL_SQL}",
+            [merchant_id, key],
+        )
+        row = cursor.fetchone()
+    return Stored(row[0], row[1], bytes(row[2])) if row else None
+
+
+def store(merchant_id: str, key: str, hashed: str, status_code: int, body: bytes) -> bool:
+    """Record an answer; ``False`` when a live record under the key already exists.
+
+    A concurrent request with the same key blocks on the unique index until the first one
+    commits, then finds its row: the caller rolls back and replays that answer. An expired
+    record the sweep has not removed yet is overwritten.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO api_idempotency_records (merchant_id, key, request_hash, status_code, body, created_at)"
+            " VALUES (%s, %s, %s, %s, %s, now())"
+            " ON CONFLICT (merchant_id, key) DO UPDATE SET request_hash = EXCLUDED.request_hash,"
+            " status_code = EXCLUDED.status_code, body = EXCLUDED.body, created_at = EXCLUDED.created_at"
+            f" WHERE api_idempotency_records.created_at <= now() - {TTL_SQL}"
+            " RETURNING 1",
+            [merchant_id, key, hashed, status_code, body],
+        )
+        return cursor.fetchone() is not None
+
+
+def sweep_expired_records(ctx: JobContext) -> StepResult:
+    """Sweep step: delete expired records in pages, each page its own statement."""
+    total = 0
+    for _ in range(MAX_SWEEP_PAGES):
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "DELETE FROM api_idempotency_records WHERE id IN (SELECT id FROM api_idempotency_records"
+                f" WHERE created_at <= now() - {TTL_SQL} ORDER BY created_at LIMIT %s)",
+                [SWEEP_PAGE],
+            )
+            deleted = cursor.rowcount
+        total += deleted
+        if deleted < SWEEP_PAGE:
+            return StepResult(total)
+        ctx.heartbeat()
+    return StepResult(total, more=True)

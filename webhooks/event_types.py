@@ -1,0 +1,12 @@
+"""The closed set of event types vpay emits (and endpoints may subscribe to)."""
+
+from django.db import models
+
+
+class EventType(models.TextChoices):
+    PAYMENT_INTENT_SUCCEEDED = "payment_intent.succeeded"
+    PAYMENT_INTENT_PAYMENT_FAILED = "payment_intent.payment_failed"
+    CHARGE_UNRESOLVED = "charge.unresolved"
+    CHECKOUT_SESSION_COMPLETED = "checkout.session.completed"
+    CHECKOUT_SESSION_EXPIRED = "checkout.session.expired"
+    CUSTOMER_DELETED = "customer.deleted"

@@ -1,0 +1,36 @@
+"""Writing events (the outbox) and rendering them on the wire."""
+
+from __future__ import annotations
+
+from django.db import connection
+
+from merchants.models import Merchant
+from webhooks.event_types import EventType
+from webhooks.models import Event
+
+
+def emit(merchant: Merchant, type: EventType | str, obj: dict) -> Event:
+    """Write an event about ``obj`` (a rendered wire object with ``id`` and ``object``) in
+    the caller's transaction. It is the only way events are written.
+
+    Refuses to run outside a transaction: an event committed apart from the change it
+    reports is either a webhook about something that did not happen or a change no
+    merchant hears about.
+    """
+    if not connection.in_atomic_block:
+        raise RuntimeError("emit() must run inside the transaction that makes the change it reports")
+    event_type = EventType(type)
+    if not isinstance(obj, dict) or "id" not in obj or "object" not in obj:
+        raise ValueError("an event's object is a rendered wire object with 'id' and 'object'")
+    return Event.objects.create(merchant=merchant, type=event_type, data=obj)
+
+
+def render_event(event: Event) -> dict:
+    """The wire form of an event: the webhook body and the ``/v1/events`` answer."""
+    return {
+        "id": event.id,
+        "object": "event",
+        "type": event.type,
+        "created": int(event.created_at.timestamp()),
+        "data": {"object": event.data},
+    }
