@@ -53,6 +53,7 @@ INSTALLED_APPS = [
     "merchants",
     "webhooks",
     "customers",
+    "charges",
 ]
 
 MIDDLEWARE = [
@@ -169,6 +170,32 @@ VPAY_TASK_TIMEOUT_SECONDS = env.float("VPAY_TASK_TIMEOUT_SECONDS", default=300.0
 # --- The merchant API (/v1) --------------------------------------------------------------
 # Larger request bodies are refused with a 413 before anything is parsed.
 VPAY_API_MAX_BODY_BYTES = env.int("VPAY_API_MAX_BODY_BYTES", default=64 * 1024)
+
+# --- Charges and rails ----------------------------------------------------------------
+# Rails are configuration (charges/rails/config.py): a JSON file of
+# {"<code>": {"base_url", "flow": "push"|"redirect", "api_key"}}. Unset, development uses
+# the sandbox rail (python -m sandbox.rail) at VPAY_SANDBOX_RAIL_URL; live mode requires it.
+VPAY_RAILS_FILE = env.str("VPAY_RAILS_FILE", default="")
+VPAY_SANDBOX_RAIL_URL = env.str("VPAY_SANDBOX_RAIL_URL", default="http://127.0.0.1:8701")
+VPAY_RAIL_CONNECT_TIMEOUT_SECONDS = env.float("VPAY_RAIL_CONNECT_TIMEOUT_SECONDS", default=3.0)
+VPAY_RAIL_TIMEOUT_SECONDS = env.float("VPAY_RAIL_TIMEOUT_SECONDS", default=20.0)
+# The RecoveryPolicy (charges/policy.py). Defaults are the design's numbers; the tests
+# shrink them through these same settings, so they run the code production runs.
+VPAY_CHARGE_NOT_FOUND_WINDOW_SECONDS = env.float("VPAY_CHARGE_NOT_FOUND_WINDOW_SECONDS", default=60.0)
+VPAY_CHARGE_NOT_FOUND_STREAK = env.int("VPAY_CHARGE_NOT_FOUND_STREAK", default=3)
+VPAY_CHARGE_HORIZON_SECONDS = env.float("VPAY_CHARGE_HORIZON_SECONDS", default=24 * 3600.0)
+VPAY_CHARGE_POLL_LADDER_SECONDS = [
+    float(x) for x in env.list("VPAY_CHARGE_POLL_LADDER_SECONDS", default=["10", "20", "30", "60", "60", "120", "120", "300", "300", "600", "900", "1800", "3600"])
+]
+VPAY_CHARGE_POLL_PAST_HORIZON_SECONDS = env.float("VPAY_CHARGE_POLL_PAST_HORIZON_SECONDS", default=3600.0)
+VPAY_CHARGE_WAIT_MARGIN_SECONDS = env.float("VPAY_CHARGE_WAIT_MARGIN_SECONDS", default=1.0)
+VPAY_CHARGE_CONFIRM_GRACE_SECONDS = env.float("VPAY_CHARGE_CONFIRM_GRACE_SECONDS", default=20.0)
+# How often the backstop scan re-enqueues polls for live charges that lost their job.
+VPAY_CHARGE_BACKSTOP_SECONDS = env.float("VPAY_CHARGE_BACKSTOP_SECONDS", default=600.0)
+# Currencies a payment intent may use (ISO 4217, lower case).
+VPAY_CURRENCIES = env.list("VPAY_CURRENCIES", default=["usd", "eur", "gbp", "ghs", "kes", "ngn", "xof", "zar"])
+# Where a checkout session's url points (the hosted payment page); the session id is appended.
+VPAY_CHECKOUT_BASE_URL = env.str("VPAY_CHECKOUT_BASE_URL", default="http://127.0.0.1:8000/checkout/")
 
 # --- Logging ----------------------------------------------------------------------------
 # JSON lines in production, readable lines in development. A redaction filter scrubs

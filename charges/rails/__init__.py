@@ -1,0 +1,33 @@
+"""The configured rails of this process (``VPAY_RAILS_FILE``), loaded once."""
+
+from __future__ import annotations
+
+import threading
+
+from charges.rails.config import RailConfig, RailConfigError, load_rails
+
+_lock = threading.Lock()
+_rails: dict[str, RailConfig] | None = None
+
+
+def configured_rails() -> dict[str, RailConfig]:
+    """Every configured rail by code. Raises :class:`RailConfigError` when the configuration
+    is unusable (the system check refuses to start on the same error first)."""
+    global _rails
+    with _lock:
+        if _rails is None:
+            from django.conf import settings
+
+            _rails = load_rails(
+                rails_file=settings.VPAY_RAILS_FILE,
+                sandbox_url=settings.VPAY_SANDBOX_RAIL_URL,
+                live_mode=settings.LIVE_MODE,
+            )
+        return _rails
+
+
+def get_rail(code: str) -> RailConfig | None:
+    return configured_rails().get(code)
+
+
+__all__ = ["RailConfig", "RailConfigError", "configured_rails", "get_rail"]

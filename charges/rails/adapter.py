@@ -1,0 +1,206 @@
+"""The rail HTTP protocol (DESIGN §5) and the one adapter that speaks it.
+
+``POST {base}/charges`` ``{reference, amount, currency}`` with ``Idempotency-Key:
+reference`` and ``GET {base}/charges/{reference}`` (with ``pay_token`` on redirect rails)
+both answer ``{status: pending|succeeded|failed, pay_token?, redirect_url?, failure_code?}``;
+a 404 on the GET means the rail does not know the reference.
+
+Failures are classified with ``vpay.errors``' vocabulary, so the worker and the web
+process agree on them: 5xx, timeouts and transport failures are transient; 401/403 are a
+configuration error (someone must be paged); every other 4xx is permanent. The adapter
+records nothing itself: the caller writes ``provider_requests`` before and after.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass
+from typing import Protocol
+from urllib.parse import quote
+
+import httpx
+
+from charges.rails.config import RailConfig
+from charges.states import RailStatus
+from vpay.errors import ConfigurationError, PermanentError, TransientError
+
+MAX_BODY_BYTES = 64 * 1024
+_ANSWER_STATUSES = {"pending", "succeeded", "failed"}
+
+
+@dataclass(frozen=True, slots=True)
+class RailAnswer:
+    """A rail's answer: its status, what the flow needs, and what to record."""
+
+    status: RailStatus
+    http_status: int
+    pay_token: str | None = None
+    redirect_url: str | None = None
+    failure_code: str | None = None
+    body_excerpt: str = ""
+
+    def __repr__(self) -> str:  # the pay_token and the URL carrying it are credentials of the payer's order
+        return f"RailAnswer(status={self.status.value!r}, http_status={self.http_status}, failure_code={self.failure_code!r})"
+
+
+class RailError(Exception):
+    """Base of the adapter's failures; ``http_status`` is None when nothing answered."""
+
+    http_status: int | None = None
+    body_excerpt: str = ""
+
+
+class RailUnavailable(RailError, TransientError):
+    """Timeout, transport failure or 5xx: no usable answer; try again later."""
+
+
+class RailConfigurationError(RailError, ConfigurationError):
+    """401/403: the rail refused our credentials. Page someone."""
+
+
+class RailRejected(RailError, PermanentError):
+    """Any other 4xx (or an answer we cannot read): the rail refused the request for good."""
+
+
+def _error(cls: type[RailError], message: str, http_status: int | None, excerpt: str = "") -> RailError:
+    exc = cls(message)
+    exc.http_status = http_status
+    exc.body_excerpt = excerpt
+    return exc
+
+
+class RailAdapter(Protocol):
+    """What the charge services need from a rail."""
+
+    def submit(self, *, reference: str, amount: int, currency: str) -> RailAnswer: ...
+
+    def status(self, *, reference: str, pay_token: str | None) -> RailAnswer: ...
+
+
+class HttpRailAdapter:
+    """The rail protocol over httpx, with a connect timeout and a total timeout per request.
+
+    httpx has no total timeout of its own: each phase gets the time left, and the body is
+    read in chunks against the same deadline (and a size cap), so a rail that drips its
+    answer still costs at most ``total_timeout`` plus one read.
+    """
+
+    def __init__(self, rail: RailConfig, *, connect_timeout: float, total_timeout: float) -> None:
+        self.rail = rail
+        self.connect_timeout = connect_timeout
+        self.total_timeout = total_timeout
+        self._client = httpx.Client(
+            follow_redirects=False,  # a redirect is an answer, never a second request with our key
+            headers={"Authorization": f"Bearer {rail.api_key}", "User-Agent": "vpay-rail-adapter"},
+            limits=httpx.Limits(max_connections=64, max_keepalive_connections=16),
+        )
+
+    def __repr__(self) -> str:
+        return f"HttpRailAdapter({self.rail!r})"
+
+    def submit(self, *, reference: str, amount: int, currency: str) -> RailAnswer:
+        body = {"reference": reference, "amount": amount, "currency": currency}
+        return self._call("POST", "/charges", json_body=body, headers={"Idempotency-Key": reference})
+
+    def status(self, *, reference: str, pay_token: str | None) -> RailAnswer:
+        params = {"pay_token": pay_token} if pay_token else None
+        return self._call("GET", f"/charges/{quote(reference, safe='')}", params=params, not_found_is_answer=True)
+
+    def close(self) -> None:
+        self._client.close()
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        json_body: dict | None = None,
+        params: dict | None = None,
+        headers: dict | None = None,
+        not_found_is_answer: bool = False,
+    ) -> RailAnswer:
+        deadline = time.monotonic() + self.total_timeout
+        timeout = httpx.Timeout(self.total_timeout, connect=min(self.connect_timeout, self.total_timeout))
+        url = self.rail.base_url + path
+        try:
+            with self._client.stream(
+                method, url, json=json_body, params=params, headers=headers, timeout=timeout
+            ) as response:
+                raw = bytearray()
+                for chunk in response.iter_bytes():
+                    raw += chunk
+                    if len(raw) > MAX_BODY_BYTES:
+                        raise _error(
+                            RailRejected,
+                            f"rail {self.rail.code}: answer larger than {MAX_BODY_BYTES} bytes",
+                            response.status_code,
+                        )
+                    if time.monotonic() > deadline:
+                        raise httpx.ReadTimeout("total timeout exceeded while reading the answer")
+                code = response.status_code
+        except httpx.TimeoutException as exc:
+            raise _error(RailUnavailable, f"rail {self.rail.code}: timed out ({type(exc).__name__})", None) from exc
+        except httpx.TransportError as exc:
+            raise _error(RailUnavailable, f"rail {self.rail.code}: no answer ({type(exc).__name__})", None) from exc
+        text = raw.decode("utf-8", errors="replace")
+        excerpt = text[:500]
+        if code >= 500:
+            raise _error(RailUnavailable, f"rail {self.rail.code}: HTTP {code}", code, excerpt)
+        if code in (401, 403):
+            raise _error(
+                RailConfigurationError,
+                f"rail {self.rail.code}: HTTP {code}, our credentials were refused",
+                code,
+                excerpt,
+            )
+        if code == 404 and not_found_is_answer:
+            return RailAnswer(RailStatus.NOT_FOUND, code, body_excerpt=excerpt)
+        if code >= 300:
+            raise _error(RailRejected, f"rail {self.rail.code}: HTTP {code}", code, excerpt)
+        return _parse(self.rail.code, code, text, excerpt)
+
+
+def _parse(code: str, http_status: int, text: str, excerpt: str) -> RailAnswer:
+    try:
+        body = json.loads(text)
+    except ValueError:
+        body = None
+    if not isinstance(body, dict) or body.get("status") not in _ANSWER_STATUSES:
+        # A 2xx we cannot read is not an answer we may act on, and asking again will not
+        # change how it is written: permanent.
+        raise _error(RailRejected, f"rail {code}: unreadable answer to a {http_status}", http_status, excerpt)
+
+    def text_field(name: str) -> str | None:
+        value = body.get(name)
+        return value if isinstance(value, str) and value else None
+
+    return RailAnswer(
+        RailStatus(body["status"]),
+        http_status,
+        pay_token=text_field("pay_token"),
+        redirect_url=text_field("redirect_url"),
+        failure_code=(text_field("failure_code") or "")[:64] or None,
+        body_excerpt=excerpt,
+    )
+
+
+_adapters: dict[str, HttpRailAdapter] = {}
+_adapters_lock = threading.Lock()
+
+
+def adapter_for(rail: RailConfig) -> HttpRailAdapter:
+    """The process's adapter for ``rail`` (one connection pool per rail, shared by threads)."""
+    from django.conf import settings
+
+    with _adapters_lock:
+        adapter = _adapters.get(rail.code)
+        if adapter is None or adapter.rail != rail:
+            adapter = HttpRailAdapter(
+                rail,
+                connect_timeout=settings.VPAY_RAIL_CONNECT_TIMEOUT_SECONDS,
+                total_timeout=settings.VPAY_RAIL_TIMEOUT_SECONDS,
+            )
+            _adapters[rail.code] = adapter
+        return adapter

@@ -1,0 +1,82 @@
+"""The state machines of ``charges`` (DESIGN §8), each in one place.
+
+The values are the wire and database spellings. The compare-and-swap services that move
+them live in ``charges.repository``; every transition there is a guarded write that
+matches nothing when the row has left the source state.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class IntentStatus(models.TextChoices):
+    """Where a payment intent stands."""
+
+    REQUIRES_CONFIRMATION = "requires_confirmation", "Requires confirmation"
+    """Created; nothing sent to a rail yet."""
+    PROCESSING = "processing", "Processing"
+    """Confirmed; its charge is live (also while the charge is ``unresolved``)."""
+    REQUIRES_ACTION = "requires_action", "Requires action"
+    """Redirect rail: the payer has been handed a URL and has to act."""
+    SUCCEEDED = "succeeded", "Succeeded"
+    """Terminal: the rail settled the charge."""
+    FAILED = "failed", "Failed"
+    """Terminal: the charge failed; a new intent is needed to try again."""
+
+
+INTENT_TERMINAL = frozenset({IntentStatus.SUCCEEDED, IntentStatus.FAILED})
+
+
+class ChargeStatus(models.TextChoices):
+    """Where a charge stands."""
+
+    SUBMITTING = "submitting", "Submitting"
+    """Written before the rail is called; also what a crash mid-confirm leaves behind."""
+    SUBMITTED = "submitted", "Submitted"
+    """The rail accepted it (confirm's compare-and-swap); being polled."""
+    SUCCEEDED = "succeeded", "Succeeded"
+    """Terminal."""
+    FAILED = "failed", "Failed"
+    """Terminal (the rail said so, or a redirect order nobody could pay)."""
+    UNRESOLVED = "unresolved", "Unresolved"
+    """Past the 24 h horizon without a terminal answer: a human is told; still polled hourly."""
+
+
+CHARGE_TERMINAL = frozenset({ChargeStatus.SUCCEEDED, ChargeStatus.FAILED})
+CHARGE_LIVE = frozenset({ChargeStatus.SUBMITTING, ChargeStatus.SUBMITTED, ChargeStatus.UNRESOLVED})
+
+
+class CheckoutSessionStatus(models.TextChoices):
+    """Whether a checkout session can still be paid."""
+
+    OPEN = "open", "Open"
+    """Payable until ``expires_at``."""
+    COMPLETE = "complete", "Complete"
+    """Its intent succeeded."""
+    EXPIRED = "expired", "Expired"
+    """Past 24 h (the hourly sweep); payment status untouched."""
+
+
+class CheckoutPaymentStatus(models.TextChoices):
+    """What happened to a checkout session's money."""
+
+    UNPAID = "unpaid", "Unpaid"
+    PAID = "paid", "Paid"
+
+
+class RailFlow(models.TextChoices):
+    """How a payer approves a charge on a rail; a capability of the rail, never its name."""
+
+    PUSH = "push", "Push (approve on a device; poll by reference)"
+    REDIRECT = "redirect", "Redirect (payer is handed a URL; polling needs the pay_token)"
+
+
+class RailStatus(models.TextChoices):
+    """What the rail answered about a charge (or that it did not answer)."""
+
+    PENDING = "pending", "Pending"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"
+    NOT_FOUND = "not_found", "Not found (404)"
+    UNAVAILABLE = "unavailable", "No usable answer (timeout, 5xx)"

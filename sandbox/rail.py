@@ -1,0 +1,380 @@
+"""The sandbox rail: a stand-alone HTTP process speaking the rail protocol (DESIGN §5).
+
+    python -m sandbox.rail --port 8701 [--host 127.0.0.1] [--api-key sandbox-rail-key]
+
+It is a real server reached over HTTP exactly as a production rail is; it imports nothing
+of the product, and nothing of the product imports it. One process serves two rails, one
+per flow, by path prefix: ``{base}/push`` and ``{base}/redirect``.
+
+Rail protocol (every call needs ``Authorization: Bearer <api key>``, else 401):
+
+* ``POST /<rail>/charges`` ``{reference, amount, currency}``, ``Idempotency-Key:
+  reference`` → ``{status: "pending", reference, pay_token?, redirect_url?}``. The same
+  reference twice is the same charge (the second answer repeats the first's token).
+* ``GET /<rail>/charges/<reference>`` (``?pay_token=`` on the redirect rail: without the
+  right token the rail does not know the charge) → the same shape, or 404.
+* ``GET /redirect/pay/<reference>?pay_token=…&result=succeeded|failed``: the payer's
+  page (the demo's "pay" button); settles the charge at the next poll.
+
+How a charge behaves is its *scenario*, chosen per reference, else per amount, else by
+the built-in amounts below. Fields (all optional):
+
+``outcome`` ``"succeeded"``/``"failed"`` (default succeeded), ``failure_code``,
+``after_polls`` N (the N-th counted poll answers the outcome, earlier ones pending;
+default 1), ``error_polls`` N (the first N polls answer 503; -1: forever),
+``not_found_polls`` N (then 404 for N polls), ``error_submits`` N (the first N submits
+answer 503 and are not recorded), ``drop_submits`` N (the first N submits are recorded
+but answered by closing the connection: the answer is lost), ``lose_submits`` N (the
+first N submits are dropped unrecorded: the rail never got them, so polls answer 404),
+``submit_delay`` / ``poll_delay`` seconds (answer slowly), ``submit_status`` (answer
+submits with this HTTP status, e.g. 422).
+
+Built-in amounts (minor units, ``amount % 1000``): 402 fails ``insufficient_funds``;
+503 answers 503 forever; 404 is unknown for three polls, then succeeds; everything else
+succeeds on its first poll.
+
+Inspection and control for tests and demos:
+
+* ``POST /__admin/scenarios`` ``{"reference": "…"} | {"amount": 1234}`` plus scenario
+  fields (replaces that key's scenario); ``POST /__admin/reset``.
+* ``GET /__admin/requests[?reference=…]``: every request received, in order (method,
+  path, reference, idempotency key, body, answer status, whether it was answered).
+* ``GET /__admin/charges/<reference>``: what the rail holds for it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import secrets
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
+
+DEFAULT_API_KEY = "sandbox-rail-key"
+MAX_LOG = 50_000
+
+BUILT_IN = {
+    402: {"outcome": "failed", "failure_code": "insufficient_funds"},
+    503: {"error_polls": -1},
+    404: {"not_found_polls": 3},
+}
+SCENARIO_FIELDS = {
+    "outcome": str,
+    "failure_code": str,
+    "after_polls": int,
+    "error_polls": int,
+    "not_found_polls": int,
+    "error_submits": int,
+    "drop_submits": int,
+    "lose_submits": int,
+    "submit_delay": (int, float),
+    "poll_delay": (int, float),
+    "submit_status": int,
+}
+
+
+@dataclass
+class RailCharge:
+    reference: str
+    rail: str
+    amount: int
+    currency: str
+    pay_token: str | None
+    polls: int = 0
+    forced: str | None = None  # the payer page's result
+
+
+@dataclass
+class State:
+    api_key: str
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    charges: dict[tuple[str, str], RailCharge] = field(default_factory=dict)
+    by_reference: dict[str, dict] = field(default_factory=dict)
+    by_amount: dict[int, dict] = field(default_factory=dict)
+    submits: dict[tuple[str, str], int] = field(default_factory=dict)  # submits seen per reference
+    log: list[dict] = field(default_factory=list)
+
+    def scenario(self, reference: str, amount: int | None) -> dict:
+        if reference in self.by_reference:
+            return self.by_reference[reference]
+        if amount is not None and amount in self.by_amount:
+            return self.by_amount[amount]
+        if amount is not None:
+            return BUILT_IN.get(amount % 1000, {})
+        return {}
+
+    def record(self, entry: dict) -> dict:
+        self.log.append(entry)
+        if len(self.log) > MAX_LOG:
+            del self.log[: len(self.log) - MAX_LOG]
+        return entry
+
+
+def poll_answer(charge: RailCharge, scenario: dict) -> tuple[int, str | None]:
+    """(HTTP status, rail status) for the charge's next poll, counting it. Pure over its inputs."""
+    charge.polls += 1
+    n = charge.polls
+    errors = scenario.get("error_polls", 0)
+    if errors < 0 or n <= errors:
+        return 503, None
+    n -= errors
+    not_found = scenario.get("not_found_polls", 0)
+    if n <= not_found:
+        return 404, None
+    n -= not_found
+    if charge.forced:
+        return 200, charge.forced
+    if n >= scenario.get("after_polls", 1):
+        return 200, scenario.get("outcome", "succeeded")
+    return 200, "pending"
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: RailServer
+
+    def log_message(self, format, *args):
+        pass
+
+    # --- plumbing ----------------------------------------------------------------------
+
+    def _send(self, status: int, body: dict | None = None) -> None:
+        data = json.dumps(body if body is not None else {}).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _drop(self) -> None:
+        """Close the connection without an answer: the caller sees a transport failure."""
+        self.close_connection = True
+
+    def _body(self) -> dict | None:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        try:
+            value = json.loads(raw or b"{}")
+        except ValueError:
+            return None
+        return value if isinstance(value, dict) else None
+
+    def _authorized(self) -> bool:
+        return self.headers.get("Authorization", "") == f"Bearer {self.server.state.api_key}"
+
+    def _route(self) -> tuple[str, list[str], dict]:
+        parts = urlsplit(self.path)
+        segments = [s for s in parts.path.split("/") if s]
+        return parts.path, segments, {k: v[-1] for k, v in parse_qs(parts.query).items()}
+
+    # --- verbs -------------------------------------------------------------------------
+
+    def do_GET(self):
+        path, seg, query = self._route()
+        state = self.server.state
+        if seg[:1] == ["__admin"]:
+            return self._admin_get(seg, query)
+        if len(seg) == 3 and seg[1] == "pay":
+            return self._pay(seg[0], seg[2], query)
+        if len(seg) != 3 or seg[1] != "charges":
+            return self._send(404, {"error": "no such route"})
+        rail, reference = seg[0], seg[2]
+        entry = {"method": "GET", "path": path, "rail": rail, "reference": reference, "answered": True}
+        if not self._authorized():
+            with state.lock:
+                state.record({**entry, "status": 401})
+            return self._send(401, {"error": "unauthorized"})
+        with state.lock:
+            charge = state.charges.get((rail, reference))
+            scenario = state.scenario(reference, charge.amount if charge else None)
+            if charge is None or (charge.pay_token and query.get("pay_token") != charge.pay_token):
+                state.record({**entry, "status": 404})
+                code, status = 404, None
+            else:
+                code, status = poll_answer(charge, scenario)
+                state.record({**entry, "status": code, "rail_status": status, "poll": charge.polls})
+        delay = scenario.get("poll_delay", 0)
+        if delay:
+            time.sleep(delay)
+        if code != 200:
+            return self._send(code, {"error": "not found" if code == 404 else "unavailable"})
+        return self._send(200, self._charge_body(charge, status, scenario))
+
+    def do_POST(self):
+        path, seg, _query = self._route()
+        state = self.server.state
+        body = self._body()
+        if seg[:1] == ["__admin"]:
+            return self._admin_post(seg, body)
+        if len(seg) != 2 or seg[1] != "charges":
+            return self._send(404, {"error": "no such route"})
+        rail = seg[0]
+        entry = {
+            "method": "POST",
+            "path": path,
+            "rail": rail,
+            "idempotency_key": self.headers.get("Idempotency-Key"),
+            "body": body,
+            "answered": True,
+        }
+        if not self._authorized():
+            with state.lock:
+                state.record({**entry, "status": 401})
+            return self._send(401, {"error": "unauthorized"})
+        if (
+            body is None
+            or not isinstance(body.get("reference"), str)
+            or type(body.get("amount")) is not int
+            or not isinstance(body.get("currency"), str)
+        ):
+            with state.lock:
+                state.record({**entry, "status": 400})
+            return self._send(400, {"error": "reference, amount and currency are required"})
+        reference, amount = body["reference"], body["amount"]
+        entry["reference"] = reference
+        with state.lock:
+            scenario = state.scenario(reference, amount)
+            seen = state.submits.get((rail, reference), 0) + 1
+            state.submits[(rail, reference)] = seen
+            errors = scenario.get("error_submits", 0)
+            lost = scenario.get("lose_submits", 0)
+            dropped = scenario.get("drop_submits", 0)
+            forced_status = scenario.get("submit_status")
+            if seen <= errors:
+                state.record({**entry, "status": 503})
+                action = "error"
+            elif seen <= errors + lost:
+                state.record({**entry, "status": None, "answered": False, "lost": True})
+                action = "lose"
+            else:
+                if forced_status and forced_status != 200:
+                    state.record({**entry, "status": forced_status})
+                    action = "status"
+                else:
+                    charge = state.charges.get((rail, reference))
+                    if charge is None:
+                        token = secrets.token_urlsafe(16) if rail == "redirect" else None
+                        charge = RailCharge(reference, rail, amount, body["currency"], token)
+                        state.charges[(rail, reference)] = charge
+                    action = "drop" if seen <= errors + lost + dropped else "answer"
+                    state.record({**entry, "status": None if action == "drop" else 200, "answered": action != "drop"})
+        delay = scenario.get("submit_delay", 0)
+        if delay:
+            time.sleep(delay)
+        if action == "error":
+            return self._send(503, {"error": "unavailable"})
+        if action in ("lose", "drop"):
+            return self._drop()
+        if action == "status":
+            return self._send(forced_status, {"error": "refused"})
+        return self._send(200, self._charge_body(charge, "pending", scenario))
+
+    # --- pieces ------------------------------------------------------------------------
+
+    def _charge_body(self, charge: RailCharge, status: str, scenario: dict) -> dict:
+        body = {"status": status, "reference": charge.reference}
+        if charge.pay_token:
+            host = self.headers.get("Host", "127.0.0.1")
+            body["pay_token"] = charge.pay_token
+            body["redirect_url"] = f"http://{host}/{charge.rail}/pay/{charge.reference}?pay_token={charge.pay_token}"
+        if status == "failed":
+            body["failure_code"] = scenario.get("failure_code", "declined")
+        return body
+
+    def _pay(self, rail: str, reference: str, query: dict) -> None:
+        state = self.server.state
+        with state.lock:
+            charge = state.charges.get((rail, reference))
+            if charge is None or query.get("pay_token") != charge.pay_token:
+                return self._send(404, {"error": "not found"})
+            result = query.get("result", "succeeded")
+            if result in ("succeeded", "failed"):
+                charge.forced = result
+        return self._send(200, {"reference": reference, "result": charge.forced})
+
+    def _admin_get(self, seg: list[str], query: dict) -> None:
+        state = self.server.state
+        with state.lock:
+            if seg[1:] == ["requests"]:
+                ref = query.get("reference")
+                rows = [e for e in state.log if ref is None or e.get("reference") == ref]
+                return self._send(200, {"requests": rows})
+            if len(seg) == 3 and seg[1] == "charges":
+                found = [c for (_, ref), c in state.charges.items() if ref == seg[2]]
+                if not found:
+                    return self._send(404, {"error": "not found"})
+                c = found[0]
+                return self._send(
+                    200,
+                    {
+                        "reference": c.reference,
+                        "rail": c.rail,
+                        "amount": c.amount,
+                        "currency": c.currency,
+                        "polls": c.polls,
+                        "submits": state.submits.get((c.rail, c.reference), 0),
+                    },
+                )
+        return self._send(404, {"error": "no such route"})
+
+    def _admin_post(self, seg: list[str], body: dict | None) -> None:
+        state = self.server.state
+        if seg[1:] == ["reset"]:
+            with state.lock:
+                state.charges.clear()
+                state.by_reference.clear()
+                state.by_amount.clear()
+                state.submits.clear()
+                state.log.clear()
+            return self._send(200, {"reset": True})
+        if seg[1:] == ["scenarios"] and body is not None:
+            scenario = {}
+            for name, value in body.items():
+                if name in ("reference", "amount"):
+                    continue
+                expected = SCENARIO_FIELDS.get(name)
+                if expected is None or not isinstance(value, expected) or isinstance(value, bool):
+                    return self._send(400, {"error": f"bad scenario field {name!r}"})
+                scenario[name] = value
+            with state.lock:
+                if isinstance(body.get("reference"), str):
+                    state.by_reference[body["reference"]] = scenario
+                elif type(body.get("amount")) is int:
+                    state.by_amount[body["amount"]] = scenario
+                else:
+                    return self._send(400, {"error": "a scenario needs a reference or an amount"})
+            return self._send(200, {"scenario": scenario})
+        return self._send(404, {"error": "no such route"})
+
+
+class RailServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], api_key: str) -> None:
+        super().__init__(address, Handler)
+        self.state = State(api_key=api_key)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="vpay sandbox rail (development and tests only)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8701)
+    parser.add_argument("--api-key", default=DEFAULT_API_KEY)
+    args = parser.parse_args(argv)
+    server = RailServer((args.host, args.port), args.api_key)
+    print(f"sandbox rail listening on http://{args.host}:{server.server_address[1]}", flush=True)
+    try:
+        server.serve_forever(poll_interval=0.2)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,218 @@
+"""Rails configuration and the httpx adapter, against the real sandbox rail over HTTP."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+
+import pytest
+
+from charges.rails.adapter import (
+    HttpRailAdapter,
+    RailConfigurationError,
+    RailRejected,
+    RailUnavailable,
+)
+from charges.rails.config import RailConfig, RailConfigError, load_rails, parse_rails, sandbox_rails
+from charges.states import RailFlow, RailStatus
+from tests.rail_support import ROOT, free_port, sandbox_rail  # noqa: F401
+from vpay.errors import Category, Retry, classify
+
+GOOD = {"momo": {"base_url": "https://rail.example/v1", "flow": "push", "api_key": "rk_live_abcdef123456"}}
+
+
+# --- configuration --------------------------------------------------------------------
+
+
+def test_a_good_rails_document_parses():
+    rails = parse_rails(GOOD, live_mode=True)
+    assert rails["momo"].flow is RailFlow.PUSH
+    assert rails["momo"].base_url == "https://rail.example/v1"
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"base_url": "https://r.example", "flow": "pull", "api_key": "k"}, "rail 'momo': unknown flow 'pull'"),
+        ({"base_url": "https://r.example", "flow": "push"}, "rail 'momo': api_key is missing"),
+        ({"base_url": "https://r.example", "flow": "push", "api_key": "  "}, "rail 'momo': api_key is missing"),
+        ({"flow": "push", "api_key": "k"}, "rail 'momo': base_url is missing"),
+        (
+            {"base_url": "ftp://r.example", "flow": "push", "api_key": "k"},
+            "rail 'momo': base_url must be an http(s) URL",
+        ),
+        ({"base_url": "https://u:p@r.example", "flow": "push", "api_key": "k"}, "must not carry credentials"),
+        ({"base_url": "https://r.example", "flow": "push", "api_key": "k", "x": 1}, "unknown field(s) x"),
+        ("nope", "rail 'momo': its settings must be a JSON object"),
+    ],
+)
+def test_a_bad_rail_is_refused_with_a_message_naming_it(spec, message):
+    with pytest.raises(RailConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        parse_rails({"momo": spec}, live_mode=False)
+
+
+def test_live_mode_refuses_a_plain_http_rail_and_development_accepts_it():
+    spec = {"momo": {"base_url": "http://rail.example", "flow": "push", "api_key": "k"}}
+    with pytest.raises(RailConfigError, match="rail 'momo': base_url must be https in live mode"):
+        parse_rails(spec, live_mode=True)
+    assert parse_rails(spec, live_mode=False)["momo"].base_url == "http://rail.example"
+
+
+def test_the_sandbox_rails_are_the_development_default_and_never_live():
+    rails = load_rails(rails_file="", sandbox_url="http://127.0.0.1:8701", live_mode=False)
+    assert {c: r.flow for c, r in rails.items()} == {
+        "sandbox_push": RailFlow.PUSH,
+        "sandbox_redirect": RailFlow.REDIRECT,
+    }
+    with pytest.raises(RailConfigError, match="VPAY_RAILS_FILE must be set in live mode"):
+        load_rails(rails_file="", sandbox_url="http://127.0.0.1:8701", live_mode=True)
+
+
+def test_a_rails_file_is_read(tmp_path):
+    path = tmp_path / "rails.json"
+    path.write_text(json.dumps(GOOD))
+    assert set(load_rails(rails_file=str(path), sandbox_url="", live_mode=True)) == {"momo"}
+    path.write_text("{not json")
+    with pytest.raises(RailConfigError, match="is not valid JSON"):
+        load_rails(rails_file=str(path), sandbox_url="", live_mode=True)
+
+
+def test_a_rails_key_never_reaches_a_repr_or_a_log_line(caplog):
+    rail = parse_rails(GOOD, live_mode=True)["momo"]
+    adapter = HttpRailAdapter(rail, connect_timeout=1, total_timeout=1)
+    for text in (repr(rail), str(rail), repr(adapter), repr(parse_rails(GOOD, live_mode=True))):
+        assert "rk_live_abcdef123456" not in text
+        assert "api_key=<set>" in text
+    with caplog.at_level(logging.INFO):
+        logging.getLogger("test").info("rail %s", rail)
+    assert "rk_live_abcdef123456" not in caplog.text
+
+
+def _manage_check(tmp_path, rails: dict, *, live: bool) -> subprocess.CompletedProcess:
+    path = tmp_path / "rails.json"
+    path.write_text(json.dumps(rails))
+    from tests.conftest import database_url
+
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "DATABASE_URL": database_url(),
+        "VPAY_RAILS_FILE": str(path),
+        "VPAY_LIVE_MODE": "1" if live else "0",
+        "DJANGO_SECRET_KEY": "x" * 50,
+    }
+    return subprocess.run(
+        [sys.executable, "manage.py", "runworker", "--burst"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.django_db
+def test_runworker_refuses_to_start_on_a_bad_rail_naming_it(tmp_path):
+    bad = {"momo": {"base_url": "http://rail.example", "flow": "push", "api_key": "rk_live_abcdef123456"}}
+    result = _manage_check(tmp_path, bad, live=True)
+    assert result.returncode != 0
+    assert "rail 'momo': base_url must be https in live mode" in result.stderr
+    assert "rk_live_abcdef123456" not in result.stderr + result.stdout
+
+
+# --- the adapter, over HTTP to the sandbox --------------------------------------------
+
+
+def adapter(rail_proc, code="sandbox_push", *, total=2.0, api_key=None) -> HttpRailAdapter:
+    spec = rail_proc.rails()[code]
+    rail = RailConfig(code, spec["base_url"], RailFlow(spec["flow"]), api_key or spec["api_key"])
+    return HttpRailAdapter(rail, connect_timeout=0.5, total_timeout=total)
+
+
+def test_push_submit_then_poll_to_success(sandbox_rail):  # noqa: F811
+    a = adapter(sandbox_rail)
+    answer = a.submit(reference="ch_push1", amount=1000, currency="usd")
+    assert (answer.status, answer.http_status, answer.pay_token) == (RailStatus.PENDING, 200, None)
+    assert a.status(reference="ch_push1", pay_token=None).status is RailStatus.SUCCEEDED
+    sent = sandbox_rail.requests("ch_push1")
+    assert sent[0]["method"] == "POST" and sent[0]["idempotency_key"] == "ch_push1"
+    assert sent[0]["body"] == {"reference": "ch_push1", "amount": 1000, "currency": "usd"}
+
+
+def test_redirect_submit_hands_out_a_url_and_polling_needs_the_pay_token(sandbox_rail):  # noqa: F811
+    a = adapter(sandbox_rail, "sandbox_redirect")
+    answer = a.submit(reference="ch_red1", amount=1000, currency="usd")
+    assert answer.pay_token and answer.redirect_url and answer.pay_token in answer.redirect_url
+    assert answer.pay_token not in repr(answer)
+    assert a.status(reference="ch_red1", pay_token=None).status is RailStatus.NOT_FOUND
+    assert a.status(reference="ch_red1", pay_token=answer.pay_token).status is RailStatus.SUCCEEDED
+
+
+def test_failure_after_n_polls_carries_the_failure_code(sandbox_rail):  # noqa: F811
+    sandbox_rail.scenario(amount=2001, outcome="failed", failure_code="insufficient_funds", after_polls=2)
+    a = adapter(sandbox_rail)
+    a.submit(reference="ch_f", amount=2001, currency="usd")
+    assert a.status(reference="ch_f", pay_token=None).status is RailStatus.PENDING
+    answer = a.status(reference="ch_f", pay_token=None)
+    assert (answer.status, answer.failure_code) == (RailStatus.FAILED, "insufficient_funds")
+
+
+def test_unknown_reference_is_not_found(sandbox_rail):  # noqa: F811
+    assert adapter(sandbox_rail).status(reference="ch_nobody", pay_token=None).status is RailStatus.NOT_FOUND
+
+
+def test_5xx_is_transient(sandbox_rail):  # noqa: F811
+    sandbox_rail.scenario(amount=2002, error_submits=1, error_polls=1)
+    a = adapter(sandbox_rail)
+    with pytest.raises(RailUnavailable) as caught:
+        a.submit(reference="ch_5", amount=2002, currency="usd")
+    assert caught.value.http_status == 503
+    assert classify(caught.value).category is Category.TRANSIENT and classify(caught.value).retry is Retry.BACKOFF
+    a.submit(reference="ch_5", amount=2002, currency="usd")
+    with pytest.raises(RailUnavailable):
+        a.status(reference="ch_5", pay_token=None)
+    assert a.status(reference="ch_5", pay_token=None).status is RailStatus.SUCCEEDED
+
+
+def test_a_dropped_answer_is_transient_with_no_status_and_the_rail_kept_the_charge(sandbox_rail):  # noqa: F811
+    sandbox_rail.scenario(amount=2003, drop_submits=1)
+    a = adapter(sandbox_rail)
+    with pytest.raises(RailUnavailable) as caught:
+        a.submit(reference="ch_drop", amount=2003, currency="usd")
+    assert caught.value.http_status is None
+    assert a.status(reference="ch_drop", pay_token=None).status is RailStatus.SUCCEEDED
+
+
+def test_a_slow_rail_times_out_as_transient(sandbox_rail):  # noqa: F811
+    sandbox_rail.scenario(amount=2004, submit_delay=1.5)
+    with pytest.raises(RailUnavailable, match="timed out"):
+        adapter(sandbox_rail, total=0.3).submit(reference="ch_slow", amount=2004, currency="usd")
+
+
+def test_refused_credentials_are_a_configuration_error(sandbox_rail):  # noqa: F811
+    a = adapter(sandbox_rail, api_key="wrong-key")
+    with pytest.raises(RailConfigurationError) as caught:
+        a.status(reference="ch_x", pay_token=None)
+    assert caught.value.http_status == 401
+    c = classify(caught.value)
+    assert (c.category, c.retry, c.alert) == (Category.CONFIGURATION, Retry.DEAD_LETTER, True)
+    assert "wrong-key" not in str(caught.value)
+
+
+def test_other_4xx_is_permanent(sandbox_rail):  # noqa: F811
+    sandbox_rail.scenario(amount=2005, submit_status=422)
+    with pytest.raises(RailRejected) as caught:
+        adapter(sandbox_rail).submit(reference="ch_422", amount=2005, currency="usd")
+    assert caught.value.http_status == 422
+    assert classify(caught.value).category is Category.PERMANENT
+
+
+def test_nothing_listening_is_transient():
+    rail = RailConfig("gone", f"http://127.0.0.1:{free_port()}", RailFlow.PUSH, "k")
+    with pytest.raises(RailUnavailable):
+        HttpRailAdapter(rail, connect_timeout=0.3, total_timeout=0.5).status(reference="x", pay_token=None)
+
+
+def test_sandbox_rails_helper_matches_the_process_layout():
+    assert sandbox_rails("http://h:1/")["sandbox_push"]["base_url"] == "http://h:1/push"
