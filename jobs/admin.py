@@ -1,8 +1,54 @@
-"""Read-only views of the queue's tables. Replay, discard and cancel arrive with the ops console."""
+"""The ops console: dead letters (replay, discard), live jobs (depth, cancel), the fence.
 
-from django.contrib import admin
+Read-only everywhere except the actions. Every action is a two-step POST in the shape of
+Django's ``delete_selected`` (a confirmation or reason page re-posting the selected ids,
+then the act), gated by a custom permission, and done by :mod:`jobs.services.dead_letters`,
+which writes the admin log entry in the same transaction as the change. Ages are computed
+by PostgreSQL, never from the web process's clock.
+"""
 
-from jobs.models import DeadLetter, Job, ProcessedJob
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+from django.contrib import admin, messages
+from django.db.models import Case, CharField, DurationField, F, Value, When
+from django.db.models.expressions import ExpressionWrapper
+from django.template.response import TemplateResponse
+from django.utils.html import format_html
+from django.utils.text import Truncator
+
+from jobs import fence
+from jobs.models import DeadLetter, DeadLetterState, Job, ProcessedJob, TransactionNow
+from jobs.repository import queue_summary
+from jobs.services import dead_letters as ops
+
+EXCERPT = 80
+
+
+def _since(seconds: float):
+    """``now() - seconds`` as a SQL expression: the database clock draws the line."""
+    return ExpressionWrapper(
+        TransactionNow() - Value(timedelta(seconds=seconds), output_field=DurationField()),
+        output_field=DeadLetter._meta.get_field("created_at"),
+    )
+
+
+def humanize_seconds(seconds: float | None) -> str:
+    """``3d 4h``, ``12m 5s``: two units, enough to triage by."""
+    if seconds is None:
+        return "-"
+    seconds = max(int(seconds), 0)
+    units = (("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
+    parts = []
+    for name, size in units:
+        if seconds >= size or (name == "s" and not parts):
+            parts.append(f"{seconds // size}{name}")
+            seconds %= size
+        if len(parts) == 2:
+            break
+    return " ".join(parts)
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -18,20 +64,302 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return False
 
 
-@admin.register(Job)
-class JobAdmin(ReadOnlyAdmin):
-    list_display = ("job_id", "kind", "queue", "tenant", "run_at", "attempts", "locked_by", "last_error")
-    list_filter = ("kind", "queue")
-    search_fields = ("=job_id", "=correlation_id", "=dedupe_key")
-    ordering = ("run_at",)
+class CreatedWithinFilter(admin.SimpleListFilter):
+    """Age buckets drawn on the database clock (Django's date filter uses the web host's)."""
+
+    title = "created"
+    parameter_name = "created"
+    WINDOWS = {"1h": 3600, "24h": 86400, "7d": 7 * 86400, "30d": 30 * 86400}
+
+    def lookups(self, request, model_admin):
+        return [
+            ("1h", "In the last hour"),
+            ("24h", "In the last 24 hours"),
+            ("7d", "In the last 7 days"),
+            ("30d", "In the last 30 days"),
+            ("past_horizon", "Older than the fence horizon"),
+        ]
+
+    def queryset(self, request, queryset):
+        value = self.value()
+        if value in self.WINDOWS:
+            return queryset.filter(created_at__gte=_since(self.WINDOWS[value]))
+        if value == "past_horizon":
+            # The letter's own job_created_at; a replayed job's first enqueue may be older
+            # still, which the replay itself checks (jobs.services.dead_letters).
+            return queryset.filter(job_created_at__lte=_since(fence.ttl_seconds() - ops.REPLAY_FENCE_MARGIN_SECONDS))
+        return queryset
+
+
+def _result_messages(request, results: list[ops.Result], verb: str, noun: str = "dead letter") -> None:
+    done = [r for r in results if r.done]
+    refused = [r for r in results if not r.done]
+    if done:
+        ids = ", ".join(f"#{r.id}" for r in done)
+        messages.success(request, f"{verb} {len(done)} {noun}{'s' if len(done) != 1 else ''}: {ids}.")
+    for r in refused:
+        messages.warning(request, f"Refused: {noun} #{r.id} {r.message}.")
 
 
 @admin.register(DeadLetter)
 class DeadLetterAdmin(ReadOnlyAdmin):
-    list_display = ("id", "state", "kind", "queue", "cause", "attempts", "created_at", "correlation_id")
-    list_filter = ("state", "kind", "queue", "cause")
+    list_display = (
+        "id",
+        "state",
+        "kind",
+        "queue",
+        "attempts",
+        "age",
+        "error_excerpt",
+        "correlation_id",
+        "cause",
+    )
+    list_filter = ("state", "kind", "queue", "cause", CreatedWithinFilter)
     search_fields = ("=job_id", "=correlation_id")
-    ordering = ("-created_at",)
+    search_help_text = "Exact job_id or correlation id."
+    ordering = ("-created_at", "-id")
+    actions = ["replay_selected", "discard_selected"]
+    fieldsets = (
+        (None, {"fields": ("state", "kind", "queue", "cause", "error_category", "attempts_of")}),
+        ("Identity", {"fields": ("job_id", "correlation_id", "tenant", "dedupe_key", "priority")}),
+        ("Payload", {"fields": ("payload_pretty",)}),
+        ("Last error", {"fields": ("last_error_full",)}),
+        ("History", {"fields": ("history", "related_letters")}),
+    )
+
+    # --- display ------------------------------------------------------------------------
+
+    def get_queryset(self, request):
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(age_interval=ExpressionWrapper(TransactionNow() - F("created_at"), output_field=DurationField()))
+        )
+
+    @admin.display(description="age", ordering="-created_at")
+    def age(self, obj):
+        interval = getattr(obj, "age_interval", None)
+        return humanize_seconds(interval.total_seconds() if interval is not None else None)
+
+    @admin.display(description="last error")
+    def error_excerpt(self, obj):
+        first_line = (obj.last_error or "").strip().splitlines()[0] if obj.last_error.strip() else ""
+        return Truncator(first_line).chars(EXCERPT)
+
+    @admin.display(description="attempts")
+    def attempts_of(self, obj):
+        return f"{obj.attempts} of {obj.max_attempts}"
+
+    @admin.display(description="payload")
+    def payload_pretty(self, obj):
+        return format_html('<pre class="vpay-pre">{}</pre>', json.dumps(obj.payload, indent=2, sort_keys=True))
+
+    @admin.display(description="last error")
+    def last_error_full(self, obj):
+        return format_html('<pre class="vpay-pre">{}</pre>', obj.last_error or "(none)")
+
+    @admin.display(description="history")
+    def history(self, obj):
+        lines = [
+            f"Created {obj.created_at:%Y-%m-%d %H:%M:%S %Z} (job first enqueued {obj.job_created_at:%Y-%m-%d %H:%M:%S %Z})"
+        ]
+        if obj.replayed_at:
+            forced = " — forced past the fence horizon" if obj.replay_forced else ""
+            lines.append(f"Replayed {obj.replayed_at:%Y-%m-%d %H:%M:%S %Z} by {obj.replayed_by}{forced}")
+        if obj.discarded_at:
+            lines.append(
+                f"Discarded {obj.discarded_at:%Y-%m-%d %H:%M:%S %Z} by {obj.discarded_by}: {obj.discard_reason}"
+            )
+        return format_html('<pre class="vpay-pre">{}</pre>', "\n".join(lines))
+
+    @admin.display(description="other dead letters of this job_id")
+    def related_letters(self, obj):
+        others = list(
+            DeadLetter.objects.filter(job_id=obj.job_id)
+            .exclude(pk=obj.pk)
+            .order_by("created_at")
+            .values_list("pk", "state")
+        )
+        if not others:
+            return "none"
+        return format_html(
+            "{}",
+            ", ".join(f"#{pk} ({state})" for pk, state in others),
+        )
+
+    def get_readonly_fields(self, request, obj=None):
+        return [f for _, options in self.fieldsets for f in options["fields"]]
+
+    # --- permissions --------------------------------------------------------------------
+
+    def has_replay_permission(self, request):
+        return request.user.has_perm("jobs.replay_deadletter")
+
+    def has_discard_permission(self, request):
+        return request.user.has_perm("jobs.discard_deadletter")
+
+    def has_force_replay_permission(self, request):
+        return request.user.has_perm("jobs.force_replay_deadletter")
+
+    def render_change_form(self, request, context, *args, **kwargs):
+        obj = context.get("original")
+        pending = obj is not None and obj.state == DeadLetterState.PENDING_REVIEW
+        context.update(
+            can_replay=pending and self.has_replay_permission(request),
+            can_discard=pending and self.has_discard_permission(request),
+        )
+        return super().render_change_form(request, context, *args, **kwargs)
+
+    # --- actions ------------------------------------------------------------------------
+
+    def _action_context(self, request, queryset, **extra):
+        return {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
+            "selected_ids": [obj.pk for obj in queryset],
+            **extra,
+        }
+
+    @admin.action(description="Replay selected dead letters…", permissions=["replay"])
+    def replay_selected(self, request, queryset):
+        letters = list(queryset.order_by("id"))
+        if request.POST.get("post") == "yes":
+            force = request.POST.get("force") == "on" and self.has_force_replay_permission(request)
+            results = [
+                ops.dead_letter_replay(
+                    letter_id=letter.pk, actor=request.user.get_username(), force=force, user_id=request.user.pk
+                )
+                for letter in letters
+            ]
+            _result_messages(request, results, "Replayed")
+            return None
+        preview = ops.replay_preview([letter.pk for letter in letters])
+        rows = [
+            (
+                letter,
+                preview[letter.pk],
+                ops.Result(letter.pk, False, preview[letter.pk]).message if preview[letter.pk] else "",
+            )
+            for letter in letters
+        ]
+        context = self._action_context(
+            request,
+            letters,
+            title="Replay dead letters",
+            rows=rows,
+            replayable=sum(1 for _, refusal, _ in rows if refusal is None),
+            past_horizon=sum(1 for _, refusal, _ in rows if refusal == ops.Refusal.PAST_FENCE_HORIZON),
+            can_force=self.has_force_replay_permission(request),
+            ttl_hours=round(fence.ttl_seconds() / 3600, 1),
+        )
+        return TemplateResponse(request, "admin/jobs/deadletter/replay_confirmation.html", context)
+
+    @admin.action(description="Discard selected dead letters…", permissions=["discard"])
+    def discard_selected(self, request, queryset):
+        letters = list(queryset.order_by("id"))
+        error = ""
+        reason = request.POST.get("reason", "")
+        if request.POST.get("post") == "yes":
+            if ops.clean_reason(reason):
+                results = [
+                    ops.dead_letter_discard(
+                        letter_id=letter.pk, actor=request.user.get_username(), reason=reason, user_id=request.user.pk
+                    )
+                    for letter in letters
+                ]
+                _result_messages(request, results, "Discarded")
+                return None
+            error = "A reason is required to discard: say why nobody needs to replay this."
+        context = self._action_context(
+            request,
+            letters,
+            title="Discard dead letters",
+            letters=letters,
+            pending=sum(1 for letter in letters if letter.state == DeadLetterState.PENDING_REVIEW),
+            reason=reason,
+            error=error,
+        )
+        return TemplateResponse(
+            request, "admin/jobs/deadletter/discard_form.html", context, status=400 if error else 200
+        )
+
+
+@admin.register(Job)
+class JobAdmin(ReadOnlyAdmin):
+    list_display = ("id", "kind", "queue", "tenant", "status", "run_at", "attempts", "locked_by", "error_excerpt")
+    list_filter = ("kind", "queue")
+    search_fields = ("=job_id", "=correlation_id", "=dedupe_key")
+    search_help_text = "Exact job_id, correlation id or dedupe key."
+    ordering = ("run_at",)
+    actions = ["cancel_selected"]
+    change_list_template = "admin/jobs/job/change_list.html"
+
+    def get_queryset(self, request):
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(
+                status_sql=Case(
+                    When(locked_at__isnull=False, then=Value("leased")),
+                    When(run_at__lte=TransactionNow(), then=Value("claimable")),
+                    default=Value("scheduled"),
+                    output_field=CharField(),
+                )
+            )
+        )
+
+    @admin.display(description="status", ordering="locked_at")
+    def status(self, obj):
+        return getattr(obj, "status_sql", "")
+
+    @admin.display(description="last error")
+    def error_excerpt(self, obj):
+        return Truncator((obj.last_error or "").strip()).chars(EXCERPT)
+
+    def changelist_view(self, request, extra_context=None):
+        summary = queue_summary()
+        totals = {
+            "claimable": sum(r.claimable for r in summary),
+            "scheduled": sum(r.scheduled for r in summary),
+            "leased": sum(r.leased for r in summary),
+            "oldest": humanize_seconds(max((r.oldest_claimable_seconds for r in summary), default=0.0)),
+        }
+        rows = [(r, humanize_seconds(r.oldest_claimable_seconds) if r.claimable else "-") for r in summary]
+        return super().changelist_view(
+            request, {**(extra_context or {}), "queue_summary": rows, "queue_totals": totals}
+        )
+
+    def has_cancel_permission(self, request):
+        return request.user.has_perm("jobs.cancel_job")
+
+    @admin.action(description="Cancel selected jobs (into dead letters)…", permissions=["cancel"])
+    def cancel_selected(self, request, queryset):
+        jobs = list(queryset.order_by("id"))
+        error = ""
+        reason = request.POST.get("reason", "")
+        if request.POST.get("post") == "yes":
+            if ops.clean_reason(reason):
+                results = [
+                    ops.job_cancel(
+                        job_pk=job.pk, actor=request.user.get_username(), reason=reason, user_id=request.user.pk
+                    )
+                    for job in jobs
+                ]
+                _result_messages(request, results, "Cancelled", noun="job")
+                return None
+            error = "A reason is required to cancel: it is recorded on the dead letter."
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
+            "title": "Cancel jobs",
+            "jobs": jobs,
+            "leased": sum(1 for job in jobs if job.locked_at is not None),
+            "reason": reason,
+            "error": error,
+        }
+        return TemplateResponse(request, "admin/jobs/job/cancel_form.html", context, status=400 if error else 200)
 
 
 @admin.register(ProcessedJob)

@@ -71,6 +71,7 @@ class Job(models.Model):
 
     class Meta:
         db_table = "jobs"
+        permissions = [("cancel_job", "Can cancel jobs that are not running")]
         constraints = [
             models.UniqueConstraint(fields=["job_id"], name="jobs_job_job_id_unique"),
             # Every row in this table is live, so this is "unique while live": a finished
@@ -195,11 +196,20 @@ class DeadLetter(models.Model):
     discarded_at = models.DateTimeField(null=True, blank=True)
     discarded_by = models.CharField(max_length=150, blank=True, db_default="")
     discard_reason = models.TextField(null=True, blank=True)
+    # The job's dedupe key, restored on replay: a replayed singleton must not become a second one.
+    dedupe_key = models.TextField(null=True, blank=True)
+    # Replayed although past the fence horizon, by someone allowed to (see jobs.services.dead_letters).
+    replay_forced = models.BooleanField(db_default=False)
 
     objects = DeadLetterQuerySet.as_manager()
 
     class Meta:
         db_table = "dead_letters"
+        permissions = [
+            ("replay_deadletter", "Can replay dead letters"),
+            ("discard_deadletter", "Can discard dead letters"),
+            ("force_replay_deadletter", "Can replay dead letters past the fence horizon"),
+        ]
         constraints = [
             models.CheckConstraint(condition=Q(state__in=DeadLetterState.values), name="jobs_deadletter_state_known"),
             models.CheckConstraint(condition=Q(cause__in=DeadLetterCause.values), name="jobs_deadletter_cause_known"),
@@ -210,6 +220,15 @@ class DeadLetter(models.Model):
                 condition=~Q(state=DeadLetterState.DISCARDED)
                 | (Q(discard_reason__isnull=False) & Q(discard_reason__regex=r"\S")),
                 name="jobs_deadletter_discard_requires_reason",
+            ),
+            # History is part of the state: who and when travel with every transition.
+            models.CheckConstraint(
+                condition=~Q(state=DeadLetterState.REPLAYED) | (Q(replayed_at__isnull=False) & ~Q(replayed_by="")),
+                name="jobs_deadletter_replay_recorded",
+            ),
+            models.CheckConstraint(
+                condition=~Q(state=DeadLetterState.DISCARDED) | (Q(discarded_at__isnull=False) & ~Q(discarded_by="")),
+                name="jobs_deadletter_discard_recorded",
             ),
         ]
         indexes = [models.Index(fields=["state", "created_at"], name="jobs_deadletter_review_idx")]

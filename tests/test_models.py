@@ -6,6 +6,7 @@ import uuid
 
 import pytest
 from django.db import IntegrityError, transaction
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from jobs.models import LAST_ERROR_MAX, DeadLetter, DeadLetterState, Job
@@ -46,7 +47,9 @@ def job(**fields) -> Job:
 def test_discarding_a_dead_letter_without_a_reason_is_rejected_by_the_database(reason):
     assert (
         violated_constraint(
-            lambda: dead_letter(state=DeadLetterState.DISCARDED, discard_reason=reason, discarded_by="ops")
+            lambda: dead_letter(
+                state=DeadLetterState.DISCARDED, discard_reason=reason, discarded_by="ops", discarded_at=Now()
+            )
         )
         == "jobs_deadletter_discard_requires_reason"
     )
@@ -58,7 +61,9 @@ def test_updating_a_dead_letter_to_discarded_without_a_reason_is_rejected(reason
     letter = dead_letter()
 
     def discard():
-        DeadLetter.objects.filter(pk=letter.pk).update(state=DeadLetterState.DISCARDED, discard_reason=reason)
+        DeadLetter.objects.filter(pk=letter.pk).update(
+            state=DeadLetterState.DISCARDED, discard_reason=reason, discarded_by="ops", discarded_at=Now()
+        )
 
     assert violated_constraint(discard) == "jobs_deadletter_discard_requires_reason"
     letter.refresh_from_db()
@@ -66,14 +71,40 @@ def test_updating_a_dead_letter_to_discarded_without_a_reason_is_rejected(reason
 
 
 def test_discarding_a_dead_letter_with_a_reason_is_accepted():
-    letter = dead_letter(state=DeadLetterState.DISCARDED, discard_reason=" duplicate of #12 ", discarded_by="ops")
+    letter = dead_letter(
+        state=DeadLetterState.DISCARDED, discard_reason=" duplicate of #12 ", discarded_by="ops", discarded_at=Now()
+    )
     letter.refresh_from_db()
     assert letter.state == DeadLetterState.DISCARDED
 
 
 @pytest.mark.parametrize("state", [DeadLetterState.PENDING_REVIEW, DeadLetterState.REPLAYED])
 def test_a_dead_letter_not_discarded_needs_no_reason(state):
-    assert dead_letter(state=state, discard_reason=None).pk is not None
+    history = {"replayed_at": Now(), "replayed_by": "ops"} if state == DeadLetterState.REPLAYED else {}
+    assert dead_letter(state=state, discard_reason=None, **history).pk is not None
+
+
+# --- jobs_deadletter_replay_recorded, jobs_deadletter_discard_recorded -------------------------
+
+
+@pytest.mark.parametrize(
+    "history", [{}, {"replayed_at": Now()}, {"replayed_by": "ops"}], ids=["neither", "no who", "no when"]
+)
+def test_a_replayed_dead_letter_without_who_and_when_is_rejected(history):
+    assert (
+        violated_constraint(lambda: dead_letter(state=DeadLetterState.REPLAYED, **history))
+        == "jobs_deadletter_replay_recorded"
+    )
+
+
+@pytest.mark.parametrize(
+    "history", [{}, {"discarded_at": Now()}, {"discarded_by": "ops"}], ids=["neither", "no who", "no when"]
+)
+def test_a_discarded_dead_letter_without_who_and_when_is_rejected(history):
+    assert (
+        violated_constraint(lambda: dead_letter(state=DeadLetterState.DISCARDED, discard_reason="dup", **history))
+        == "jobs_deadletter_discard_recorded"
+    )
 
 
 def test_a_dead_letter_with_an_unknown_state_or_cause_is_rejected():

@@ -1,0 +1,21 @@
+"""The admin index's "needs attention" panel: dead letters waiting for a human."""
+
+from __future__ import annotations
+
+from django import template
+from django.urls import reverse
+
+from jobs.models import DeadLetter, DeadLetterState
+
+register = template.Library()
+
+
+@register.inclusion_tag("admin/jobs/attention.html", takes_context=True)
+def dead_letters_attention(context):
+    """How many dead letters are pending review, linked to that filtered list; shown to
+    whoever may view dead letters."""
+    request = context.get("request")
+    if request is None or not request.user.has_perm("jobs.view_deadletter"):
+        return {"visible": False}
+    url = reverse("admin:jobs_deadletter_changelist") + f"?state__exact={DeadLetterState.PENDING_REVIEW}"
+    return {"visible": True, "pending": DeadLetter.objects.pending_review().count(), "url": url}
