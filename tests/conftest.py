@@ -118,3 +118,13 @@ def wait_for(predicate, timeout: float = 30.0, interval: float = 0.05, message: 
             return value
         time.sleep(interval)
     pytest.fail(f"timed out after {timeout}s waiting for {message}")
+
+
+@pytest.fixture
+def receiver():
+    """A real sandbox webhook receiver process (``python -m sandbox.receiver``); killed at teardown."""
+    from tests.webhook_support import start_receiver
+
+    r = start_receiver()
+    yield r
+    r.stop()

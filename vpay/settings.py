@@ -234,3 +234,43 @@ SECURE_HSTS_SECONDS = env.int("VPAY_SECURE_HSTS_SECONDS", default=31_536_000 if 
 # Behind a TLS-terminating proxy that sets X-Forwarded-Proto.
 if env.bool("VPAY_BEHIND_TLS_PROXY", default=False):
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+
+# --- Webhooks ---------------------------------------------------------------------------
+# Signing secrets are sealed at rest with these Fernet keys (comma-separated; the first
+# seals, all open). Required in live mode; in development derived from SECRET_KEY.
+from webhooks.decisions import parse_schedule  # noqa: E402
+from webhooks.sealing import derive_dev_key, parse_keys  # noqa: E402
+from webhooks.ssrf import parse_cidrs  # noqa: E402
+
+VPAY_SECRETS_KEYS = parse_keys(env_secret("VPAY_SECRETS_KEY", default=""))
+if not VPAY_SECRETS_KEYS:
+    if LIVE_MODE:
+        from django.core.exceptions import ImproperlyConfigured
+
+        raise ImproperlyConfigured("VPAY_SECRETS_KEY must be set in live mode (it seals webhook signing secrets)")
+    VPAY_SECRETS_KEYS = [derive_dev_key(SECRET_KEY)]
+# Dev/test only: networks webhook deliveries may reach although the SSRF guard refuses
+# them (e.g. 127.0.0.1/32 for a local receiver). Refused in live mode.
+VPAY_WEBHOOK_ALLOW_CIDRS = parse_cidrs(env.str("VPAY_WEBHOOK_ALLOW_CIDRS", default=""))
+if VPAY_WEBHOOK_ALLOW_CIDRS and LIVE_MODE:
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured("VPAY_WEBHOOK_ALLOW_CIDRS cannot be used in live mode: it switches the SSRF guard off")
+# The delivery ladder: the wait after each failed attempt; after the last, `exhausted`.
+VPAY_WEBHOOK_RETRY_SCHEDULE = parse_schedule(
+    env.str("VPAY_WEBHOOK_RETRY_SCHEDULE", default="5,300,1800,7200,18000,36000,36000")
+)
+# How long a rotated-out secret keeps signing alongside the new one.
+VPAY_WEBHOOK_SECRET_OVERLAP = env.int("VPAY_WEBHOOK_SECRET_OVERLAP", default=24 * 3600)
+VPAY_WEBHOOK_CONNECT_TIMEOUT = env.float("VPAY_WEBHOOK_CONNECT_TIMEOUT", default=5.0)
+# Total budget of one attempt (connect, send, the answer's head and its bounded excerpt).
+VPAY_WEBHOOK_TIMEOUT = env.float("VPAY_WEBHOOK_TIMEOUT", default=15.0)
+# An attempt's lease: a worker that has not recorded its answer by then is presumed dead;
+# its attempt becomes `abandoned` and a late answer `stale`. At least twice the timeout.
+VPAY_WEBHOOK_LEASE_SECONDS = env.float("VPAY_WEBHOOK_LEASE_SECONDS", default=60.0)
+# Per-endpoint in-flight cap: a slow endpoint holds at most this many workers.
+VPAY_WEBHOOK_MAX_IN_FLIGHT = env.int("VPAY_WEBHOOK_MAX_IN_FLIGHT", default=8)
+# The fan-out drain's period while idle (emit() also wakes it at commit).
+VPAY_WEBHOOK_FAN_OUT_IDLE = env.float("VPAY_WEBHOOK_FAN_OUT_IDLE", default=5.0)
+# The backstop scan's period: re-enqueues due deliveries that lost their job, recovers expired leases.
+VPAY_WEBHOOK_SCAN_PERIOD = env.float("VPAY_WEBHOOK_SCAN_PERIOD", default=60.0)

@@ -1,0 +1,198 @@
+"""One HTTP POST to a vetted, pinned address, with a total deadline and a bounded read.
+
+The SSRF guard's answer is only worth something if the connection goes where it was
+vetted: a second DNS lookup at connect time could answer differently (DNS rebinding).
+:class:`PinnedBackend` is an httpcore network backend that ignores the hostname httpcore
+asks it to connect to and dials only the vetted addresses; httpcore still passes the URL's
+hostname to TLS, so SNI and certificate verification are for the host the merchant
+configured, not for an IP.
+
+Also here, because they are properties of the connection, not of the caller:
+* no proxy from the environment (a proxy would re-resolve the host on our behalf),
+  no redirects (a 3xx is an answer like any other non-2xx), no decompression;
+* one deadline for the whole attempt: every socket read and write is given only what is
+  left of it, so a receiver dripping one byte a second cannot stretch an attempt;
+* the answer's body is read up to ``excerpt_bytes`` and the connection is then closed, so
+  an endless body costs one buffer, never the worker.
+"""
+
+from __future__ import annotations
+
+import ssl
+import time
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import httpcore
+import httpx
+
+from webhooks.ssrf import IPAddress
+
+USER_AGENT = "vpay-webhooks/1"
+EXCERPT_BYTES = 4096
+
+
+class _DeadlineStream(httpcore.NetworkStream):
+    """A network stream whose every operation is bounded by what is left of one deadline."""
+
+    def __init__(self, inner: httpcore.NetworkStream, deadline: float) -> None:
+        self._inner = inner
+        self._deadline = deadline
+
+    def _budget(self, timeout: float | None, exc: type[Exception]) -> float:
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise exc("the webhook attempt's total timeout elapsed")
+        return left if timeout is None else min(timeout, left)
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._inner.read(max_bytes, self._budget(timeout, httpcore.ReadTimeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._inner.write(buffer, self._budget(timeout, httpcore.WriteTimeout))
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(
+        self, ssl_context: ssl.SSLContext, server_hostname: str | None = None, timeout: float | None = None
+    ) -> httpcore.NetworkStream:
+        # server_hostname is the URL's host (httpcore passes it): SNI and the certificate
+        # check are for the configured name, never for the pinned IP.
+        inner = self._inner.start_tls(ssl_context, server_hostname, self._budget(timeout, httpcore.ConnectTimeout))
+        return _DeadlineStream(inner, self._deadline)
+
+    def get_extra_info(self, info: str) -> typing.Any:
+        return self._inner.get_extra_info(info)
+
+
+class PinnedBackend(httpcore.NetworkBackend):
+    """Connects to the vetted addresses, in order, whatever host httpcore asks for."""
+
+    def __init__(self, addresses: Sequence[IPAddress], deadline: float) -> None:
+        if not addresses:
+            raise ValueError("no vetted address to connect to")
+        self.addresses = list(addresses)
+        self.deadline = deadline
+        self.connected_to: tuple[str, int] | None = None
+        self._inner = httpcore.SyncBackend()
+
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: typing.Iterable[typing.Any] | None = None,
+    ) -> httpcore.NetworkStream:
+        errors: list[Exception] = []
+        for address in self.addresses:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                stream = self._inner.connect_tcp(
+                    str(address),
+                    port,
+                    timeout=left if timeout is None else min(timeout, left),
+                    local_address=local_address,
+                    socket_options=socket_options,
+                )
+            except (httpcore.ConnectError, httpcore.ConnectTimeout) as exc:
+                errors.append(exc)
+                continue
+            self.connected_to = (str(address), port)
+            return _DeadlineStream(stream, self.deadline)
+        if errors:
+            raise errors[-1]
+        raise httpcore.ConnectTimeout("the webhook attempt's total timeout elapsed before connecting")
+
+    def connect_unix_socket(self, *args, **kwargs) -> httpcore.NetworkStream:  # pragma: no cover
+        raise httpcore.ConnectError("webhooks are never delivered over a Unix socket")
+
+    def sleep(self, seconds: float) -> None:  # pragma: no cover - only used by httpcore retries (0)
+        time.sleep(seconds)
+
+
+class _PinnedTransport(httpx.HTTPTransport):
+    """httpx's own transport (its exception mapping, its response streams) over a pinned pool."""
+
+    def __init__(self, backend: PinnedBackend, ssl_context: ssl.SSLContext) -> None:
+        super().__init__(verify=ssl_context, trust_env=False)
+        # The pool httpx built dials through the default backend (which resolves the host
+        # again); replace it with one over the pinned backend. One connection, not kept.
+        self._pool.close()
+        self._pool = httpcore.ConnectionPool(
+            ssl_context=ssl_context,
+            max_connections=1,
+            max_keepalive_connections=0,
+            network_backend=backend,
+        )
+
+
+_SSL_CONTEXT: ssl.SSLContext | None = None
+
+
+def default_ssl_context() -> ssl.SSLContext:
+    """One verifying TLS context per process (building one costs milliseconds per attempt)."""
+    global _SSL_CONTEXT
+    if _SSL_CONTEXT is None:
+        _SSL_CONTEXT = httpx.create_ssl_context(trust_env=False)
+    return _SSL_CONTEXT
+
+
+@dataclass
+class Answer:
+    """What came back: a status (None: nothing did), a bounded excerpt, and the error if any."""
+
+    status_code: int | None
+    excerpt: str = ""
+    error: BaseException | None = None
+    connected_to: tuple[str, int] | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def post(
+    url: str,
+    body: bytes,
+    headers: Mapping[str, str],
+    *,
+    addresses: Sequence[IPAddress],
+    connect_timeout: float,
+    total_timeout: float,
+    excerpt_bytes: int = EXCERPT_BYTES,
+    ssl_context: ssl.SSLContext | None = None,
+) -> Answer:
+    """POST ``body`` to ``url`` connecting only to ``addresses``; never raises for the network.
+
+    Transport failures (refused, reset, timeouts, TLS) come back as ``Answer(None, error=…)``.
+    """
+    deadline = time.monotonic() + total_timeout
+    backend = PinnedBackend(addresses, deadline)
+    transport = _PinnedTransport(backend, ssl_context or default_ssl_context())
+    timeout = httpx.Timeout(total_timeout, connect=min(connect_timeout, total_timeout))
+    all_headers = {"User-Agent": USER_AGENT, "Content-Type": "application/json", **headers}
+    try:
+        with (
+            httpx.Client(transport=transport, follow_redirects=False, trust_env=False, timeout=timeout) as client,
+            client.stream("POST", url, content=body, headers=all_headers) as response,
+        ):
+            excerpt = bytearray()
+            error: BaseException | None = None
+            try:
+                for chunk in response.iter_raw():
+                    excerpt += chunk
+                    if len(excerpt) >= excerpt_bytes:
+                        break  # leaving the block closes the connection: the rest is never read
+            except httpx.TransportError as exc:
+                error = exc  # the status was heard; a broken or slow body only shortens the excerpt
+            return Answer(
+                response.status_code,
+                bytes(excerpt[:excerpt_bytes]).decode("utf-8", "replace"),
+                error,
+                backend.connected_to,
+                {k: v for k, v in list(response.headers.items())[:20]},
+            )
+    except (httpx.TransportError, httpx.InvalidURL, OSError, ssl.SSLError) as exc:
+        return Answer(None, error=exc, connected_to=backend.connected_to)
