@@ -101,6 +101,8 @@ def _manage_check(tmp_path, rails: dict, *, live: bool) -> subprocess.CompletedP
         "VPAY_RAILS_FILE": str(path),
         "VPAY_LIVE_MODE": "1" if live else "0",
         "DJANGO_SECRET_KEY": "x" * 50,
+        # Live mode also requires the key that seals webhook secrets (webhooks/sealing.py).
+        "VPAY_SECRETS_KEY": "uK3mJ1tq0J0Xx9m1Yv7yqk0pP2o2b5m8y4r6t8w0z2c=",
     }
     return subprocess.run(
         [sys.executable, "manage.py", "runworker", "--burst"],
