@@ -17,3 +17,6 @@ class JobKind(models.TextChoices):
 
     SWEEP_EXPIRED = "sweep_expired", "Hourly housekeeping sweep"
     """Singleton: expired fence rows and stale leases."""
+
+    SWEEP_IDLE_CUSTOMERS = "sweep_idle_customers", "Hourly erasure of idle customers"
+    """Singleton (``customers``): customers unused for 365 days with no live intent."""

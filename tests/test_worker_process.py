@@ -24,6 +24,7 @@ import pytest
 from django.db import connection
 from prometheus_client.parser import text_string_to_metric_families
 
+from jobs import registry
 from jobs.queue import JobRequest, enqueue, enqueue_many
 from tests.conftest import wait_for
 
@@ -540,6 +541,9 @@ def test_three_workers_booting_at_once_seed_exactly_one_sweep_job(start_worker):
     ) == [("singleton:sweep_expired", None, True)]
     # Every singleton has one live row, however many workers seeded it.
     assert sql("SELECT dedupe_key FROM jobs GROUP BY dedupe_key HAVING count(*) > 1") == []
+    singletons = {spec.kind.value for spec in registry.all_specs() if spec.singleton is not None}
+    assert {"sweep_expired", "sweep_idle_customers"} <= singletons
+    assert set(sql("SELECT kind FROM jobs WHERE dedupe_key LIKE 'singleton:%'")) == {(k,) for k in singletons}
     # The sweep ran once, in one of the three bursts, and rescheduled itself an hour out.
     sweeps = [r for w in workers for r in log_records(w) if r["message"] == "sweep_expired"]
     assert len(sweeps) == 1

@@ -9,9 +9,9 @@ from webhooks.event_types import EventType
 from webhooks.models import Event
 
 
-def emit(merchant: Merchant, type: EventType | str, obj: dict) -> Event:
+def emit(merchant: Merchant | str, type: EventType | str, obj: dict) -> Event:
     """Write an event about ``obj`` (a rendered wire object with ``id`` and ``object``) in
-    the caller's transaction. It is the only way events are written.
+    the caller's transaction; ``merchant`` is a merchant or its id. It is the only way events are written.
 
     Refuses to run outside a transaction: an event committed apart from the change it
     reports is either a webhook about something that did not happen or a change no
@@ -22,7 +22,8 @@ def emit(merchant: Merchant, type: EventType | str, obj: dict) -> Event:
     event_type = EventType(type)
     if not isinstance(obj, dict) or "id" not in obj or "object" not in obj:
         raise ValueError("an event's object is a rendered wire object with 'id' and 'object'")
-    return Event.objects.create(merchant=merchant, type=event_type, data=obj)
+    merchant_id = merchant if isinstance(merchant, str) else merchant.pk
+    return Event.objects.create(merchant_id=merchant_id, type=event_type, data=obj)
 
 
 def render_event(event: Event) -> dict:

@@ -1,0 +1,80 @@
+"""Sweeping due rows in keyset pages, one transaction per row, failures isolated.
+
+The shape every housekeeping sweep shares (checkout expiry, idle customers, …): read a
+page of candidate keys *after* the last key seen, retire each in its own transaction, log a
+row that fails at WARN (by id) and go on. Keyset paging, not ``OFFSET`` and not "the first
+page again": a row that failed is not read again in the same pass, so one poisoned row
+cannot become a hot loop, and the rows behind it are reached.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+from jobs.context import JobContext
+from vpay.errors import error_chain
+
+logger = logging.getLogger(__name__)
+
+PAGE_SIZE = 100
+
+
+class PassResult(NamedTuple):
+    retired: int
+    failed: int
+    skipped: int
+    more: bool
+    """A full page made progress when the pass stopped: run again at once, not in an hour."""
+
+
+def sweep_in_pages(
+    ctx: JobContext,
+    *,
+    label: str,
+    read_page: Callable[[tuple | None, int], Sequence[tuple]],
+    retire: Callable[[tuple], bool],
+    page_size: int = PAGE_SIZE,
+    budget_seconds: float | None = None,
+) -> PassResult:
+    """Retire due rows page by page until a page comes back short or the budget is spent.
+
+    ``read_page(after, limit)`` returns keys ordered by the keyset, strictly after ``after``
+    (``None`` for the first page); the last element of each key is the row's id, used in
+    log lines. ``retire(key)`` runs one row's transaction and answers whether it changed
+    anything (``False``: the guard inside its statement no longer held; not a failure).
+    The budget defaults to half the job's remaining time, so the pass ends long before
+    its lease does.
+    """
+    budget = ctx.remaining() / 2 if budget_seconds is None else budget_seconds
+    deadline = time.monotonic() + budget
+    retired = failed = skipped = 0
+    after: tuple | None = None
+    while True:
+        page = read_page(after, page_size)
+        progress = False
+        for key in page:
+            try:
+                changed = retire(key)
+            except Exception as exc:  # noqa: BLE001 - one row's failure must not stop the page
+                failed += 1
+                logger.warning(
+                    f"{label}: a row failed and was skipped",
+                    extra={"id": str(key[-1]), "error": error_chain(exc, 300)},
+                )
+                continue
+            if changed:
+                retired += 1
+                progress = True
+            else:
+                skipped += 1
+        if page:
+            after = tuple(page[-1])
+            ctx.heartbeat()
+        full = len(page) == page_size
+        if not full:
+            return PassResult(retired, failed, skipped, more=False)
+        if time.monotonic() >= deadline:
+            return PassResult(retired, failed, skipped, more=progress)
