@@ -20,3 +20,12 @@ class JobKind(models.TextChoices):
 
     SWEEP_IDLE_CUSTOMERS = "sweep_idle_customers", "Hourly erasure of idle customers"
     """Singleton (``customers``): customers unused for 365 days with no live intent."""
+
+    WEBHOOK_FAN_OUT = "webhook_fan_out", "Webhook outbox drain"
+    """Singleton: pending events become one delivery (and deliver job) per subscribed endpoint."""
+
+    WEBHOOK_DELIVER = "webhook_deliver", "Deliver one webhook attempt"
+    """One attempt of one delivery (unfenced: calls the merchant's endpoint; writes are CAS)."""
+
+    WEBHOOK_SCAN = "webhook_scan_deliveries", "Webhook delivery backstop"
+    """Singleton: recovers expired attempt leases, re-enqueues due deliveries that lost their job."""

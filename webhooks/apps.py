@@ -4,3 +4,7 @@ from django.apps import AppConfig
 class WebhooksConfig(AppConfig):
     name = "webhooks"
     verbose_name = "Events and webhooks"
+
+    def ready(self) -> None:
+        # Registering the job kinds and the system checks is a side effect of import.
+        from webhooks import checks, handlers  # noqa: F401

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from django.db import connection
+import logging
+
+from django.db import DatabaseError, connection, transaction
 
 from merchants.models import Merchant
 from webhooks.event_types import EventType
 from webhooks.models import Event
+
+logger = logging.getLogger(__name__)
 
 
 def emit(merchant: Merchant | str, type: EventType | str, obj: dict) -> Event:
@@ -23,7 +27,29 @@ def emit(merchant: Merchant | str, type: EventType | str, obj: dict) -> Event:
     if not isinstance(obj, dict) or "id" not in obj or "object" not in obj:
         raise ValueError("an event's object is a rendered wire object with 'id' and 'object'")
     merchant_id = merchant if isinstance(merchant, str) else merchant.pk
-    return Event.objects.create(merchant_id=merchant_id, type=event_type, data=obj)
+    event = Event.objects.create(merchant_id=merchant_id, type=event_type, data=obj)
+    _wake_fan_out_at_commit()
+    return event
+
+
+def _wake_fan_out() -> None:
+    """Make the outbox drain due now (it otherwise waits its idle period)."""
+    from jobs.kinds import JobKind
+    from jobs.queue import pull_forward
+    from jobs.registry import Singleton
+
+    try:
+        pull_forward(Singleton().dedupe_key(JobKind.WEBHOOK_FAN_OUT.value))
+    except DatabaseError:
+        # Only latency is at stake: the drain runs on its own period anyway.
+        logger.warning("could not wake the fan-out drain; it runs on its period", exc_info=True)
+
+
+def _wake_fan_out_at_commit() -> None:
+    """Once per transaction, after it commits: a thousand events in one transaction wake
+    the drain once, and an event that rolled back wakes nothing."""
+    if not any(callback is _wake_fan_out for _, callback, _ in connection.run_on_commit):
+        transaction.on_commit(_wake_fan_out)
 
 
 def render_event(event: Event) -> dict:

@@ -1,10 +1,11 @@
-"""The events outbox."""
+"""The events outbox, webhook endpoints and their sealed secrets, deliveries and their attempts."""
 
 from __future__ import annotations
 
+from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.db.models import Q
-from django.db.models.functions import Now
+from django.db.models.functions import Length, Now
 
 from api.ids import ID_MAX_LENGTH, new_id
 from webhooks.event_types import EventType
@@ -12,6 +13,10 @@ from webhooks.event_types import EventType
 
 def new_event_id() -> str:
     return new_id("evt")
+
+
+# The lookup the attempt table's CHECK constraints are written with.
+models.TextField.register_lookup(Length, "length")
 
 
 class FanOut(models.TextChoices):
@@ -49,3 +54,177 @@ class Event(models.Model):
 
     def __repr__(self) -> str:
         return f"<Event {self.id} {self.type} merchant={self.merchant_id}>"
+
+
+def new_endpoint_id() -> str:
+    return new_id("we")
+
+
+class WebhookEndpoint(models.Model):
+    """Where a merchant wants events delivered, which types, and (in ``secrets``) how they are signed.
+
+    Deleting an endpoint through the API sets ``deleted_at``: its deliveries and attempts
+    are evidence and stay; the fan-out stops creating deliveries for it.
+    """
+
+    id = models.CharField(primary_key=True, max_length=ID_MAX_LENGTH, default=new_endpoint_id, editable=False)
+    merchant = models.ForeignKey("merchants.Merchant", on_delete=models.PROTECT, related_name="webhook_endpoints")
+    url = models.CharField(max_length=2048)
+    # Event types, or ["*"] for every type. The fan-out's @> test reads this column.
+    enabled_events = ArrayField(models.CharField(max_length=100))
+    description = models.CharField(max_length=500, blank=True, db_default="")
+    created_at = models.DateTimeField(db_default=Now())
+    deleted_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "webhook_endpoints"
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(enabled_events__len__gt=0), name="webhook_endpoints_enabled_events_not_empty"
+            ),
+        ]
+        indexes = [
+            # The fan-out's lookup: a merchant's live endpoints.
+            models.Index(fields=["merchant"], name="webhook_endpoints_live", condition=Q(deleted_at__isnull=True)),
+        ]
+
+    def __str__(self) -> str:
+        return self.id
+
+    def __repr__(self) -> str:
+        # Never a secret: a count answers "is this endpoint mid-rotation?" without one.
+        count = self.secrets.count() if self.pk and not self._state.adding else 0
+        return f"<WebhookEndpoint {self.id} url={self.url!r} secrets=<{count} redacted>>"
+
+
+class WebhookSecret(models.Model):
+    """One signing secret of an endpoint, sealed (Fernet, ``webhooks/sealing.py``).
+
+    ``expires_at`` NULL: current. Rotation sets it to ``now() + overlap`` in SQL; until then
+    the old secret keeps signing alongside the new one (one ``v1`` each).
+    """
+
+    endpoint = models.ForeignKey(WebhookEndpoint, on_delete=models.CASCADE, related_name="secrets")
+    sealed = models.TextField()
+    created_at = models.DateTimeField(db_default=Now())
+    expires_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "webhook_secrets"
+        indexes = [models.Index(fields=["endpoint", "created_at"], name="webhook_secrets_endpoint")]
+
+    def __str__(self) -> str:
+        return f"secret {self.pk} of {self.endpoint_id} (redacted)"
+
+    def __repr__(self) -> str:
+        return f"<WebhookSecret {self.pk} endpoint={self.endpoint_id} (redacted)>"
+
+
+class DeliveryState(models.TextChoices):
+    PENDING = "pending"
+    """Waiting for its next attempt (``next_attempt_at``)."""
+    DELIVERING = "delivering"
+    """An attempt holds a lease and may be talking to the receiver right now."""
+    SUCCEEDED = "succeeded"
+    """The receiver answered 2xx."""
+    EXHAUSTED = "exhausted"
+    """The ladder ran out; alerted once. A human tells the merchant."""
+    REFUSED = "refused"
+    """The SSRF guard refused the address: permanent, recorded."""
+
+
+class WebhookDelivery(models.Model):
+    """One event for one endpoint: at least once, however many attempts it takes."""
+
+    event = models.ForeignKey(Event, on_delete=models.PROTECT, related_name="deliveries")
+    endpoint = models.ForeignKey(WebhookEndpoint, on_delete=models.PROTECT, related_name="deliveries")
+    state = models.CharField(max_length=16, choices=DeliveryState.choices, db_default=DeliveryState.PENDING)
+    attempts = models.IntegerField(db_default=0)
+    next_attempt_at = models.DateTimeField(db_default=Now())
+    lease_token = models.UUIDField(null=True, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    # The digest of the first signed body; every later attempt must render the same bytes.
+    payload_sha256 = models.CharField(max_length=64, null=True, blank=True)
+    last_status_code = models.IntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+    updated_at = models.DateTimeField(db_default=Now())
+    completed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "webhook_deliveries"
+        constraints = [
+            models.UniqueConstraint(fields=["event", "endpoint"], name="webhook_deliveries_event_endpoint"),
+            models.CheckConstraint(condition=Q(state__in=DeliveryState.values), name="webhook_deliveries_state_known"),
+            # A lease exists exactly while an attempt is delivering.
+            models.CheckConstraint(
+                condition=(
+                    Q(state=DeliveryState.DELIVERING, lease_token__isnull=False, lease_expires_at__isnull=False)
+                    | (~Q(state=DeliveryState.DELIVERING) & Q(lease_token__isnull=True, lease_expires_at__isnull=True))
+                ),
+                name="webhook_deliveries_lease_iff_delivering",
+            ),
+        ]
+        indexes = [
+            # The backstop's "due and pending" read.
+            models.Index(
+                fields=["next_attempt_at"], name="webhook_deliveries_due", condition=Q(state=DeliveryState.PENDING)
+            ),
+            # The per-endpoint in-flight count and the expired-lease scan.
+            models.Index(
+                fields=["endpoint", "lease_expires_at"],
+                name="webhook_deliveries_in_flight",
+                condition=Q(state=DeliveryState.DELIVERING),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"delivery {self.pk} of {self.event_id} to {self.endpoint_id}"
+
+    def __repr__(self) -> str:
+        return f"<WebhookDelivery {self.pk} {self.event_id}->{self.endpoint_id} {self.state}>"
+
+
+class AttemptState(models.TextChoices):
+    IN_FLIGHT = "in_flight"
+    """Written before sending; holds the lease."""
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    """Heard a refusal (non-2xx, 3xx included), or refused to send (no secret, SSRF)."""
+    NO_RESPONSE = "no_response"
+    """Nothing came back (``status_code`` NULL): timeout, reset, refused connection."""
+    ABANDONED = "abandoned"
+    """The lease expired with no answer recorded (the worker died); recovered."""
+    STALE = "stale"
+    """A late finisher whose lease had expired: its answer was discarded."""
+
+
+class DeliveryAttempt(models.Model):
+    """One HTTP try (append-only evidence), written before the request goes out."""
+
+    delivery = models.ForeignKey(WebhookDelivery, on_delete=models.CASCADE, related_name="attempt_rows")
+    number = models.IntegerField()
+    lease_token = models.UUIDField()
+    state = models.CharField(max_length=16, choices=AttemptState.choices, db_default=AttemptState.IN_FLIGHT)
+    started_at = models.DateTimeField(db_default=Now())
+    finished_at = models.DateTimeField(null=True, blank=True)
+    status_code = models.IntegerField(null=True, blank=True, help_text="NULL: no answer was heard.")
+    duration_ms = models.IntegerField(null=True, blank=True)
+    response_excerpt = models.TextField(db_default="", blank=True)
+    error = models.TextField(db_default="", blank=True)
+
+    class Meta:
+        db_table = "webhook_delivery_attempts"
+        constraints = [
+            models.UniqueConstraint(fields=["delivery", "number"], name="webhook_attempts_delivery_number"),
+            models.CheckConstraint(condition=Q(state__in=AttemptState.values), name="webhook_attempts_state_known"),
+            models.CheckConstraint(
+                condition=Q(response_excerpt__length__lte=4096), name="webhook_attempts_excerpt_bounded"
+            ),
+            models.CheckConstraint(condition=Q(error__length__lte=2000), name="webhook_attempts_error_bounded"),
+        ]
+
+    def __str__(self) -> str:
+        return f"attempt {self.number} of delivery {self.delivery_id}"
+
+    def __repr__(self) -> str:
+        return f"<DeliveryAttempt {self.pk} delivery={self.delivery_id} #{self.number} {self.state} {self.status_code}>"

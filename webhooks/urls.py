@@ -5,4 +5,7 @@ from webhooks import views
 urlpatterns = [
     path("events", views.events),
     path("events/<str:event_id>", views.event),
+    path("webhook_endpoints", views.webhook_endpoints),
+    path("webhook_endpoints/<str:endpoint_id>", views.webhook_endpoint),
+    path("webhook_endpoints/<str:endpoint_id>/rotate_secret", views.rotate_webhook_secret),
 ]

@@ -1,11 +1,12 @@
-"""``/v1/events``: the outbox, readable by the merchant it belongs to."""
+"""``/v1/events`` (the outbox, readable by the merchant it belongs to) and ``/v1/webhook_endpoints``."""
 
 from django.http import HttpRequest, HttpResponse
 
-from api.framework import ApiError, not_found, paginate, respond, route
+from api.framework import ApiError, Body, Field, not_found, paginate, respond, route
 from webhooks.event_types import EventType
 from webhooks.events import render_event
-from webhooks.models import Event
+from webhooks.models import Event, WebhookEndpoint
+from webhooks.services import endpoints
 
 
 @route("GET")
@@ -26,3 +27,85 @@ def event(request: HttpRequest, event_id: str) -> HttpResponse:
     if found is None:
         raise not_found("event", event_id)
     return respond(render_event(found))
+
+
+# --- /v1/webhook_endpoints --------------------------------------------------------------
+
+
+def _url(value: str) -> str:
+    return endpoints.clean_url(value)
+
+
+def _events(value: list) -> list:
+    return endpoints.clean_enabled_events(value)
+
+
+CREATE = Body(
+    url=Field(str, required=True, max_length=endpoints.MAX_URL, check=_url),
+    enabled_events=Field(list, required=True, items=str, check=_events),
+    description=Field(str, max_length=500),
+)
+UPDATE = Body(
+    url=Field(str, max_length=endpoints.MAX_URL, check=_url),
+    enabled_events=Field(list, items=str, check=_events),
+    description=Field(str, max_length=500),
+)
+
+
+def render_endpoint(endpoint: WebhookEndpoint, *, secret: str | None = None) -> dict:
+    """The wire form of an endpoint. ``secret`` only in the answer that created it (once)."""
+    body = {
+        "id": endpoint.id,
+        "object": "webhook_endpoint",
+        "url": endpoint.url,
+        "enabled_events": list(endpoint.enabled_events),
+        "description": endpoint.description,
+        "created": int(endpoint.created_at.timestamp()),
+        "active_secrets": endpoints.active_secret_count(endpoint),
+    }
+    if secret is not None:
+        body["secret"] = secret
+    return body
+
+
+def _owned_endpoint(request: HttpRequest, endpoint_id: str) -> WebhookEndpoint:
+    found = WebhookEndpoint.objects.filter(merchant=request.merchant, id=endpoint_id, deleted_at__isnull=True).first()
+    if found is None:
+        raise not_found("webhook_endpoint", endpoint_id)
+    return found
+
+
+@route("GET", "POST")
+def webhook_endpoints(request: HttpRequest) -> HttpResponse:
+    """Create an endpoint (the answer carries its ``secret``, once), or list them."""
+    if request.method == "POST":
+        fields = CREATE.parse(request)
+        endpoint, secret = endpoints.create_endpoint(request.merchant, **fields)
+        return respond(render_endpoint(endpoint, secret=secret))
+    queryset = WebhookEndpoint.objects.filter(merchant=request.merchant, deleted_at__isnull=True)
+    return paginate(request, queryset, render_endpoint)
+
+
+@route("GET", "POST", "DELETE")
+def webhook_endpoint(request: HttpRequest, endpoint_id: str) -> HttpResponse:
+    """Retrieve, update (``url``, ``enabled_events``, ``description``) or delete one endpoint."""
+    endpoint = _owned_endpoint(request, endpoint_id)
+    if request.method == "POST":
+        return respond(render_endpoint(endpoints.update_endpoint(endpoint, **UPDATE.parse(request))))
+    if request.method == "DELETE":
+        endpoints.delete_endpoint(endpoint)
+        return respond({"id": endpoint_id, "object": "webhook_endpoint", "deleted": True})
+    return respond(render_endpoint(endpoint))
+
+
+ROTATE = Body(overlap_seconds=Field(int, min_value=0, max_value=7 * 24 * 3600))
+
+
+@route("POST")
+def rotate_webhook_secret(request: HttpRequest, endpoint_id: str) -> HttpResponse:
+    """A new signing secret (in the answer, once). The old one keeps signing alongside it for
+    ``overlap_seconds`` (default ``VPAY_WEBHOOK_SECRET_OVERLAP``, 24 h); 0 retires it now."""
+    endpoint = _owned_endpoint(request, endpoint_id)
+    fields = ROTATE.parse(request)
+    secret = endpoints.rotate_secret(endpoint, overlap_seconds=fields.get("overlap_seconds"))
+    return respond(render_endpoint(endpoint, secret=secret))

@@ -1,0 +1,322 @@
+"""Fan-out, the three delivery steps, fencing, the cap and the backstop, in-process against
+the real database and a real receiver process. The worker process tests are in
+test_webhook_worker.py."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+
+import pytest
+from django.db import connection, transaction
+
+from merchants.services import create_merchant
+from sandbox.receiver import fingerprint
+from webhooks import repository
+from webhooks.event_types import EventType
+from webhooks.events import emit, render_event
+from webhooks.models import AttemptState, DeliveryAttempt, DeliveryState, Event, WebhookDelivery
+from webhooks.services import delivery, endpoints, fanout, scan
+from webhooks.signing import signature_header, verify
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+LOOPBACK = (ipaddress.ip_network("127.0.0.1/32"),)
+
+
+@pytest.fixture(autouse=True)
+def _local_receivers(settings):
+    settings.VPAY_WEBHOOK_ALLOW_CIDRS = LOOPBACK
+    settings.VPAY_WEBHOOK_RETRY_SCHEDULE = (0.0, 0.0)  # three tries; no waiting between them
+    settings.VPAY_WEBHOOK_TIMEOUT = 2.0
+    settings.VPAY_WEBHOOK_LEASE_SECONDS = 30.0
+
+
+def sql(query, params=None):
+    with connection.cursor() as cursor:
+        cursor.execute(query, params)
+        return cursor.fetchall() if cursor.description else cursor.rowcount
+
+
+def merchant(name="Acme"):
+    return create_merchant(name)[0]
+
+
+def endpoint(m, url, events=("*",)):
+    return endpoints.create_endpoint(m, url=url, enabled_events=list(events))
+
+
+def emit_events(m, n=1, type_=EventType.PAYMENT_INTENT_SUCCEEDED):
+    with transaction.atomic():
+        return [emit(m, type_, {"id": f"pi_{i}", "object": "payment_intent", "amount": 100 + i}) for i in range(n)]
+
+
+def deliveries_of(event):
+    return list(WebhookDelivery.objects.filter(event=event).order_by("endpoint_id"))
+
+
+def attempt(delivery_id):
+    """One full attempt through the three steps; returns (begin, recorded, attempted)."""
+    begun = delivery.begin_attempt(delivery_id)
+    if begun.kind is not delivery.Begin.CLAIMED:
+        return begun, None, None
+    attempted = delivery.perform(begun.lease)
+    return begun, delivery.record(begun.lease, attempted), attempted
+
+
+# --- fan-out ---------------------------------------------------------------------------
+
+
+def test_fan_out_creates_one_delivery_per_subscribed_endpoint_and_a_deduped_job_each(receiver):
+    m, other = merchant(), merchant("Other")
+    all_, _ = endpoint(m, receiver.url("/all"))
+    typed, _ = endpoint(m, receiver.url("/typed"), ["payment_intent.succeeded"])
+    endpoint(m, receiver.url("/other-type"), ["customer.deleted"])
+    endpoint(other, receiver.url("/other-merchant"))
+    [event] = emit_events(m)
+    result = fanout.drain_once()
+    assert (result.fanned_out, result.deliveries, result.failed) == (1, 2, 0)
+    assert {d.endpoint_id for d in deliveries_of(event)} == {all_.id, typed.id}
+    assert Event.objects.get(pk=event.pk).fan_out == "fanned_out"
+    keys = sql("SELECT dedupe_key, tenant FROM jobs WHERE kind = 'webhook_deliver' ORDER BY tenant")
+    assert sorted(keys) == sorted((delivery.dedupe_key(d.pk), d.endpoint_id) for d in deliveries_of(event))
+    # A replay of the event's transaction (as after a crash) creates nothing new.
+    sql("UPDATE events SET fan_out = 'pending' WHERE id = %s", [event.pk])
+    assert fanout.drain_once().deliveries == 2
+    assert WebhookDelivery.objects.count() == 2
+    assert sql("SELECT count(*) FROM jobs WHERE kind = 'webhook_deliver'")[0][0] == 2
+
+
+def test_an_event_nobody_subscribed_to_is_fanned_out_with_no_delivery():
+    m = merchant()
+    [event] = emit_events(m)
+    assert fanout.drain_once().fanned_out == 1
+    assert Event.objects.get(pk=event.pk).fan_out == "fanned_out" and not WebhookDelivery.objects.exists()
+
+
+def test_an_event_that_fails_every_pass_is_abandoned_after_five_with_one_alert(receiver, caplog):
+    m = merchant()
+    endpoint(m, receiver.url("/a"))
+    poison, healthy = emit_events(m, 2)
+    # A real database failure for one event's deliveries: a trigger refuses its insert.
+    sql(
+        "CREATE OR REPLACE FUNCTION test_refuse_delivery() RETURNS trigger AS $$ BEGIN"
+        f" IF NEW.event_id = '{poison.pk}' THEN RAISE EXCEPTION 'refused by test trigger'; END IF;"
+        " RETURN NEW; END $$ LANGUAGE plpgsql"
+    )
+    sql(
+        "CREATE TRIGGER test_refuse_delivery BEFORE INSERT ON webhook_deliveries"
+        " FOR EACH ROW EXECUTE FUNCTION test_refuse_delivery()"
+    )
+    try:
+        caplog.set_level(logging.WARNING, logger="webhooks.fanout")
+        first = fanout.drain_once()
+        assert (first.fanned_out, first.failed) == (1, 1)  # the healthy one is not held back
+        for _ in range(4):
+            fanout.drain_once()
+        assert fanout.drain_once().seen == 0  # abandoned: no longer read
+    finally:
+        sql("DROP TRIGGER test_refuse_delivery ON webhook_deliveries")
+    assert sql("SELECT fan_out, fan_out_failures FROM events WHERE id = %s", [poison.pk]) == [("abandoned", 5)]
+    assert Event.objects.get(pk=healthy.pk).fan_out == "fanned_out"
+    alerts = [r for r in caplog.records if getattr(r, "alert", False)]
+    assert len(alerts) == 1 and alerts[0].event_id == poison.pk
+
+
+def test_a_failure_counted_after_someone_else_fanned_the_event_out_is_neither_retry_nor_alert():
+    m = merchant()
+    [event] = emit_events(m)
+    fanout.fan_out_event(event.pk)
+    assert repository.count_fan_out_failure(event.pk) is None
+    assert Event.objects.get(pk=event.pk).fan_out_failures == 0
+
+
+# --- one attempt -----------------------------------------------------------------------
+
+
+def test_a_delivery_is_signed_with_every_active_secret_and_succeeds(receiver):
+    m = merchant()
+    ep, first_secret = endpoint(m, receiver.url("/hooks/a"))
+    second_secret = endpoints.rotate_secret(ep)
+    receiver.add_secrets(first_secret, second_secret)
+    [event] = emit_events(m)
+    fanout.drain_once()
+    [d] = deliveries_of(event)
+    begun, recorded, attempted = attempt(d.pk)
+    assert begun.kind is delivery.Begin.CLAIMED and not recorded.stale
+    d.refresh_from_db()
+    assert (d.state, d.attempts, d.last_status_code) == (DeliveryState.SUCCEEDED, 1, 200)
+    assert d.payload_sha256 == attempted.payload_sha256 and d.lease_token is None
+    [got] = receiver.received("/hooks/a")
+    assert got["event_id"] == event.pk and got["type"] == "payment_intent.succeeded" and got["attempt"] == "1"
+    assert sorted(got["verified_by"]) == sorted([fingerprint(first_secret), fingerprint(second_secret)])
+    assert got["body_sha256"] == d.payload_sha256  # what was hashed is what went on the wire
+    [row] = DeliveryAttempt.objects.filter(delivery=d)
+    assert (row.state, row.status_code, row.number) == (AttemptState.SUCCEEDED, 200, 1)
+    # A finished delivery is not attempted again.
+    assert delivery.begin_attempt(d.pk).kind is delivery.Begin.GONE
+
+
+def test_the_body_is_the_event_api_rendering(receiver):
+    m = merchant()
+    _, secret = endpoint(m, receiver.url("/hooks/body"))
+    [event] = emit_events(m)
+    stored = Event.objects.get(pk=event.pk)
+    body = delivery.render_body(stored)
+    assert json.loads(body) == render_event(stored)
+    assert verify(body, signature_header(body, [secret], 1_800_000_000), secret, now=1_800_000_000)
+
+
+def test_failures_ride_the_ladder_to_exhausted_with_a_row_per_try_and_one_alert(receiver, caplog):
+    m = merchant()
+    endpoint(m, receiver.url("/hooks/fail?mode=status&status=500"))
+    [event] = emit_events(m)
+    fanout.drain_once()
+    [d] = deliveries_of(event)
+    caplog.set_level(logging.WARNING)
+    states = []
+    for _ in range(3):
+        _, recorded, _ = attempt(d.pk)
+        states.append(recorded.delivery_state)
+    assert states == [DeliveryState.PENDING, DeliveryState.PENDING, DeliveryState.EXHAUSTED]
+    assert delivery.begin_attempt(d.pk).kind is delivery.Begin.GONE
+    rows = list(
+        DeliveryAttempt.objects.filter(delivery=d).order_by("number").values_list("number", "state", "status_code")
+    )
+    assert rows == [(1, "failed", 500), (2, "failed", 500), (3, "failed", 500)]
+    alerts = [r for r in caplog.records if getattr(r, "alert", False)]
+    assert [r.getMessage() for r in alerts] == ["webhook delivery exhausted its retry ladder"]
+
+
+def test_a_receiver_that_drops_the_connection_is_no_response_with_a_null_status(receiver):
+    m = merchant()
+    endpoint(m, receiver.url("/hooks/drop?mode=drop"))
+    [event] = emit_events(m)
+    fanout.drain_once()
+    [d] = deliveries_of(event)
+    attempt(d.pk)
+    row = DeliveryAttempt.objects.get(delivery=d)
+    assert row.state == AttemptState.NO_RESPONSE and row.status_code is None
+    assert "RemoteProtocolError" in row.error or "ReadError" in row.error  # the cause chain, not just the URL
+
+
+def test_a_stale_attempt_cannot_record_success(receiver):
+    m = merchant()
+    endpoint(m, receiver.url("/hooks/s"))
+    [event] = emit_events(m)
+    fanout.drain_once()
+    [d] = deliveries_of(event)
+    late = delivery.begin_attempt(d.pk)
+    late_answer = delivery.perform(late.lease)  # the receiver accepted it...
+    assert late_answer.status_code == 200
+    # ...but the worker stalled past its lease (the state a stalled worker leaves behind):
+    sql("UPDATE webhook_deliveries SET lease_expires_at = now() - interval '1 second' WHERE id = %s", [d.pk])
+    # Someone else recovers the lease and delivers.
+    _, recorded, _ = attempt(d.pk)
+    assert recorded.delivery_state == DeliveryState.SUCCEEDED
+    # The late worker now tries to record its success: discarded.
+    assert delivery.record(late.lease, late_answer).stale
+    rows = list(DeliveryAttempt.objects.filter(delivery=d).order_by("number").values_list("number", "state"))
+    assert rows == [(1, "stale"), (2, "succeeded")]
+    d.refresh_from_db()
+    assert (d.state, d.attempts) == (DeliveryState.SUCCEEDED, 2)
+    # Both requests reached the receiver with the same event id: the duplicate receivers dedupe.
+    assert [r["event_id"] for r in receiver.received("/hooks/s")] == [event.pk, event.pk]
+
+
+def test_an_expired_lease_cannot_record_even_if_nobody_took_over(receiver):
+    m = merchant()
+    endpoint(m, receiver.url("/hooks/s2"))
+    [event] = emit_events(m)
+    fanout.drain_once()
+    [d] = deliveries_of(event)
+    begun = delivery.begin_attempt(d.pk)
+    answer = delivery.perform(begun.lease)
+    sql("UPDATE webhook_deliveries SET lease_expires_at = now() - interval '1 second' WHERE id = %s", [d.pk])
+    assert delivery.record(begun.lease, answer).stale
+    d.refresh_from_db()
+    assert d.state == DeliveryState.DELIVERING  # the backstop or the next run recovers it
+    assert scan.scan_once().recovered == 1
+    d.refresh_from_db()
+    assert d.state == DeliveryState.PENDING
+    assert list(DeliveryAttempt.objects.filter(delivery=d).values_list("state", flat=True)) == ["stale"]
+
+
+def test_the_per_endpoint_cap_holds_back_only_that_endpoint(receiver, settings):
+    settings.VPAY_WEBHOOK_MAX_IN_FLIGHT = 1
+    m = merchant()
+    slow, _ = endpoint(m, receiver.url("/slow"))
+    fast, _ = endpoint(m, receiver.url("/fast"))
+    events = emit_events(m, 2)
+    fanout.drain_once()
+    slow_1, slow_2 = (WebhookDelivery.objects.get(event=e, endpoint=slow) for e in events)
+    fast_1, fast_2 = (WebhookDelivery.objects.get(event=e, endpoint=fast) for e in events)
+    assert delivery.begin_attempt(slow_1.pk).kind is delivery.Begin.CLAIMED  # in flight, never finished here
+    assert delivery.begin_attempt(slow_2.pk).kind is delivery.Begin.AT_CAP
+    assert attempt(fast_1.pk)[1].delivery_state == DeliveryState.SUCCEEDED
+    assert attempt(fast_2.pk)[1].delivery_state == DeliveryState.SUCCEEDED
+    assert WebhookDelivery.objects.get(pk=slow_2.pk).attempts == 0  # waiting costs no attempt
+
+
+def test_an_endpoint_without_a_usable_secret_is_a_failed_attempt_never_an_unsigned_send(receiver):
+    m = merchant()
+    ep, _ = endpoint(m, receiver.url("/hooks/nosecret"))
+    ep.secrets.all().delete()
+    [event] = emit_events(m)
+    fanout.drain_once()
+    [d] = deliveries_of(event)
+    _, recorded, _ = attempt(d.pk)
+    assert recorded.delivery_state == DeliveryState.PENDING
+    row = DeliveryAttempt.objects.get(delivery=d)
+    assert row.state == AttemptState.FAILED and "no usable signing secret" in row.error and row.status_code is None
+    assert receiver.received() == []
+    d.refresh_from_db()
+    assert d.payload_sha256 is None  # nothing was signed
+
+
+def test_a_non_public_address_is_refused_for_good_and_recorded(receiver, settings, caplog):
+    settings.VPAY_WEBHOOK_ALLOW_CIDRS = ()
+    m = merchant()
+    endpoint(m, f"http://localhost:{receiver.port}/hooks/ssrf")  # a name: judged when resolved
+    [event] = emit_events(m)
+    fanout.drain_once()
+    [d] = deliveries_of(event)
+    caplog.set_level(logging.ERROR)
+    _, recorded, _ = attempt(d.pk)
+    assert recorded.delivery_state == DeliveryState.REFUSED
+    assert delivery.begin_attempt(d.pk).kind is delivery.Begin.GONE
+    row = DeliveryAttempt.objects.get(delivery=d)
+    assert row.state == AttemptState.FAILED and "loopback" in row.error
+    assert receiver.received() == []
+    assert sum(1 for r in caplog.records if getattr(r, "alert", False)) == 1
+
+
+def test_a_body_that_no_longer_matches_the_first_signed_digest_is_not_sent(receiver):
+    m = merchant()
+    endpoint(m, receiver.url("/hooks/digest?mode=status&status=500"))
+    [event] = emit_events(m)
+    fanout.drain_once()
+    [d] = deliveries_of(event)
+    attempt(d.pk)
+    assert len(receiver.received()) == 1
+    sql("UPDATE webhook_deliveries SET payload_sha256 = repeat('0', 64) WHERE id = %s", [d.pk])
+    attempt(d.pk)
+    assert len(receiver.received()) == 1
+    row = DeliveryAttempt.objects.get(delivery=d, number=2)
+    assert row.state == AttemptState.FAILED and "differs from the first signed attempt" in row.error
+
+
+# --- the backstop ----------------------------------------------------------------------
+
+
+def test_the_backstop_re_enqueues_a_due_delivery_that_lost_its_job(receiver):
+    m = merchant()
+    endpoint(m, receiver.url("/hooks/lost"))
+    [event] = emit_events(m)
+    fanout.drain_once()
+    [d] = deliveries_of(event)
+    sql("DELETE FROM jobs WHERE kind = 'webhook_deliver'")
+    assert scan.scan_once(overdue_seconds=0).requeued == 1
+    assert sql("SELECT dedupe_key FROM jobs WHERE kind = 'webhook_deliver'") == [(delivery.dedupe_key(d.pk),)]
+    assert scan.scan_once(overdue_seconds=0).requeued == 0  # a live job makes it a no-op

@@ -1,0 +1,151 @@
+"""``/v1/webhook_endpoints``: create (the secret once), list, retrieve, update, delete, rotate;
+secrets sealed at rest and redacted from reprs. Through Django's test client, real database."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.db import connection
+from django.test import Client
+
+from merchants.services import create_merchant
+from webhooks import repository, sealing
+from webhooks.models import WebhookEndpoint, WebhookSecret
+
+pytestmark = pytest.mark.django_db
+
+
+class Api:
+    def __init__(self, name: str) -> None:
+        self.merchant, self.key = create_merchant(name)
+        self.client = Client()
+
+    def call(self, method: str, path: str, body=None):
+        data = json.dumps(body) if body is not None else ""
+        return self.client.generic(
+            method, path, data, content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {self.key}"
+        )
+
+
+@pytest.fixture
+def acme():
+    return Api("Acme")
+
+
+@pytest.fixture
+def globex():
+    return Api("Globex")
+
+
+def create(api, url="https://hooks.example.com/vpay", events=("*",)):
+    response = api.call("POST", "/v1/webhook_endpoints", {"url": url, "enabled_events": list(events)})
+    assert response.status_code == 200, response.content
+    return response.json()
+
+
+def test_create_returns_the_secret_once_and_stores_it_sealed(acme):
+    created = create(acme, events=["payment_intent.succeeded", "charge.unresolved", "payment_intent.succeeded"])
+    secret = created["secret"]
+    assert secret.startswith("whsec_")
+    assert created["id"].startswith("we_")
+    assert created["enabled_events"] == ["payment_intent.succeeded", "charge.unresolved"]  # de-duplicated
+    assert created["active_secrets"] == 1
+    retrieved = acme.call("GET", f"/v1/webhook_endpoints/{created['id']}").json()
+    assert "secret" not in retrieved
+    listed = acme.call("GET", "/v1/webhook_endpoints").json()
+    assert [e["id"] for e in listed["data"]] == [created["id"]] and "secret" not in listed["data"][0]
+    # At rest: no column of any table holds the secret in clear; the sealed value opens to it.
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM webhook_secrets WHERE sealed LIKE %s", [f"%{secret[6:20]}%"])
+        assert cursor.fetchone()[0] == 0
+    [sealed] = repository.active_sealed_secrets(created["id"])
+    assert sealing.open_sealed(sealed) == secret
+
+
+def test_reprs_redact_secrets_and_show_a_count(acme):
+    created = create(acme)
+    endpoint = WebhookEndpoint.objects.get(pk=created["id"])
+    row = WebhookSecret.objects.get(endpoint=endpoint)
+    for text in (repr(endpoint), str(endpoint), repr(row), str(row)):
+        assert created["secret"] not in text and row.sealed not in text
+    assert "secrets=<1 redacted>" in repr(endpoint)
+
+
+def test_rotation_keeps_the_old_secret_signing_for_the_overlap(acme):
+    created = create(acme)
+    rotated = acme.call("POST", f"/v1/webhook_endpoints/{created['id']}/rotate_secret").json()
+    assert rotated["secret"] != created["secret"] and rotated["active_secrets"] == 2
+    opened = [sealing.open_sealed(s) for s in repository.active_sealed_secrets(created["id"])]
+    assert opened == [created["secret"], rotated["secret"]]  # configuration order: oldest first
+    # The expiry was computed by the database: now() + 24 h by default.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT expires_at - created_at > interval '23 hours', expires_at IS NOT NULL FROM webhook_secrets"
+            " WHERE endpoint_id = %s ORDER BY id",
+            [created["id"]],
+        )
+        assert cursor.fetchall() == [(True, True), (None, False)]
+    # A rotation with no overlap retires every older secret at once.
+    third = acme.call("POST", f"/v1/webhook_endpoints/{created['id']}/rotate_secret", {"overlap_seconds": 0}).json()
+    assert [sealing.open_sealed(s) for s in repository.active_sealed_secrets(created["id"])] == [third["secret"]]
+
+
+def test_update_and_delete(acme):
+    created = create(acme)
+    updated = acme.call(
+        "POST", f"/v1/webhook_endpoints/{created['id']}", {"enabled_events": ["customer.deleted"], "description": "x"}
+    ).json()
+    assert updated["enabled_events"] == ["customer.deleted"] and updated["description"] == "x"
+    deleted = acme.call("DELETE", f"/v1/webhook_endpoints/{created['id']}").json()
+    assert deleted == {"id": created["id"], "object": "webhook_endpoint", "deleted": True}
+    assert acme.call("GET", f"/v1/webhook_endpoints/{created['id']}").status_code == 404
+    assert acme.call("GET", "/v1/webhook_endpoints").json()["data"] == []
+    # The row stays as evidence for its deliveries; its secrets are gone.
+    assert WebhookEndpoint.objects.filter(pk=created["id"], deleted_at__isnull=False).exists()
+    assert not WebhookSecret.objects.filter(endpoint_id=created["id"]).exists()
+
+
+def test_a_merchant_sees_only_its_own_endpoints(acme, globex):
+    mine = create(acme)
+    for method, path in [
+        ("GET", f"/v1/webhook_endpoints/{mine['id']}"),
+        ("POST", f"/v1/webhook_endpoints/{mine['id']}"),
+        ("DELETE", f"/v1/webhook_endpoints/{mine['id']}"),
+        ("POST", f"/v1/webhook_endpoints/{mine['id']}/rotate_secret"),
+    ]:
+        response = globex.call(method, path, {} if method == "POST" else None)
+        assert response.status_code == 404, (method, path)
+    assert globex.call("GET", "/v1/webhook_endpoints").json()["data"] == []
+    assert acme.call("GET", f"/v1/webhook_endpoints/{mine['id']}").status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "fragment"),
+    [
+        ({"enabled_events": ["*"]}, "url", "Missing"),
+        ({"url": "https://x.example"}, "enabled_events", "Missing"),
+        ({"url": "ftp://x.example/", "enabled_events": ["*"]}, "url", "http or https"),
+        ({"url": "https://user:pw@x.example/", "enabled_events": ["*"]}, "url", "credentials"),
+        ({"url": "http://169.254.169.254/latest", "enabled_events": ["*"]}, "url", "non-public"),
+        ({"url": "http://[::1]:8000/", "enabled_events": ["*"]}, "url", "non-public"),
+        ({"url": "not a url", "enabled_events": ["*"]}, "url", "url"),
+        ({"url": "https://x.example", "enabled_events": []}, "enabled_events", "at least one"),
+        ({"url": "https://x.example", "enabled_events": ["payment.nope"]}, "enabled_events", "unknown event type"),
+        ({"url": "https://x.example", "enabled_events": [1]}, "enabled_events", "string"),
+        ({"url": "https://x.example", "enabled_events": ["*"], "secret": "mine"}, "secret", "unknown"),
+    ],
+)
+def test_bad_endpoints_are_refused_and_nothing_is_written(acme, body, param, fragment):
+    response = acme.call("POST", "/v1/webhook_endpoints", body)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["param"] == param and fragment.lower() in error["message"].lower()
+    assert not WebhookEndpoint.objects.exists() and not WebhookSecret.objects.exists()
+
+
+def test_live_mode_requires_https(acme, settings):
+    settings.LIVE_MODE = True
+    response = acme.call("POST", "/v1/webhook_endpoints", {"url": "http://hooks.example.com/", "enabled_events": ["*"]})
+    assert response.status_code == 400 and "https" in response.json()["error"]["message"]
+    assert create(acme, url="https://hooks.example.com/")["url"] == "https://hooks.example.com/"

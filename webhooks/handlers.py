@@ -1,0 +1,89 @@
+"""The webhooks app's job kinds: registered with the queue from ``WebhooksConfig.ready()``."""
+
+from __future__ import annotations
+
+import logging
+
+from django.conf import settings
+
+from jobs import registry
+from jobs.context import JobContext
+from jobs.kinds import JobKind
+from jobs.outcome import Outcome
+from jobs.retry import RetryPolicy
+from jobs.schema import PayloadSchema
+from webhooks.services import delivery, fanout, scan
+
+logger = logging.getLogger("webhooks.handlers")
+
+# The deliver job's own retry policy only covers a failure of vpay's side (the database
+# unreachable mid-handler); the receiver's failures ride the delivery ladder, never this.
+DELIVER_RETRY = RetryPolicy(max_attempts=10, base_seconds=5.0, cap_seconds=300.0)
+
+
+@registry.register(
+    JobKind.WEBHOOK_FAN_OUT,
+    schema=PayloadSchema(),
+    timeout_seconds=120.0,
+    singleton=registry.Singleton(),
+)
+def fan_out(ctx: JobContext) -> Outcome:
+    """The outbox drain. A full page that made progress runs again at once; anything else
+    waits the idle period (a page of failures is not a backlog: no hot loop)."""
+    result = fanout.drain_once()
+    if result.seen:
+        logger.info("fan-out pass", extra=vars(result))
+    if result.seen >= fanout.PAGE and result.progress:
+        return Outcome.reschedule_in(0)
+    return Outcome.reschedule_in(settings.VPAY_WEBHOOK_FAN_OUT_IDLE)
+
+
+def _deliver_timeout() -> float:
+    return settings.VPAY_WEBHOOK_TIMEOUT + 15.0  # the attempt's budget plus its two short transactions
+
+
+@registry.register(
+    JobKind.WEBHOOK_DELIVER,
+    schema=PayloadSchema(required={"delivery_id": "int"}),
+    timeout_seconds=_deliver_timeout(),
+    retry=DELIVER_RETRY,
+    subject=lambda payload: f"delivery:{payload['delivery_id']}",
+)
+def deliver(ctx: JobContext) -> Outcome:
+    """One attempt of one delivery (unfenced: it calls the network; every write is a CAS)."""
+    begun = delivery.begin_attempt(ctx.payload["delivery_id"])
+    if begun.kind is delivery.Begin.GONE:
+        return Outcome.done()
+    if begun.kind is not delivery.Begin.CLAIMED:
+        # Not due, another attempt's lease is live, or the endpoint is at its cap: look
+        # again later. Not a failure, and no attempt of the job is spent.
+        return Outcome.reschedule_in(max(begun.wait, 0.0) + 0.05, begun.kind.value)
+    assert begun.lease is not None
+    recorded = delivery.record(begun.lease, delivery.perform(begun.lease))
+    if recorded.stale:
+        return Outcome.reschedule_in(0, "stale attempt: look at the delivery again")
+    if recorded.delivery_state == delivery.DeliveryState.PENDING:
+        # The delivery's next_attempt_at was set from now() in the same statement; this
+        # run_at is computed later, so the job never runs before the delivery is due.
+        next_delay = delivery.delivery_delay(begun.lease.number, settings.VPAY_WEBHOOK_RETRY_SCHEDULE)
+        return Outcome.reschedule_in(next_delay or 0.0, "next rung of the delivery ladder")
+    return Outcome.done()
+
+
+@registry.register(
+    JobKind.WEBHOOK_SCAN,
+    schema=PayloadSchema(),
+    timeout_seconds=120.0,
+    singleton=registry.Singleton(),
+)
+def scan_deliveries(ctx: JobContext) -> Outcome:
+    """The backstop: recover expired attempt leases, re-enqueue due deliveries without a job."""
+    try:
+        result = scan.scan_once()
+    except Exception:
+        # Reaching the alert is the point: a backstop nobody notices has stopped is not there.
+        logger.exception("the webhook delivery backstop scan failed", extra={"alert": True})
+        raise
+    if result.recovered or result.exhausted or result.requeued:
+        logger.info("webhook backstop scan", extra=vars(result))
+    return Outcome.reschedule_in(settings.VPAY_WEBHOOK_SCAN_PERIOD)

@@ -1,0 +1,331 @@
+"""The webhooks app's PostgreSQL: every statement that needs row locks, ``now()`` or a
+compare-and-swap lives here, so the services read as the protocol they implement.
+
+Every instant is the database's: leases, due times and the signature's timestamp are all
+computed from ``now()`` (or ``clock_timestamp()``) in SQL, never from a worker's clock.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+from django.db import connection, transaction
+
+EXCERPT_MAX = 4096
+ERROR_MAX = 2000
+
+
+def _bounded(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _rows(sql: str, params=None) -> list[tuple]:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall() if cursor.description else []
+
+
+def _rowcount(sql: str, params=None) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.rowcount
+
+
+# --- fan-out ------------------------------------------------------------------------------
+
+
+def pending_event_ids(limit: int) -> list[str]:
+    """The oldest pending events (the partial index ``events_pending_fan_out`` serves this)."""
+    return [
+        r[0]
+        for r in _rows(
+            "SELECT id FROM events WHERE fan_out = 'pending' ORDER BY created_at, id LIMIT %s",
+            [limit],
+        )
+    ]
+
+
+def lock_pending_event(event_id: str) -> tuple[str, str] | None:
+    """``(merchant_id, type)`` of the event, row-locked, if it is still pending and nobody
+    else holds it; None otherwise (a concurrent drain has it, or it is done). MUST run in
+    the event's transaction."""
+    rows = _rows(
+        "SELECT merchant_id, type FROM events WHERE id = %s AND fan_out = 'pending' FOR UPDATE SKIP LOCKED",
+        [event_id],
+    )
+    return rows[0] if rows else None
+
+
+def create_deliveries(event_id: str, merchant_id: str, event_type: str) -> list[tuple[int, str]]:
+    """One delivery per live endpoint of the merchant subscribed to ``event_type`` (or ``*``);
+    returns every delivery of the event as ``(id, endpoint_id)``. A re-run creates nothing:
+    ``webhook_deliveries_event_endpoint`` absorbs it."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            INSERT INTO webhook_deliveries
+                   (event_id, endpoint_id, state, attempts, next_attempt_at, created_at, updated_at)
+            SELECT %s, e.id, 'pending', 0, now(), now(), now()
+              FROM webhook_endpoints e
+             WHERE e.merchant_id = %s AND e.deleted_at IS NULL
+               AND (e.enabled_events @> ARRAY['*']::varchar[] OR e.enabled_events @> ARRAY[%s]::varchar[])
+             ORDER BY e.id
+            ON CONFLICT (event_id, endpoint_id) DO NOTHING
+            """,
+            [event_id, merchant_id, event_type],
+        )
+        cursor.execute(
+            "SELECT id, endpoint_id FROM webhook_deliveries WHERE event_id = %s ORDER BY id",
+            [event_id],
+        )
+        return cursor.fetchall()
+
+
+def mark_fanned_out(event_id: str) -> bool:
+    """CAS ``pending → fanned_out``; False means another drain got there first."""
+    return _rowcount("UPDATE events SET fan_out = 'fanned_out' WHERE id = %s AND fan_out = 'pending'", [event_id]) == 1
+
+
+def count_fan_out_failure(event_id: str) -> int | None:
+    """Count one failed pass, in its own statement (the failed transaction rolled back, and
+    a counter inside it would have rolled back too). None: the event is no longer pending."""
+    rows = _rows(
+        "UPDATE events SET fan_out_failures = fan_out_failures + 1"
+        " WHERE id = %s AND fan_out = 'pending' RETURNING fan_out_failures",
+        [event_id],
+    )
+    return rows[0][0] if rows else None
+
+
+def mark_abandoned(event_id: str) -> bool:
+    """CAS ``pending → abandoned``; True only for the one caller that made the transition."""
+    return _rowcount("UPDATE events SET fan_out = 'abandoned' WHERE id = %s AND fan_out = 'pending'", [event_id]) == 1
+
+
+# --- one delivery attempt ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DeliveryRow:
+    """A delivery as ``begin_attempt`` sees it, locked."""
+
+    id: int
+    endpoint_id: str
+    event_id: str
+    state: str
+    attempts: int
+    due_in: float  # seconds until next_attempt_at (<= 0: due)
+    lease_left: float | None  # seconds of the current lease left (<= 0: expired)
+    lease_token: uuid.UUID | None
+    payload_sha256: str | None
+
+
+def lock_delivery(delivery_id: int) -> DeliveryRow | None:
+    """The delivery, locked ``FOR UPDATE`` (MUST run in a transaction)."""
+    rows = _rows(
+        """
+        SELECT id, endpoint_id, event_id, state, attempts,
+               EXTRACT(EPOCH FROM next_attempt_at - now())::float8,
+               EXTRACT(EPOCH FROM lease_expires_at - now())::float8,
+               lease_token, payload_sha256
+          FROM webhook_deliveries WHERE id = %s FOR UPDATE
+        """,
+        [delivery_id],
+    )
+    return DeliveryRow(*rows[0]) if rows else None
+
+
+def in_flight_for_endpoint(endpoint_id: str) -> int:
+    """Attempts holding a live lease on this endpoint, counted under the endpoint's row lock
+    so two workers cannot both take the last slot. MUST run in a transaction."""
+    _rows("SELECT 1 FROM webhook_endpoints WHERE id = %s FOR NO KEY UPDATE", [endpoint_id])
+    return _rows(
+        "SELECT count(*) FROM webhook_deliveries"
+        " WHERE endpoint_id = %s AND state = 'delivering' AND lease_expires_at > now()",
+        [endpoint_id],
+    )[0][0]
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A claimed attempt: the attempt row exists (``in_flight``) and was committed before sending."""
+
+    delivery_id: int
+    attempt_id: int
+    number: int
+    token: uuid.UUID
+    timestamp: int  # the signature's t: the database clock, in whole seconds
+
+
+def start_attempt(delivery_id: int, lease_seconds: float) -> Lease:
+    """``pending → delivering`` with a fresh lease, and the attempt row written, in the
+    caller's transaction (the caller checked due-ness and the cap under the same locks)."""
+    token = uuid.uuid4()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            UPDATE webhook_deliveries
+               SET state = 'delivering', attempts = attempts + 1, lease_token = %s,
+                   lease_expires_at = now() + make_interval(secs => %s), updated_at = now()
+             WHERE id = %s AND state = 'pending'
+         RETURNING attempts, floor(EXTRACT(EPOCH FROM clock_timestamp()))::bigint
+            """,
+            [token, lease_seconds, delivery_id],
+        )
+        number, timestamp = cursor.fetchone()
+        cursor.execute(
+            """
+            INSERT INTO webhook_delivery_attempts
+                   (delivery_id, number, lease_token, state, started_at, response_excerpt, error)
+            VALUES (%s, %s, %s, 'in_flight', now(), '', '')
+            RETURNING id
+            """,
+            [delivery_id, number, token],
+        )
+        attempt_id = cursor.fetchone()[0]
+    return Lease(delivery_id, attempt_id, number, token, timestamp)
+
+
+def recover_lease(row: DeliveryRow, next_state: str) -> None:
+    """An expired lease, found under the delivery's lock: its attempt becomes ``abandoned``
+    and the delivery ``pending`` (due now: the failure was ours, not the receiver's) or
+    ``exhausted``. MUST run in the transaction that locked ``row``."""
+    _rowcount(
+        "UPDATE webhook_delivery_attempts SET state = 'abandoned', finished_at = now(),"
+        " error = 'lease expired before an answer was recorded (worker died or stalled)'"
+        " WHERE delivery_id = %s AND lease_token = %s AND state = 'in_flight'",
+        [row.id, row.lease_token],
+    )
+    _rowcount(
+        "UPDATE webhook_deliveries SET state = %s, lease_token = NULL, lease_expires_at = NULL,"
+        " next_attempt_at = now(), updated_at = now(),"
+        " completed_at = CASE WHEN %s = 'exhausted' THEN now() END"
+        " WHERE id = %s AND state = 'delivering' AND lease_token = %s",
+        [next_state, next_state, row.id, row.lease_token],
+    )
+
+
+def expired_leases(limit: int) -> list[int]:
+    """Deliveries whose lease expired (a worker died or stalled mid-attempt)."""
+    return [
+        r[0]
+        for r in _rows(
+            "SELECT id FROM webhook_deliveries WHERE state = 'delivering' AND lease_expires_at <= now()"
+            " ORDER BY lease_expires_at LIMIT %s",
+            [limit],
+        )
+    ]
+
+
+def due_deliveries(limit: int, overdue_seconds: float) -> list[tuple[int, str]]:
+    """Pending deliveries due at least ``overdue_seconds`` ago: ``(id, endpoint_id)``.
+
+    Served by the partial index ``webhook_deliveries_due``."""
+    return _rows(
+        "SELECT id, endpoint_id FROM webhook_deliveries"
+        " WHERE state = 'pending' AND next_attempt_at <= now() - make_interval(secs => %s)"
+        " ORDER BY next_attempt_at LIMIT %s",
+        [overdue_seconds, limit],
+    )
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """What ``record_outcome`` did: ``stale`` when the lease was gone and the answer discarded."""
+
+    stale: bool
+    delivery_state: str | None = None
+
+
+def record_outcome(
+    lease: Lease,
+    *,
+    attempt_state: str,
+    delivery_state: str,
+    delay: float | None,
+    status_code: int | None,
+    excerpt: str,
+    error: str,
+    payload_sha256: str | None,
+    duration_ms: int | None,
+) -> Recorded:
+    """Write one attempt's outcome, fenced on its lease: the delivery moves only if this
+    lease is still the delivery's and has not expired. Otherwise the attempt is marked
+    ``stale`` and nothing else changes: a late answer never records success.
+
+    ``payload_sha256`` is COALESCEd: the first signed attempt's digest stays.
+    """
+    with transaction.atomic():
+        moved = _rowcount(
+            """
+            UPDATE webhook_deliveries
+               SET state = %(state)s, lease_token = NULL, lease_expires_at = NULL,
+                   next_attempt_at = CASE WHEN %(state)s = 'pending'
+                                          THEN now() + make_interval(secs => %(delay)s)
+                                          ELSE next_attempt_at END,
+                   payload_sha256 = COALESCE(payload_sha256, %(digest)s),
+                   last_status_code = %(status)s, updated_at = now(),
+                   completed_at = CASE WHEN %(state)s <> 'pending' THEN now() END
+             WHERE id = %(id)s AND state = 'delivering' AND lease_token = %(token)s
+               AND lease_expires_at > now()
+            """,
+            {
+                "state": delivery_state,
+                "delay": delay or 0.0,
+                "digest": payload_sha256,
+                "status": status_code,
+                "id": lease.delivery_id,
+                "token": lease.token,
+            },
+        )
+        if moved:
+            _rowcount(
+                "UPDATE webhook_delivery_attempts SET state = %s, status_code = %s, response_excerpt = %s,"
+                " error = %s, duration_ms = %s, finished_at = now() WHERE id = %s AND state = 'in_flight'",
+                [
+                    attempt_state,
+                    status_code,
+                    _bounded(excerpt, EXCERPT_MAX),
+                    _bounded(error, ERROR_MAX),
+                    duration_ms,
+                    lease.attempt_id,
+                ],
+            )
+            return Recorded(False, delivery_state)
+        heard = f"heard {status_code}" if status_code is not None else "no answer"
+        _rowcount(
+            "UPDATE webhook_delivery_attempts SET state = 'stale', finished_at = COALESCE(finished_at, now()),"
+            " duration_ms = %s, error = %s WHERE id = %s AND state IN ('in_flight', 'abandoned')",
+            [
+                duration_ms,
+                _bounded(
+                    f"lease expired before the answer was recorded; answer discarded ({heard}). {error}", ERROR_MAX
+                ),
+                lease.attempt_id,
+            ],
+        )
+        return Recorded(True)
+
+
+def active_sealed_secrets(endpoint_id: str) -> list[str]:
+    """The endpoint's sealed secrets still signing now, in configuration (creation) order."""
+    return [
+        r[0]
+        for r in _rows(
+            "SELECT sealed FROM webhook_secrets WHERE endpoint_id = %s"
+            " AND (expires_at IS NULL OR expires_at > now()) ORDER BY created_at, id",
+            [endpoint_id],
+        )
+    ]
+
+
+def expire_current_secrets(endpoint_id: str, overlap_seconds: float) -> int:
+    """Rotation: every secret of the endpoint stops signing at ``now() + overlap_seconds``
+    at the latest (an expiry computed by the database); a secret already due to expire
+    earlier keeps its earlier expiry."""
+    return _rowcount(
+        "UPDATE webhook_secrets SET expires_at = now() + make_interval(secs => %s)"
+        " WHERE endpoint_id = %s AND (expires_at IS NULL OR expires_at > now() + make_interval(secs => %s))",
+        [overlap_seconds, endpoint_id, overlap_seconds],
+    )

@@ -1,0 +1,259 @@
+"""Delivering one webhook attempt (the ``webhook_deliver`` job), in three steps.
+
+1. :func:`begin_attempt` — one short transaction under the delivery's row lock: recover
+   an expired lease, respect ``next_attempt_at`` and the endpoint's in-flight cap, then
+   move the delivery to ``delivering`` and write the attempt row (``in_flight``, with a
+   fresh lease token). It commits *before* anything is sent, so every request that ever
+   left has a row.
+2. :func:`perform` — render the event once, hash it and compare the digest with the one
+   the first signed attempt stored, sign it with every active secret, vet the address
+   (SSRF guard) and POST it over a connection pinned to the vetted address. Nothing here
+   writes to the database; it never raises for the network.
+3. :func:`record` — one fenced transaction: the delivery moves only while this attempt's
+   lease is still the delivery's and unexpired; otherwise the attempt is marked ``stale``
+   and the answer discarded. Exhaustion and refusal alert once, from the writer that made
+   the transition.
+
+The handler is unfenced (it calls the network): it is idempotent because every write is
+a compare-and-swap on the delivery's state and lease token. Tests drive the steps directly.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import logging
+import random
+import time
+from dataclasses import dataclass
+
+import httpx
+from django.conf import settings
+from django.db import transaction
+
+from vpay.errors import error_chain
+from webhooks import repository, sealing, ssrf
+from webhooks.decisions import AttemptResult, Next, after_failure, attempt_result, delivery_delay
+from webhooks.models import AttemptState, DeliveryState, Event, WebhookDelivery, WebhookEndpoint
+from webhooks.services import transport
+from webhooks.signing import HEADER, signature_header
+
+logger = logging.getLogger("webhooks.delivery")
+
+DEDUPE_PREFIX = "webhook_deliver:"
+AT_CAP_WAIT = 1.0  # seconds before a job that found its endpoint at the cap looks again
+
+
+def dedupe_key(delivery_id: int) -> str:
+    """The deliver job's dedupe key: one live job per delivery, however often it is enqueued."""
+    return f"{DEDUPE_PREFIX}{delivery_id}"
+
+
+class Begin(enum.Enum):
+    CLAIMED = "claimed"
+    GONE = "gone"  # terminal (or no such delivery): nothing to do
+    NOT_DUE = "not_due"
+    BUSY = "busy"  # another attempt holds a live lease
+    AT_CAP = "at_cap"  # the endpoint has its cap of attempts in flight
+
+
+@dataclass(frozen=True)
+class BeginResult:
+    kind: Begin
+    lease: repository.Lease | None = None
+    wait: float = 0.0
+
+
+def begin_attempt(delivery_id: int) -> BeginResult:
+    """Step 1: claim the next attempt of ``delivery_id`` (see the module docstring)."""
+    with transaction.atomic():
+        row = repository.lock_delivery(delivery_id)
+        if row is None or row.state not in (DeliveryState.PENDING, DeliveryState.DELIVERING):
+            return BeginResult(Begin.GONE)
+        if row.state == DeliveryState.DELIVERING:
+            if row.lease_left is not None and row.lease_left > 0:
+                return BeginResult(Begin.BUSY, wait=row.lease_left)
+            next_state = _recover(row)
+            if next_state == DeliveryState.EXHAUSTED:
+                return BeginResult(Begin.GONE)
+        elif row.due_in > 0:
+            return BeginResult(Begin.NOT_DUE, wait=row.due_in)
+        if repository.in_flight_for_endpoint(row.endpoint_id) >= settings.VPAY_WEBHOOK_MAX_IN_FLIGHT:
+            return BeginResult(Begin.AT_CAP, wait=AT_CAP_WAIT * (0.5 + random.random()))
+        return BeginResult(
+            Begin.CLAIMED, lease=repository.start_attempt(delivery_id, settings.VPAY_WEBHOOK_LEASE_SECONDS)
+        )
+
+
+def _recover(row: repository.DeliveryRow) -> str:
+    """An expired lease: the attempt is ``abandoned`` and counts as a failed try."""
+    next_state = (
+        DeliveryState.PENDING if delivery_delay(row.attempts, _schedule()) is not None else DeliveryState.EXHAUSTED
+    )
+    repository.recover_lease(row, next_state)
+    logger.warning(
+        "webhook attempt abandoned: its lease expired",
+        extra={"delivery_id": row.id, "attempt": row.attempts, "next_state": str(next_state)},
+    )
+    if next_state == DeliveryState.EXHAUSTED:
+        transaction.on_commit(lambda: _alert_exhausted(row.id, row.endpoint_id, row.event_id, row.attempts))
+    return next_state
+
+
+def recover_expired(delivery_id: int) -> str | None:
+    """Backstop: recover one delivery whose lease expired; returns its new state, or None
+    if it no longer needed recovering."""
+    with transaction.atomic():
+        row = repository.lock_delivery(delivery_id)
+        if row is None or row.state != DeliveryState.DELIVERING or (row.lease_left or 0) > 0:
+            return None
+        return _recover(row)
+
+
+@dataclass
+class Attempted:
+    """What :func:`perform` found out; :func:`record` writes it."""
+
+    attempt_state: AttemptState
+    delivery_state: DeliveryState | None = None  # set for a refusal (decided before sending)
+    status_code: int | None = None
+    excerpt: str = ""
+    error: str = ""
+    payload_sha256: str | None = None  # None: nothing was signed
+    duration_ms: int | None = None
+    connected_to: tuple[str, int] | None = None
+
+
+def render_body(event: Event) -> bytes:
+    """The exact bytes sent: the event rendered by the renderer ``GET /v1/events`` uses."""
+    from webhooks.events import render_event
+
+    return json.dumps(render_event(event), separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def perform(lease: repository.Lease, *, resolver: ssrf.Resolver = ssrf.system_resolver) -> Attempted:
+    """Step 2: render, hash, sign, vet, POST. Never raises for the network or the receiver."""
+    delivery = WebhookDelivery.objects.select_related("event", "endpoint").get(pk=lease.delivery_id)
+    endpoint: WebhookEndpoint = delivery.endpoint
+    if endpoint.deleted_at is not None:
+        return Attempted(AttemptState.FAILED, error="the endpoint was deleted; nothing sent")
+    body = render_body(delivery.event)
+    digest = hashlib.sha256(body).hexdigest()
+    if delivery.payload_sha256 is not None and delivery.payload_sha256 != digest:
+        # The renderer no longer produces what was signed before: sending would put a
+        # different body under the same event id. Fail loudly instead.
+        logger.error(
+            "webhook body changed since its first signed attempt; not sent",
+            extra={"delivery_id": delivery.pk, "event_id": delivery.event_id, "alert": True},
+        )
+        return Attempted(AttemptState.FAILED, error="rendered body differs from the first signed attempt; not sent")
+    secrets = []
+    for sealed in repository.active_sealed_secrets(endpoint.pk):
+        try:
+            secrets.append(sealing.open_sealed(sealed))
+        except sealing.SecretUnreadable:
+            logger.warning("a webhook secret is unreadable with the configured keys", extra={"endpoint": endpoint.pk})
+    if not secrets:
+        # Never an unsigned send: a failed attempt on the ladder (a key fix heals it).
+        return Attempted(AttemptState.FAILED, error="the endpoint has no usable signing secret; nothing sent")
+    headers = {
+        HEADER: signature_header(body, secrets, lease.timestamp),
+        "Vpay-Event-Id": delivery.event_id,
+        "Vpay-Delivery-Attempt": str(lease.number),
+    }
+    try:
+        url = httpx.URL(endpoint.url)
+        if url.scheme not in ("http", "https") or not url.host or (settings.LIVE_MODE and url.scheme != "https"):
+            return Attempted(AttemptState.FAILED, error="the endpoint URL is not deliverable (https only in live mode)")
+        port = url.port or (443 if url.scheme == "https" else 80)
+        addresses = ssrf.vet(url.host, port, allow=settings.VPAY_WEBHOOK_ALLOW_CIDRS, resolver=resolver)
+    except ssrf.AddressRefused as exc:
+        if exc.permanent:
+            return Attempted(
+                AttemptState.FAILED, delivery_state=DeliveryState.REFUSED, error=f"refused by the SSRF guard: {exc}"
+            )
+        return Attempted(AttemptState.NO_RESPONSE, error=error_chain(exc, 1000), payload_sha256=digest)
+    except httpx.InvalidURL as exc:
+        return Attempted(AttemptState.FAILED, error=f"the endpoint URL is invalid: {exc}")
+    started = time.monotonic()
+    answer = transport.post(
+        str(url),
+        body,
+        headers,
+        addresses=addresses,
+        connect_timeout=settings.VPAY_WEBHOOK_CONNECT_TIMEOUT,
+        total_timeout=settings.VPAY_WEBHOOK_TIMEOUT,
+    )
+    duration_ms = int((time.monotonic() - started) * 1000)
+    result = attempt_result(answer.status_code)
+    state = {
+        AttemptResult.SUCCEEDED: AttemptState.SUCCEEDED,
+        AttemptResult.FAILED: AttemptState.FAILED,
+        AttemptResult.NO_RESPONSE: AttemptState.NO_RESPONSE,
+    }[result]
+    return Attempted(
+        state,
+        status_code=answer.status_code,
+        excerpt=answer.excerpt,
+        error=error_chain(answer.error, 1000) if answer.error is not None else "",
+        payload_sha256=digest,
+        duration_ms=duration_ms,
+        connected_to=answer.connected_to,
+    )
+
+
+def record(lease: repository.Lease, attempted: Attempted) -> repository.Recorded:
+    """Step 3: write the outcome, fenced on the lease; alert once on exhaustion or refusal."""
+    delay: float | None = None
+    if attempted.delivery_state is not None:
+        delivery_state = attempted.delivery_state
+    elif attempted.attempt_state == AttemptState.SUCCEEDED:
+        delivery_state = DeliveryState.SUCCEEDED
+    else:
+        next_, delay = after_failure(lease.number, _schedule())
+        delivery_state = DeliveryState.EXHAUSTED if next_ is Next.EXHAUSTED else DeliveryState.PENDING
+    recorded = repository.record_outcome(
+        lease,
+        attempt_state=attempted.attempt_state,
+        delivery_state=delivery_state,
+        delay=delay,
+        status_code=attempted.status_code,
+        excerpt=attempted.excerpt,
+        error=attempted.error,
+        payload_sha256=attempted.payload_sha256,
+        duration_ms=attempted.duration_ms,
+    )
+    if recorded.stale:
+        logger.warning(
+            "webhook attempt was stale: its lease expired first; answer discarded",
+            extra={"delivery_id": lease.delivery_id, "attempt": lease.number},
+        )
+    elif delivery_state == DeliveryState.EXHAUSTED:
+        delivery = WebhookDelivery.objects.get(pk=lease.delivery_id)
+        _alert_exhausted(lease.delivery_id, delivery.endpoint_id, delivery.event_id, lease.number)
+    elif delivery_state == DeliveryState.REFUSED:
+        logger.error(
+            "webhook delivery refused by the SSRF guard",
+            extra={"delivery_id": lease.delivery_id, "reason": attempted.error[:300], "alert": True},
+        )
+    return recorded
+
+
+def _alert_exhausted(delivery_id: int, endpoint_id: str, event_id: str, attempts: int) -> None:
+    # Nothing here is broken, the receiver is; but vpay will never tell the merchant, so a
+    # human must. The row (state = exhausted) is the record; this line gets someone to look.
+    logger.error(
+        "webhook delivery exhausted its retry ladder",
+        extra={
+            "delivery_id": delivery_id,
+            "endpoint": endpoint_id,
+            "event_id": event_id,
+            "attempts": attempts,
+            "alert": True,
+        },
+    )
+
+
+def _schedule() -> tuple[float, ...]:
+    return settings.VPAY_WEBHOOK_RETRY_SCHEDULE

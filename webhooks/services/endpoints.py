@@ -1,0 +1,138 @@
+"""Webhook endpoints: create, update, delete, rotate the signing secret.
+
+The plain secret exists only in the return value of :func:`create_endpoint` and
+:func:`rotate_secret` (shown to the merchant once); it is sealed before it is written.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable
+
+import httpx
+from django.conf import settings
+from django.db import transaction
+
+from merchants.models import Merchant
+from webhooks import repository, sealing, ssrf
+from webhooks.event_types import EventType
+from webhooks.models import WebhookEndpoint, WebhookSecret
+
+WILDCARD = "*"
+MAX_URL = 2048
+MAX_ENABLED_EVENTS = 50
+
+
+def clean_url(url: str) -> str:
+    """A deliverable endpoint URL, or ValueError saying why (never echoing credentials).
+
+    http or https (https only in live mode), a host, no user:password part. An IP
+    literal is judged by the SSRF table now; a hostname is judged at every delivery,
+    when it is resolved.
+    """
+    url = url.strip()
+    if len(url) > MAX_URL:
+        raise ValueError(f"is longer than {MAX_URL} characters.")
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL:
+        raise ValueError("is not a valid URL.") from None
+    if parsed.scheme not in ("http", "https"):
+        raise ValueError("must be an http or https URL.")
+    if settings.LIVE_MODE and parsed.scheme != "https":
+        raise ValueError("must be https in live mode.")
+    if not parsed.host:
+        raise ValueError("must name a host.")
+    if parsed.userinfo:
+        raise ValueError("must not carry credentials (user:password@).")
+    try:
+        literal = ipaddress.ip_address(parsed.host)
+    except ValueError:
+        return url
+    verdict = ssrf.classify(literal, settings.VPAY_WEBHOOK_ALLOW_CIDRS)
+    if not verdict.allowed:
+        raise ValueError(f"points at a non-public address ({verdict.reason}).")
+    return url
+
+
+def clean_enabled_events(events: Iterable[str]) -> list[str]:
+    """``["*"]`` or known event types, de-duplicated in the given order; ValueError otherwise."""
+    seen: list[str] = []
+    for name in events:
+        if name != WILDCARD and name not in EventType.values:
+            raise ValueError(f"unknown event type {name!r}.")
+        if name not in seen:
+            seen.append(name)
+    if not seen:
+        raise ValueError("needs at least one event type, or '*'.")
+    if len(seen) > MAX_ENABLED_EVENTS:
+        raise ValueError(f"at most {MAX_ENABLED_EVENTS} event types.")
+    if WILDCARD in seen:
+        return [WILDCARD]
+    return seen
+
+
+@transaction.atomic
+def create_endpoint(
+    merchant: Merchant, *, url: str, enabled_events: list[str], description: str = ""
+) -> tuple[WebhookEndpoint, str]:
+    """A new endpoint and its first signing secret (returned once, stored sealed)."""
+    endpoint = WebhookEndpoint.objects.create(
+        merchant=merchant,
+        url=clean_url(url),
+        enabled_events=clean_enabled_events(enabled_events),
+        description=description,
+    )
+    secret = sealing.new_secret()
+    WebhookSecret.objects.create(endpoint=endpoint, sealed=sealing.seal(secret))
+    endpoint.refresh_from_db(fields=["created_at"])
+    return endpoint, secret
+
+
+@transaction.atomic
+def update_endpoint(
+    endpoint: WebhookEndpoint,
+    *,
+    url: str | None = None,
+    enabled_events: list[str] | None = None,
+    description: str | None = None,
+) -> WebhookEndpoint:
+    """Change what an endpoint receives (or where); deliveries already created are unchanged."""
+    if url is not None:
+        endpoint.url = clean_url(url)
+    if enabled_events is not None:
+        endpoint.enabled_events = clean_enabled_events(enabled_events)
+    if description is not None:
+        endpoint.description = description
+    endpoint.save(update_fields=["url", "enabled_events", "description"])
+    return endpoint
+
+
+@transaction.atomic
+def delete_endpoint(endpoint: WebhookEndpoint) -> None:
+    """Stop delivering to the endpoint. Its rows stay as evidence; its secrets are dropped."""
+    WebhookEndpoint.objects.filter(pk=endpoint.pk, deleted_at__isnull=True).update(deleted_at=_db_now())
+    endpoint.secrets.all().delete()
+
+
+@transaction.atomic
+def rotate_secret(endpoint: WebhookEndpoint, *, overlap_seconds: float | None = None) -> str:
+    """A new secret (returned once). The current one keeps signing for the overlap window
+    (``VPAY_WEBHOOK_SECRET_OVERLAP``, 24 h by default), computed by the database; 0 ends it now."""
+    overlap = settings.VPAY_WEBHOOK_SECRET_OVERLAP if overlap_seconds is None else overlap_seconds
+    if overlap < 0:
+        raise ValueError("the overlap cannot be negative")
+    repository.expire_current_secrets(endpoint.pk, overlap)
+    secret = sealing.new_secret()
+    WebhookSecret.objects.create(endpoint=endpoint, sealed=sealing.seal(secret))
+    return secret
+
+
+def active_secret_count(endpoint: WebhookEndpoint) -> int:
+    return len(repository.active_sealed_secrets(endpoint.pk))
+
+
+def _db_now():
+    from django.db.models.functions import Now
+
+    return Now()
