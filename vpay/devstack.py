@@ -2,7 +2,10 @@
 
 Starts the database (embedded unless ``DATABASE_URL`` is set), applies migrations, makes
 sure an admin login exists (development only), then runs the worker and the web process
-as child processes. Ctrl-C (or SIGTERM) stops them all: the worker drains first.
+as child processes. In development it also runs the sandbox webhook receiver
+(``sandbox.receiver``) with a development merchant whose endpoint points at it, so every
+event emitted locally is delivered, signed, and verified there. Ctrl-C (or SIGTERM) stops
+them all: the worker drains first.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 WEB_ADDR = os.environ.get("VPAY_WEB_ADDR", "127.0.0.1:8000")
 DEV_ADMIN_USER = "admin"
+RECEIVER_PORT = os.environ.get("VPAY_SANDBOX_RECEIVER_PORT", "8200")
+DEV_MERCHANT = "Development merchant"
 
 
 def _manage(*args: str) -> list[str]:
@@ -26,6 +31,9 @@ def _manage(*args: str) -> list[str]:
 def main() -> int:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "vpay.settings")
     os.environ.setdefault("VPAY_DEBUG", "1")
+    if os.environ.get("VPAY_LIVE_MODE", "").lower() not in ("1", "true", "yes", "on"):
+        # The dev receiver listens on loopback, which the SSRF guard otherwise refuses.
+        os.environ.setdefault("VPAY_WEBHOOK_ALLOW_CIDRS", "127.0.0.1/32")
     import django
 
     django.setup()  # starts the embedded database when DATABASE_URL is unset
@@ -40,6 +48,16 @@ def main() -> int:
         "worker": subprocess.Popen(_manage("runworker", "--concurrency", "4", "--metrics-port", "9100")),
         "web": subprocess.Popen(_manage("runserver", WEB_ADDR, "--noreload")),
     }
+    if not settings.LIVE_MODE:
+        secrets = _ensure_dev_webhook_endpoint()
+        args = [sys.executable, "-m", "sandbox.receiver", "--port", RECEIVER_PORT]
+        for secret in secrets:
+            args += ["--secret", secret]
+        children["receiver"] = subprocess.Popen(args, cwd=ROOT)
+        print(
+            f"vpay: sandbox webhook receiver on http://127.0.0.1:{RECEIVER_PORT}/ (what arrived: /__admin/received)",
+            flush=True,
+        )
     print(
         f"vpay: web on http://{WEB_ADDR}/ (admin: /{settings.ADMIN_URL}), worker metrics on :9100; Ctrl-C stops",
         flush=True,
@@ -78,6 +96,36 @@ def _ensure_dev_admin() -> None:
         print(
             f"vpay: created development login {DEV_ADMIN_USER!r} (password from VPAY_DEV_ADMIN_PASSWORD, default 'admin')"
         )
+
+
+def _ensure_dev_webhook_endpoint() -> list[str]:
+    """A development merchant with an endpoint at the sandbox receiver; returns its secrets.
+
+    The merchant's API key is printed once, when the merchant is created. The receiver is
+    handed the endpoint's secrets so it can verify what the worker sends (development only:
+    nothing else ever opens a sealed secret outside a delivery).
+    """
+    from merchants.models import Merchant
+    from merchants.services import create_merchant
+    from webhooks import repository, sealing
+    from webhooks.models import WebhookEndpoint
+    from webhooks.services.endpoints import create_endpoint
+
+    url = f"http://127.0.0.1:{RECEIVER_PORT}/hooks"
+    merchant = Merchant.objects.filter(name=DEV_MERCHANT).first()
+    if merchant is None:
+        merchant, key = create_merchant(DEV_MERCHANT)
+        print(f"vpay: created {DEV_MERCHANT!r}; its API key (shown once): {key}", flush=True)
+    endpoint = WebhookEndpoint.objects.filter(merchant=merchant, url=url, deleted_at__isnull=True).first()
+    if endpoint is None:
+        endpoint, _ = create_endpoint(merchant, url=url, enabled_events=["*"])
+    secrets = []
+    for sealed in repository.active_sealed_secrets(endpoint.pk):
+        try:
+            secrets.append(sealing.open_sealed(sealed))
+        except sealing.SecretUnreadable:
+            continue
+    return secrets
 
 
 if __name__ == "__main__":
