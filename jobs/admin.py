@@ -20,7 +20,7 @@ from django.utils.html import format_html
 from django.utils.text import Truncator
 
 from jobs import fence
-from jobs.models import DeadLetter, DeadLetterState, Job, ProcessedJob, TransactionNow
+from jobs.models import Alert, DeadLetter, DeadLetterState, Job, ProcessedJob, TransactionNow
 from jobs.repository import queue_summary
 from jobs.services import dead_letters as ops
 
@@ -367,3 +367,21 @@ class ProcessedJobAdmin(ReadOnlyAdmin):
     list_display = ("job_id", "kind", "subject", "processed_at", "expires_at")
     search_fields = ("=job_id",)
     ordering = ("-processed_at",)
+
+
+@admin.register(Alert)
+class AlertAdmin(ReadOnlyAdmin):
+    list_display = (
+        "id",
+        "severity",
+        "title",
+        "source",
+        "created_at",
+        "logged_at",
+        "sent_at",
+        "send_attempts",
+        "last_error",
+    )
+    list_filter = ("severity", "source")
+    search_fields = ("=key",)
+    ordering = ("-created_at", "-id")

@@ -7,4 +7,4 @@ class JobsConfig(AppConfig):
 
     def ready(self) -> None:
         # Registering the queue's own kinds and its system checks is a side effect of import.
-        from jobs import checks, housekeeping, tasks_backend  # noqa: F401
+        from jobs import alerts, checks, housekeeping, tasks_backend  # noqa: F401

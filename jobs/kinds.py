@@ -29,3 +29,7 @@ class JobKind(models.TextChoices):
 
     WEBHOOK_SCAN = "webhook_scan_deliveries", "Webhook delivery backstop"
     """Singleton: recovers expired attempt leases, re-enqueues due deliveries that lost their job."""
+
+    SEND_ALERT = "send_alert", "Send one alert (log line and webhook)"
+    """One row of ``alerts`` (``jobs.alerts``): its ``alert=true`` log line and its POST to
+    ``ALERT_WEBHOOK_URL``, each at most once."""

@@ -14,6 +14,7 @@ from django.db.models import Q
 from django.db.models.functions import Length, Now
 
 from jobs.kinds import JobKind
+from vpay.errors import Severity
 
 LAST_ERROR_MAX = 2000
 
@@ -235,3 +236,38 @@ class DeadLetter(models.Model):
 
     def __str__(self) -> str:
         return f"dead letter {self.pk} ({self.kind} {self.job_id})"
+
+
+class Alert(models.Model):
+    """Something a human must look at, raised once per ``key`` (``jobs.alerts.raise_alert``).
+
+    Kept as a row so that "alerted exactly once" survives retries, racing workers and a
+    failing alert endpoint: the ``send_alert`` job logs the line and POSTs the webhook, and
+    records each on this row with a compare-and-swap, so neither happens twice.
+    """
+
+    key = models.CharField(max_length=200, unique=True, help_text="One alert per key, ever.")
+    title = models.CharField(max_length=300)
+    severity = models.CharField(max_length=16)
+    source = models.CharField(max_length=64, help_text="Who raised it, e.g. jobs.dead_letter.")
+    details = models.JSONField(default=dict)
+    link = models.CharField(max_length=500, blank=True, db_default="", help_text="An admin path or an absolute URL.")
+    created_at = models.DateTimeField(db_default=TransactionNow())
+    logged_at = models.DateTimeField(null=True, blank=True)
+    sent_at = models.DateTimeField(null=True, blank=True)
+    send_attempts = models.IntegerField(db_default=0)
+    last_error = models.TextField(blank=True, db_default="")
+
+    class Meta:
+        db_table = "alerts"
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(severity__in=[s.value for s in Severity]), name="jobs_alert_severity_known"
+            ),
+            models.CheckConstraint(
+                condition=Q(last_error__length__lte=LAST_ERROR_MAX), name="jobs_alert_last_error_bounded"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"alert {self.pk} ({self.key})"

@@ -7,6 +7,7 @@ matches nothing, the lease was reaped and someone else owns the job.
 
 from __future__ import annotations
 
+import functools
 import json
 import uuid
 from collections.abc import Iterable, Sequence
@@ -420,26 +421,103 @@ def reschedule(job_id: int, token: uuid.UUID, *, delay: float, attempts: str, ad
 _DEAD_LETTER_COLUMNS = """job_id, kind, queue, payload, priority, tenant, correlation_id, attempts,
                           max_attempts, cause, error_category, last_error, job_created_at, dedupe_key"""
 
+_LETTER_RETURNING = "id, kind, queue, cause, attempts, correlation_id, tenant, job_id, error_category"
+
+# Every new dead letter raises its alert in the statement that writes it: an `alerts` row
+# (unique per dead letter) and a `send_alert` job to log and POST it (jobs.alerts). So the
+# alert exists if and only if the dead letter does, and racing writers cannot make two.
+# Not for dead letters of `send_alert` itself: an alert endpoint that is down would
+# otherwise alert about its own alerts forever; the worker logs those with alert=true.
+# `{letters}` is a CTE returning _LETTER_RETURNING.
+_ALERT_JOBS = """alert_jobs AS (
+    INSERT INTO jobs (kind, queue, payload, priority, max_attempts, dedupe_key, correlation_id)
+    SELECT 'send_alert', %(alert_queue)s, jsonb_build_object('alert_id', a.id), %(alert_priority)s,
+           %(alert_max_attempts)s, 'alert:' || a.id, a.correlation_id
+      FROM alerted a
+    ON CONFLICT DO NOTHING
+    RETURNING queue
+)"""
+_ALERT_FOR_LETTERS = f"""
+alerted AS (
+    INSERT INTO alerts (key, title, severity, source, details, link)
+    SELECT 'dead_letter:' || l.id,
+           left('Dead letter ' || l.id || ': ' || l.kind || ' on ' || l.queue || ' (' || l.cause || ')', 300),
+           CASE WHEN l.cause = 'configuration' THEN 'page' ELSE 'error' END,
+           'jobs.dead_letter',
+           jsonb_build_object('dead_letter_id', l.id, 'job_id', l.job_id, 'kind', l.kind, 'queue', l.queue,
+                              'cause', l.cause, 'attempts', l.attempts, 'error_category', l.error_category,
+                              'correlation_id', l.correlation_id, 'tenant', l.tenant),
+           %(link_prefix)s || l.id || %(link_suffix)s
+      FROM {{letters}} l
+     WHERE l.kind <> 'send_alert'
+    ON CONFLICT (key) DO NOTHING
+    RETURNING id, details ->> 'correlation_id' AS correlation_id
+),
+{_ALERT_JOBS}"""
+_NOTIFY_ALERT_JOBS = f"(SELECT count(pg_notify('{NOTIFY_CHANNEL}', queue)) FROM alert_jobs)"
+
 # Delete and insert in one statement: the job is in exactly one of the two tables.
 _DEAD_LETTER = f"""
 WITH gone AS (
     DELETE FROM jobs WHERE id = %(id)s AND lease_token = %(token)s RETURNING *
-)
-INSERT INTO dead_letters ({_DEAD_LETTER_COLUMNS})
-SELECT job_id, kind, queue, payload, priority, tenant, correlation_id, attempts,
-       max_attempts, %(cause)s, %(category)s, %(error)s, created_at, dedupe_key
-  FROM gone
-RETURNING id
+),
+letter AS (
+    INSERT INTO dead_letters ({_DEAD_LETTER_COLUMNS})
+    SELECT job_id, kind, queue, payload, priority, tenant, correlation_id, attempts,
+           max_attempts, %(cause)s, %(category)s, %(error)s, created_at, dedupe_key
+      FROM gone
+    RETURNING {_LETTER_RETURNING}
+),
+{_ALERT_FOR_LETTERS.format(letters="letter")}
+SELECT id, {_NOTIFY_ALERT_JOBS} FROM letter
 """
 
 
 def dead_letter(job_id: int, token: uuid.UUID, *, cause: str, category: str, error: str) -> int | None:
-    """Move the job to ``dead_letters``; returns the dead letter's id, None if the lease was lost."""
+    """Move the job to ``dead_letters`` (and raise its alert); returns the dead letter's id,
+    None if the lease was lost."""
     rows = _bookkeeping(
         _DEAD_LETTER,
-        {"id": job_id, "token": token, "cause": cause, "category": category, "error": error[:20_000]},
+        {
+            "id": job_id,
+            "token": token,
+            "cause": cause,
+            "category": category,
+            "error": error[:20_000],
+            **alert_job_params(),
+        },
     )
     return rows[0][0] if rows else None
+
+
+# Alert jobs run before ordinary work (lower priority runs first): a human should hear of a
+# failure while it is fresh, not after the backlog that may have caused it.
+ALERT_PRIORITY = -100
+
+
+@functools.cache
+def _dead_letter_link() -> tuple[str, str]:
+    from django.urls import reverse
+
+    path = reverse("admin:jobs_deadletter_change", args=[4242424242])
+    prefix, suffix = path.split("4242424242")
+    return prefix, suffix
+
+
+def alert_job_params() -> dict:
+    """The parameters of an alert's ``send_alert`` job and of a dead letter's admin link."""
+    from jobs import registry
+    from jobs.kinds import JobKind
+
+    spec = registry.get(JobKind.SEND_ALERT)
+    prefix, suffix = _dead_letter_link()
+    return {
+        "alert_queue": settings.VPAY_ALERT_QUEUE,
+        "alert_priority": ALERT_PRIORITY,
+        "alert_max_attempts": registry.retry_policy(spec).max_attempts if spec is not None else 5,
+        "link_prefix": prefix,
+        "link_suffix": suffix,
+    }
 
 
 _HEARTBEAT = """
@@ -496,8 +574,9 @@ buried AS (
            left('lease expired on the last attempt (held by ' || locked_by || ')', {LAST_ERROR_MAX}),
            created_at, dedupe_key
       FROM dead
-    RETURNING id
+    RETURNING {_LETTER_RETURNING}
 ),
+{_ALERT_FOR_LETTERS.format(letters="buried")},
 freed AS (
     UPDATE jobs j
        SET last_error = left('lease expired (held by ' || j.locked_by || ')', {LAST_ERROR_MAX}),
@@ -507,15 +586,23 @@ freed AS (
      WHERE j.id = e.id AND NOT e.exhausted
     RETURNING j.id
 )
-SELECT (SELECT count(*) FROM freed), (SELECT count(*) FROM buried)
+SELECT (SELECT count(*) FROM freed), (SELECT count(*) FROM buried),
+       (SELECT count(*) FROM buried WHERE kind = 'send_alert'), {_NOTIFY_ALERT_JOBS}
 """
+
+
+def reap_expired_leases_counted() -> tuple[int, int, int]:
+    """Free expired leases; returns (released, dead_lettered, of those the send_alert jobs,
+    which raise no alert of their own)."""
+    with connection.cursor() as cursor:
+        cursor.execute(REAP, alert_job_params())
+        freed, buried, unalerted, _ = cursor.fetchone()
+    return freed, buried, unalerted
 
 
 def reap_expired_leases() -> tuple[int, int]:
     """Free expired leases; returns (released, dead_lettered)."""
-    with connection.cursor() as cursor:
-        cursor.execute(REAP)
-        freed, buried = cursor.fetchone()
+    freed, buried, _ = reap_expired_leases_counted()
     return freed, buried
 
 
@@ -827,3 +914,99 @@ def select_dead_letters(
     with connection.cursor() as cursor:
         cursor.execute(_SELECT_LETTERS, params)
         return [LetterRow(*row) for row in cursor.fetchall()]
+
+
+# --- alerts (jobs.alerts) -------------------------------------------------------------
+
+# One alert per key, ever, and its send_alert job, in the caller's transaction. A second
+# raise of the same key (a retry, a racing worker) waits on the key's unique index for the
+# first to commit, then inserts nothing.
+_RAISE_ALERT = f"""
+WITH alerted AS (
+    INSERT INTO alerts (key, title, severity, source, details, link)
+    VALUES (%(key)s, %(title)s, %(severity)s, %(source)s, %(details)s::jsonb, %(link)s)
+    ON CONFLICT (key) DO NOTHING
+    RETURNING id, %(correlation_id)s::text AS correlation_id
+),
+{_ALERT_JOBS}
+SELECT (SELECT id FROM alerted), {_NOTIFY_ALERT_JOBS}
+"""
+
+
+def raise_alert(
+    *, key: str, title: str, severity: str, source: str, details_json: str, link: str, correlation_id: str
+) -> int | None:
+    """Insert the alert and its send_alert job; the alert's id, or None when the key exists."""
+    params = {
+        "key": key,
+        "title": title,
+        "severity": severity,
+        "source": source,
+        "details": details_json,
+        "link": link,
+        "correlation_id": correlation_id,
+        **alert_job_params(),
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(_RAISE_ALERT, params)
+        return cursor.fetchone()[0]
+
+
+@dataclass(frozen=True, slots=True)
+class AlertRow:
+    id: int
+    key: str
+    title: str
+    severity: str
+    source: str
+    details: dict
+    link: str
+    created_at: object
+    logged_at: object
+    sent_at: object
+
+
+_GET_ALERT = (
+    "SELECT id, key, title, severity, source, details, link, created_at, logged_at, sent_at FROM alerts WHERE id = %s"
+)
+
+
+def get_alert(alert_id: int) -> AlertRow | None:
+    with connection.cursor() as cursor:
+        cursor.execute(_GET_ALERT, [alert_id])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    details = row[5] if isinstance(row[5], dict) else json.loads(row[5])
+    return AlertRow(*row[:5], details, *row[6:])
+
+
+_MARK_ALERT_LOGGED = "UPDATE alerts SET logged_at = now() WHERE id = %s AND logged_at IS NULL RETURNING 1"
+
+
+def mark_alert_logged(alert_id: int) -> bool:
+    """Compare-and-swap: True for the one caller that gets to write the alert's log line."""
+    with connection.cursor() as cursor:
+        cursor.execute(_MARK_ALERT_LOGGED, [alert_id])
+        return cursor.fetchone() is not None
+
+
+_MARK_ALERT_SENT = """
+UPDATE alerts SET sent_at = now(), send_attempts = send_attempts + 1, last_error = ''
+ WHERE id = %s AND sent_at IS NULL
+RETURNING 1
+"""
+
+
+def mark_alert_sent(alert_id: int) -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute(_MARK_ALERT_SENT, [alert_id])
+        return cursor.fetchone() is not None
+
+
+_ALERT_FAILED = "UPDATE alerts SET send_attempts = send_attempts + 1, last_error = %s WHERE id = %s"
+
+
+def record_alert_failure(alert_id: int, error: str) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(_ALERT_FAILED, [_bounded(error), alert_id])

@@ -31,6 +31,7 @@ from django.db import DatabaseError, InterfaceError, connection, connections, tr
 from jobs import fence, registry, repository
 from jobs.context import JobContext, LeaseLost
 from jobs.decisions import Disposition, JobState, Settle, settle_error, settle_outcome
+from jobs.kinds import JobKind
 from jobs.models import DeadLetterCause
 from jobs.outcome import Action, Outcome
 from jobs.repository import ClaimedJob
@@ -720,17 +721,22 @@ class Worker:
         self._count(state, job, settle.disposition)
         fields_ = self._job_fields(job)
         if settle.disposition is Disposition.DEAD_LETTERED:
+            # The dead letter's alert (its alert=true line and webhook) is a send_alert job
+            # written with it (jobs.alerts), sent exactly once. A send_alert job itself
+            # raises none: this line is its alert.
+            alerting_here = job.kind == JobKind.SEND_ALERT
             logger.error(
                 "job dead-lettered",
                 extra={
                     **fields_,
-                    "alert": True,
+                    "alert": alerting_here,
                     "dead_letter_id": dead_letter_id,
                     "cause": str(settle.cause),
                     "error_category": settle.error_category,
                 },
             )
-            metrics.ALERT_EVENTS.labels(category=settle.error_category or "unknown", severity=Severity.ERROR).inc()
+            if alerting_here:
+                metrics.ALERT_EVENTS.labels(category=settle.error_category or "unknown", severity=Severity.ERROR).inc()
         elif settle.disposition is Disposition.RETRIED:
             logger.warning("job failed; retrying", extra={**fields_, "retry_in": round(settle.delay, 3)})
         elif settle.disposition is Disposition.DEFERRED:
@@ -918,13 +924,14 @@ class Worker:
 
     def reap(self) -> tuple[int, int]:
         """Free expired leases (and dead-letter jobs that died on their last attempt)."""
-        freed, buried = repository.reap_expired_leases()
+        freed, buried, unalerted = repository.reap_expired_leases_counted()
         if freed or buried:
             metrics.LEASES_REAPED.labels(result="released").inc(freed)
             metrics.LEASES_REAPED.labels(result="dead_lettered").inc(buried)
+            # Each new dead letter raised its own alert (jobs.alerts) except send_alert jobs'.
             logger.warning(
                 "reaped expired leases",
-                extra={"released": freed, "dead_lettered": buried, "alert": bool(buried)},
+                extra={"released": freed, "dead_lettered": buried, "alert": bool(unalerted)},
             )
         return freed, buried
 

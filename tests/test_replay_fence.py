@@ -19,6 +19,12 @@ from tests.queue_support import claim, count, expire_lease, task_payload
 pytestmark = pytest.mark.django_db
 
 
+@pytest.fixture
+def alerts_elsewhere(settings):
+    """The dead letters' alert jobs go to a queue this test's worker does not claim from."""
+    settings.VPAY_ALERT_QUEUE = "alerts"
+
+
 def bury_after_worker_death(label: str, job_id: uuid.UUID) -> DeadLetter:
     """Enqueue ``record(label)`` as ``job_id`` on its last attempt, claim it, let its worker "die"
     (the lease expires) and let a worker's reaper dead-letter it: the lease_exhausted path."""
@@ -42,7 +48,7 @@ def duplicates_skipped() -> float:
 
 
 def test_replaying_a_dead_letter_whose_effect_already_happened_produces_no_second_effect(
-    client, django_user_model, effects
+    client, django_user_model, effects, alerts_elsewhere
 ):
     client.force_login(staff_user(django_user_model, "olga", *OPERATOR_PERMS))
     job_id = uuid.uuid4()
@@ -69,7 +75,7 @@ def test_replaying_a_dead_letter_whose_effect_already_happened_produces_no_secon
 
 
 def test_replaying_a_dead_letter_whose_effect_never_happened_applies_it_exactly_once(
-    client, django_user_model, effects
+    client, django_user_model, effects, alerts_elsewhere
 ):
     client.force_login(staff_user(django_user_model, "olga", *OPERATOR_PERMS))
     job_id = uuid.uuid4()

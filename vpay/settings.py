@@ -185,7 +185,11 @@ VPAY_CHARGE_NOT_FOUND_WINDOW_SECONDS = env.float("VPAY_CHARGE_NOT_FOUND_WINDOW_S
 VPAY_CHARGE_NOT_FOUND_STREAK = env.int("VPAY_CHARGE_NOT_FOUND_STREAK", default=3)
 VPAY_CHARGE_HORIZON_SECONDS = env.float("VPAY_CHARGE_HORIZON_SECONDS", default=24 * 3600.0)
 VPAY_CHARGE_POLL_LADDER_SECONDS = [
-    float(x) for x in env.list("VPAY_CHARGE_POLL_LADDER_SECONDS", default=["10", "20", "30", "60", "60", "120", "120", "300", "300", "600", "900", "1800", "3600"])
+    float(x)
+    for x in env.list(
+        "VPAY_CHARGE_POLL_LADDER_SECONDS",
+        default=["10", "20", "30", "60", "60", "120", "120", "300", "300", "600", "900", "1800", "3600"],
+    )
 ]
 VPAY_CHARGE_POLL_PAST_HORIZON_SECONDS = env.float("VPAY_CHARGE_POLL_PAST_HORIZON_SECONDS", default=3600.0)
 VPAY_CHARGE_WAIT_MARGIN_SECONDS = env.float("VPAY_CHARGE_WAIT_MARGIN_SECONDS", default=1.0)
@@ -196,6 +200,20 @@ VPAY_CHARGE_BACKSTOP_SECONDS = env.float("VPAY_CHARGE_BACKSTOP_SECONDS", default
 VPAY_CURRENCIES = env.list("VPAY_CURRENCIES", default=["usd", "eur", "gbp", "ghs", "kes", "ngn", "xof", "zar"])
 # Where a checkout session's url points (the hosted payment page); the session id is appended.
 VPAY_CHECKOUT_BASE_URL = env.str("VPAY_CHECKOUT_BASE_URL", default="http://127.0.0.1:8000/checkout/")
+
+# --- Alerts (jobs.alerts) -----------------------------------------------------------------
+# Where each new dead letter (and anything an app raises with jobs.alerts.raise_alert) is
+# POSTed once, as JSON an incident tool accepts. Unset: alerts are log lines only. It may
+# embed a token, so it is a secret (ALERT_WEBHOOK_URL_FILE works too) and never logged.
+ALERT_WEBHOOK_URL = env_secret("ALERT_WEBHOOK_URL", default="")
+if LIVE_MODE and ALERT_WEBHOOK_URL and not ALERT_WEBHOOK_URL.startswith("https://"):
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured("ALERT_WEBHOOK_URL must be an https:// URL in live mode")
+# The address operators reach this site at: alerts link to admin pages under it.
+VPAY_PUBLIC_URL = env.str("VPAY_PUBLIC_URL", default="http://127.0.0.1:8000")
+# The queue the send_alert jobs go to: one every worker claims from.
+VPAY_ALERT_QUEUE = env.str("VPAY_ALERT_QUEUE", default="default")
 
 # --- Logging ----------------------------------------------------------------------------
 # JSON lines in production, readable lines in development. A redaction filter scrubs
