@@ -320,3 +320,29 @@ def test_the_backstop_re_enqueues_a_due_delivery_that_lost_its_job(receiver):
     assert scan.scan_once(overdue_seconds=0).requeued == 1
     assert sql("SELECT dedupe_key FROM jobs WHERE kind = 'webhook_deliver'") == [(delivery.dedupe_key(d.pk),)]
     assert scan.scan_once(overdue_seconds=0).requeued == 0  # a live job makes it a no-op
+
+
+def test_the_drain_runs_again_at_once_only_after_a_pass_that_made_progress(receiver, settings):
+    from webhooks.handlers import fan_out
+
+    settings.VPAY_WEBHOOK_FAN_OUT_IDLE = 5.0
+    assert fan_out(None).delay == 5.0  # nothing pending
+    m = merchant()
+    endpoint(m, receiver.url("/a"))
+    emit_events(m, 3)
+    assert fan_out(None).delay == 0.0  # progress: look again now
+    assert fan_out(None).delay == 5.0  # the follow-up pass found nothing
+    [poison] = emit_events(m, 1)
+    sql(
+        "CREATE OR REPLACE FUNCTION test_refuse_delivery() RETURNS trigger AS $$ BEGIN"
+        " RAISE EXCEPTION 'refused by test trigger'; END $$ LANGUAGE plpgsql"
+    )
+    sql(
+        "CREATE TRIGGER test_refuse_delivery BEFORE INSERT ON webhook_deliveries"
+        " FOR EACH ROW EXECUTE FUNCTION test_refuse_delivery()"
+    )
+    try:
+        assert fan_out(None).delay == 5.0  # only failures: no hot loop
+    finally:
+        sql("DROP TRIGGER test_refuse_delivery ON webhook_deliveries")
+    assert Event.objects.get(pk=poison.pk).fan_out_failures == 1

@@ -28,12 +28,14 @@ DELIVER_RETRY = RetryPolicy(max_attempts=10, base_seconds=5.0, cap_seconds=300.0
     singleton=registry.Singleton(),
 )
 def fan_out(ctx: JobContext) -> Outcome:
-    """The outbox drain. A full page that made progress runs again at once; anything else
-    waits the idle period (a page of failures is not a backlog: no hot loop)."""
+    """The outbox drain. A pass that made progress runs again at once (a full page means
+    more is waiting; a partial one may have raced an emit whose wake-up found this job
+    leased); a pass that made none waits the idle period, so a page of failing events is
+    not a hot loop."""
     result = fanout.drain_once()
     if result.seen:
         logger.info("fan-out pass", extra=vars(result))
-    if result.seen >= fanout.PAGE and result.progress:
+    if result.progress:
         return Outcome.reschedule_in(0)
     return Outcome.reschedule_in(settings.VPAY_WEBHOOK_FAN_OUT_IDLE)
 

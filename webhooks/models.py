@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from django.contrib.postgres.fields import ArrayField
-from django.db import models
+from django.db import DatabaseError, models
 from django.db.models import Q
 from django.db.models.functions import Length, Now
 
@@ -92,8 +92,12 @@ class WebhookEndpoint(models.Model):
         return self.id
 
     def __repr__(self) -> str:
-        # Never a secret: a count answers "is this endpoint mid-rotation?" without one.
-        count = self.secrets.count() if self.pk and not self._state.adding else 0
+        # Never a secret: a count answers "is this endpoint mid-rotation?" without one. The
+        # count is a query, so a repr taken inside a broken transaction says "?" instead.
+        try:
+            count = str(self.secrets.count()) if not self._state.adding else "0"
+        except DatabaseError:
+            count = "?"
         return f"<WebhookEndpoint {self.id} url={self.url!r} secrets=<{count} redacted>>"
 
 
