@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: run test lint bench stop-db clean
+.PHONY: run test lint bench stop-db clean browser
 
 $(VENV)/.deps: requirements/base.txt requirements/dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,10 +17,14 @@ run: $(VENV)/.deps
 	$(PY) -m vpay.devstack
 
 ## The whole test suite: lint, migrations in sync, every test (slow rehearsals included).
-test: $(VENV)/.deps
+test: $(VENV)/.deps browser
 	$(PY) -m ruff check .
 	$(PY) manage.py makemigrations --check --dry-run
 	$(PY) -m pytest
+
+## Debian's chromium + chromium-driver for the admin's browser test, when missing (never fails).
+browser:
+	@sh tests/browser/install-chromium.sh
 
 bench: $(VENV)/.deps
 	bench/run.sh

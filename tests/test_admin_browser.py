@@ -1,0 +1,166 @@
+"""The ops console in a real browser: Debian's Chromium, headless, driven by Selenium through
+chromedriver against a live server. An operator logs in, replays one dead letter from its
+page, tries to discard another with a blank reason and is refused, then discards it from
+the change list's bulk action with a reason. Screenshots go to ``test-artifacts/browser/``.
+
+The browser is installed by the test setup (``make test`` runs ``make browser``; this module
+runs the same script when the binaries are missing). Where it still cannot be had, the test
+skips and says why.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+from django.urls import reverse
+
+from jobs.models import DeadLetter, DeadLetterState
+from tests.conftest import ROOT
+from tests.ops_support import OPERATOR_PERMS, make_letter, staff_user
+
+ARTIFACTS = ROOT / "test-artifacts" / "browser"
+INSTALLER = ROOT / "tests" / "browser" / "install-chromium.sh"
+PASSWORD = "pw-olga"  # staff_user's password for "olga"
+
+
+def _binaries() -> tuple[str | None, str | None]:
+    return shutil.which("chromium") or shutil.which("chromium-browser"), shutil.which("chromedriver")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Chromium under Selenium; installs Debian's packages first if they are missing."""
+    chromium, driver = _binaries()
+    if not (chromium and driver):
+        subprocess.run(["sh", str(INSTALLER)], check=False, timeout=900)
+        chromium, driver = _binaries()
+    if not (chromium and driver):
+        pytest.skip(
+            f"no browser: chromium={chromium} chromedriver={driver} after {INSTALLER.name} "
+            "(needs root and apt-get with Debian's chromium and chromium-driver packages)"
+        )
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError as exc:  # pragma: no cover - selenium is pinned in requirements/dev.txt
+        pytest.skip(f"selenium is not installed: {exc}")
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    profile = tempfile.mkdtemp(prefix="vpay-chromium-")
+    # Headless as root, and nothing that reaches for the network beyond the live server.
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--window-size=1280,1000",
+        f"--user-data-dir={profile}",
+    ):
+        options.add_argument(flag)
+    try:
+        session = webdriver.Chrome(options=options, service=Service(driver))
+    except Exception as exc:  # the binary is there but cannot start here: say exactly why
+        pytest.skip(f"chromium could not start: {type(exc).__name__}: {str(exc)[:500]}")
+    session.set_page_load_timeout(30)
+    session.implicitly_wait(0)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    yield session
+    session.quit()
+    shutil.rmtree(profile, ignore_errors=True)
+
+
+def shot(browser, name: str) -> Path:
+    path = ARTIFACTS / f"{name}.png"
+    browser.save_screenshot(str(path))
+    assert path.stat().st_size > 1000  # a real picture of a page
+    return path
+
+
+def navigate_by(browser, element) -> None:
+    """Click something that loads a new page, and wait until the old page is gone."""
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    element.click()
+    WebDriverWait(browser, 20).until(expected_conditions.staleness_of(element))
+
+
+def text_of(browser) -> str:
+    from selenium.webdriver.common.by import By
+
+    return browser.find_element(By.TAG_NAME, "body").text
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_operator_replays_and_discards_dead_letters_in_a_real_browser(browser, live_server, django_user_model):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    staff_user(django_user_model, "olga", *OPERATOR_PERMS)
+    to_replay = make_letter(correlation_id="corr-replay-me")
+    to_discard = make_letter(correlation_id="corr-discard-me", kind="sweep_expired", payload={})
+
+    def go(path: str) -> None:
+        browser.get(live_server.url + path)
+
+    # Log in.
+    go(reverse("admin:login"))
+    browser.find_element(By.NAME, "username").send_keys("olga")
+    browser.find_element(By.NAME, "password").send_keys(PASSWORD)
+    navigate_by(browser, browser.find_element(By.CSS_SELECTOR, "input[type=submit]"))
+    assert "Needs attention" in text_of(browser)
+    assert browser.find_element(By.ID, "pending-review-count").text == "2"
+    shot(browser, "01-admin-index")
+
+    # Replay one from its page: confirmation first, then the act.
+    go(reverse("admin:jobs_deadletter_change", args=[to_replay.pk]))
+    assert "corr-replay-me" in text_of(browser)
+    shot(browser, "02-dead-letter-detail")
+    navigate_by(browser, browser.find_element(By.ID, "replay-this"))
+    assert str(to_replay.job_id) in text_of(browser)
+    shot(browser, "03-replay-confirmation")
+    navigate_by(browser, browser.find_element(By.ID, "confirm-replay"))
+    assert f"Replayed 1 dead letter: #{to_replay.pk}." in text_of(browser)
+    shot(browser, "04-replayed")
+    to_replay.refresh_from_db()
+    assert (to_replay.state, to_replay.replayed_by) == (DeadLetterState.REPLAYED, "olga")
+
+    # Try to discard the other with a blank reason: refused, nothing changes.
+    go(reverse("admin:jobs_deadletter_change", args=[to_discard.pk]))
+    navigate_by(browser, browser.find_element(By.ID, "discard-this"))
+    browser.find_element(By.ID, "id_reason").send_keys("   ")
+    navigate_by(browser, browser.find_element(By.ID, "confirm-discard"))
+    assert "A reason is required to discard" in browser.find_element(By.ID, "reason-error").text
+    shot(browser, "05-discard-refused-without-reason")
+    to_discard.refresh_from_db()
+    assert to_discard.state == DeadLetterState.PENDING_REVIEW
+
+    # Discard it from the change list's bulk action, with a reason.
+    go(reverse("admin:jobs_deadletter_changelist") + "?state__exact=pending_review")
+    browser.find_element(By.CSS_SELECTOR, f"input[name=_selected_action][value='{to_discard.pk}']").click()
+    Select(browser.find_element(By.NAME, "action")).select_by_value("discard_selected")
+    navigate_by(browser, browser.find_element(By.CSS_SELECTOR, "button[name=index]"))
+    reason = browser.find_element(By.ID, "id_reason")
+    reason.clear()
+    reason.send_keys("sweep superseded by the next hourly run")
+    shot(browser, "06-discard-form")
+    navigate_by(browser, browser.find_element(By.ID, "confirm-discard"))
+    assert f"Discarded 1 dead letter: #{to_discard.pk}." in text_of(browser)
+    shot(browser, "07-discarded")
+    to_discard.refresh_from_db()
+    assert (to_discard.state, to_discard.discarded_by, to_discard.discard_reason) == (
+        DeadLetterState.DISCARDED,
+        "olga",
+        "sweep superseded by the next hourly run",
+    )
+    assert DeadLetter.objects.pending_review().count() == 0
