@@ -7,5 +7,6 @@ class ChargesConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        # System checks (and, once the worker side exists, job handlers) register on import.
+        # System checks and the job handlers (poll, resubmit, backstop) register on import.
         from charges import checks  # noqa: F401
+        from charges.services import polling  # noqa: F401

@@ -33,3 +33,12 @@ class JobKind(models.TextChoices):
     SEND_ALERT = "send_alert", "Send one alert (log line and webhook)"
     """One row of ``alerts`` (``jobs.alerts``): its ``alert=true`` log line and its POST to
     ``ALERT_WEBHOOK_URL``, each at most once."""
+
+    POLL_CHARGE = "poll_charge", "Poll a charge's rail until it settles"
+    """One live row per charge (dedupe key ``charge:poll:<id>``): charges/services/polling.py."""
+
+    RESUBMIT_CHARGE = "resubmit_charge", "Resubmit a charge its rail never received"
+    """Same reference, so the rail's idempotency makes a second submit harmless."""
+
+    SCAN_LIVE_CHARGES = "scan_live_charges", "Backstop: re-enqueue polls of live charges"
+    """Singleton, every 10 minutes: a live charge whose poll job was lost gets a new one."""

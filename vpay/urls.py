@@ -8,5 +8,8 @@ urlpatterns = [
     # The merchant API. Each app adds its own include; api.urls stays last (the JSON 404).
     path("v1/", include("webhooks.urls")),
     path("v1/", include("customers.urls")),
+    path("v1/", include("charges.urls")),
     path("v1/", include("api.urls")),
+    # Rails' notifications: they only pull a charge's poll forward (charges/views.py).
+    path("rails/", include("charges.rail_urls")),
 ]

@@ -30,4 +30,12 @@ def get_rail(code: str) -> RailConfig | None:
     return configured_rails().get(code)
 
 
-__all__ = ["RailConfig", "RailConfigError", "configured_rails", "get_rail"]
+def forget_configured_rails() -> None:
+    """Drop the loaded configuration; the next use reads the settings again (a process
+    whose settings changed — a test overriding ``VPAY_RAILS_FILE`` — calls this)."""
+    global _rails
+    with _lock:
+        _rails = None
+
+
+__all__ = ["RailConfig", "RailConfigError", "configured_rails", "forget_configured_rails", "get_rail"]

@@ -194,13 +194,10 @@ def adapter_for(rail: RailConfig) -> HttpRailAdapter:
     """The process's adapter for ``rail`` (one connection pool per rail, shared by threads)."""
     from django.conf import settings
 
+    connect, total = settings.VPAY_RAIL_CONNECT_TIMEOUT_SECONDS, settings.VPAY_RAIL_TIMEOUT_SECONDS
     with _adapters_lock:
         adapter = _adapters.get(rail.code)
-        if adapter is None or adapter.rail != rail:
-            adapter = HttpRailAdapter(
-                rail,
-                connect_timeout=settings.VPAY_RAIL_CONNECT_TIMEOUT_SECONDS,
-                total_timeout=settings.VPAY_RAIL_TIMEOUT_SECONDS,
-            )
+        if adapter is None or (adapter.rail, adapter.connect_timeout, adapter.total_timeout) != (rail, connect, total):
+            adapter = HttpRailAdapter(rail, connect_timeout=connect, total_timeout=total)
             _adapters[rail.code] = adapter
         return adapter

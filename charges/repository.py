@@ -1,0 +1,260 @@
+"""Every charges statement that needs PostgreSQL, and every compare-and-swap on a status.
+
+Instants are PostgreSQL's (``now()``); ages are computed on the statement that reads the
+row, so no decision compares this host's clock with a time the database wrote. Every
+status write is guarded on its source states and returns whether it matched: a guarded
+write that matches nothing means somebody else moved the row first, and the caller must
+not act as if it had.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from django.db import connection
+from django.db.models.functions import Now
+
+from charges.models import EXCERPT_MAX, Charge, CheckoutSession, PaymentIntent, ProviderRequest, RequestOperation
+from charges.recovery import Evidence, SubmitEvidence
+from charges.states import (
+    CHARGE_LIVE,
+    ChargeStatus,
+    CheckoutPaymentStatus,
+    CheckoutSessionStatus,
+    IntentStatus,
+    RailFlow,
+    RailStatus,
+)
+from vpay.logging import redact
+
+
+def poll_dedupe_key(charge_id: str) -> str:
+    """The poll job's dedupe key: one live poll per charge."""
+    return f"charge:poll:{charge_id}"
+
+
+def resubmit_dedupe_key(charge_id: str) -> str:
+    return f"charge:resubmit:{charge_id}"
+
+
+# --- reading a charge for the worker ------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ChargeRow:
+    """A charge as the worker reads it: its columns plus what the database measured."""
+
+    id: str
+    merchant_id: str
+    intent_id: str
+    rail: str
+    flow: RailFlow
+    amount: int
+    currency: str
+    status: ChargeStatus
+    pay_token: str | None = field(repr=False)
+    not_found_count: int
+    age: float  # seconds since created_at, on the database clock
+    not_found_age: float | None  # seconds since first_not_found_at
+    polls: int  # status requests made so far: the rung of the poll ladder
+    submit_sent: bool  # a submit request row exists
+    submit_status_code: int | None  # the latest submit's answer (None: no answer)
+
+    def evidence(self) -> Evidence:
+        """The crash-recovery table's input."""
+        if not self.submit_sent:
+            submit = SubmitEvidence.NEVER
+        elif self.submit_status_code is None or self.submit_status_code >= 500:
+            submit = SubmitEvidence.UNANSWERED
+        else:
+            submit = SubmitEvidence.ANSWERED
+        return Evidence(self.age, self.flow, submit, self.not_found_count, self.not_found_age)
+
+
+# One statement: the row, its ages (now() of this very statement), the ladder rung and the
+# submit evidence. Ages are taken here and only here.
+_READ_FOR_POLL = """
+SELECT c.id, c.merchant_id, c.intent_id, c.rail, c.flow, c.amount, c.currency, c.status, c.pay_token,
+       c.not_found_count,
+       extract(epoch FROM now() - c.created_at)::float8,
+       extract(epoch FROM now() - c.first_not_found_at)::float8,
+       (SELECT count(*) FROM provider_requests r WHERE r.charge_id = c.id AND r.operation = 'status'),
+       s.id IS NOT NULL, s.status_code
+  FROM charges c
+  LEFT JOIN LATERAL (
+      SELECT r.id, r.status_code FROM provider_requests r
+       WHERE r.charge_id = c.id AND r.operation = 'submit'
+       ORDER BY r.id DESC LIMIT 1
+  ) s ON true
+ WHERE c.id = %s
+"""
+
+
+def read_for_poll(charge_id: str) -> ChargeRow | None:
+    with connection.cursor() as cursor:
+        cursor.execute(_READ_FOR_POLL, [charge_id])
+        r = cursor.fetchone()
+    if r is None:
+        return None
+    return ChargeRow(
+        id=r[0],
+        merchant_id=r[1],
+        intent_id=r[2],
+        rail=r[3],
+        flow=RailFlow(r[4]),
+        amount=r[5],
+        currency=r[6],
+        status=ChargeStatus(r[7]),
+        pay_token=r[8],
+        not_found_count=r[9],
+        age=r[10],
+        not_found_age=r[11],
+        polls=r[12],
+        submit_sent=r[13],
+        submit_status_code=r[14],
+    )
+
+
+def charge_status(charge_id: str) -> str | None:
+    return Charge.objects.filter(id=charge_id).values_list("status", flat=True).first()
+
+
+# --- provider_requests: written before the call, answered after ----------------------------
+
+
+def record_sent(
+    charge_id: str, operation: RequestOperation, *, rail: str, method: str, path: str, idempotency_key: str | None
+) -> int:
+    """Write the request row. Called outside a transaction, so it is committed before the
+    request goes out: a crash during the call leaves a row with ``status_code`` NULL."""
+    if connection.in_atomic_block:
+        raise RuntimeError("a rail request must be recorded (committed) before it is sent")
+    row = ProviderRequest.objects.create(
+        charge_id=charge_id,
+        operation=operation,
+        rail=rail,
+        method=method,
+        path=path[:300],
+        idempotency_key=idempotency_key,
+    )
+    return row.pk
+
+
+def record_answer(
+    request_id: int,
+    *,
+    status_code: int | None,
+    rail_status: RailStatus | None = None,
+    error: str = "",
+    excerpt: str = "",
+) -> None:
+    """Answer a request row (``status_code`` None: a transport failure, recorded with its cause)."""
+    ProviderRequest.objects.filter(pk=request_id, answered_at__isnull=True).update(
+        answered_at=Now(),
+        status_code=status_code,
+        rail_status=rail_status,
+        error=redact(error)[: EXCERPT_MAX * 2],
+        # The answer may carry the payer's pay_token (or a URL with it): redact() scrubs it.
+        response_excerpt=redact(excerpt)[:EXCERPT_MAX],
+    )
+
+
+# --- compare-and-swap transitions -----------------------------------------------------------
+
+
+def _cas(model, pk: str, sources, **changes) -> bool:
+    return model.objects.filter(pk=pk, status__in=[str(s) for s in sources]).update(**changes, updated_at=Now()) == 1
+
+
+def mark_submitted(charge_id: str, *, pay_token: str | None, redirect_url: str | None) -> bool:
+    """``submitting → submitted``, storing what the flow needs; clears the 404 evidence
+    (it described a charge the rail did not have, and now it does)."""
+    changes = {"status": ChargeStatus.SUBMITTED, "not_found_count": 0, "first_not_found_at": None}
+    if pay_token:
+        changes["pay_token"] = pay_token
+    if redirect_url:
+        changes["redirect_url"] = redirect_url
+    return _cas(Charge, charge_id, [ChargeStatus.SUBMITTING], **changes)
+
+
+def fail_submitting(charge_id: str, failure_code: str) -> bool:
+    """``submitting → failed``: a dead redirect order, or a submit the rail refused for good."""
+    return _cas(Charge, charge_id, [ChargeStatus.SUBMITTING], status=ChargeStatus.FAILED, failure_code=failure_code)
+
+
+def settle_charge(charge_id: str, status: ChargeStatus, failure_code: str | None = None) -> bool:
+    """``submitted | unresolved → succeeded | failed``."""
+    return _cas(
+        Charge,
+        charge_id,
+        [ChargeStatus.SUBMITTED, ChargeStatus.UNRESOLVED],
+        status=status,
+        failure_code=failure_code,
+    )
+
+
+def escalate_charge(charge_id: str) -> bool:
+    """``submitting | submitted → unresolved``. Matches nothing on an ``unresolved`` charge:
+    that is what makes the hourly re-escalation write nothing."""
+    return _cas(
+        Charge,
+        charge_id,
+        [ChargeStatus.SUBMITTING, ChargeStatus.SUBMITTED],
+        status=ChargeStatus.UNRESOLVED,
+        unresolved_at=Now(),
+    )
+
+
+_RECORD_NOT_FOUND = """
+UPDATE charges
+   SET not_found_count = not_found_count + 1,
+       first_not_found_at = coalesce(first_not_found_at, now()),
+       updated_at = now()
+ WHERE id = %s AND status = 'submitting'
+"""
+
+
+def record_not_found(charge_id: str) -> None:
+    """One more 404 about a ``submitting`` charge; the first one's instant is the database's."""
+    with connection.cursor() as cursor:
+        cursor.execute(_RECORD_NOT_FOUND, [charge_id])
+
+
+def intent_to(intent_id: str, status: IntentStatus, sources) -> bool:
+    return _cas(PaymentIntent, intent_id, sources, status=status)
+
+
+def complete_session(intent_id: str) -> CheckoutSession | None:
+    """The intent's session, marked paid, and ``open → complete``; returns it when it moved to
+    complete (so its event is emitted), else None. An expired session is marked paid too
+    (the payment status is the truth about money) but stays expired."""
+    CheckoutSession.objects.filter(intent_id=intent_id).update(payment_status=CheckoutPaymentStatus.PAID)
+    moved = CheckoutSession.objects.filter(intent_id=intent_id, status=CheckoutSessionStatus.OPEN).update(
+        status=CheckoutSessionStatus.COMPLETE, completed_at=Now()
+    )
+    return CheckoutSession.objects.filter(intent_id=intent_id).first() if moved else None
+
+
+def touch_customer(customer_id: str | None) -> None:
+    """``last_used_at = now()`` on the database clock (what the retention sweep reads)."""
+    if customer_id:
+        with connection.cursor() as cursor:
+            cursor.execute("UPDATE customers SET last_used_at = now() WHERE id = %s", [customer_id])
+
+
+# --- the backstop ---------------------------------------------------------------------------
+
+# Uses charges_live_idx. Keyset pagination by id: bounded pages, and a charge created during
+# the pass is either on a later page or picked up by the next pass.
+_LIVE_PAGE = """
+SELECT id, merchant_id FROM charges
+ WHERE status IN ({live}) AND id > %s
+ ORDER BY id
+ LIMIT %s
+""".format(live=", ".join(f"'{s}'" for s in sorted(CHARGE_LIVE)))
+
+
+def live_page(after: str, limit: int) -> list[tuple[str, str]]:
+    with connection.cursor() as cursor:
+        cursor.execute(_LIVE_PAGE, [after, limit])
+        return cursor.fetchall()

@@ -1,0 +1,123 @@
+"""Confirming a payment intent (web process): three steps, in this order, on purpose.
+
+1. One transaction: the intent ``requires_confirmation → processing`` (the guard against
+   confirming twice), the charge in ``submitting``, and its poll job with ``run_at = now()
+   + grace``. A charge exists iff its poll job does, so a crash anywhere after this commit
+   leaves work the worker will find.
+2. The rail call, outside any transaction, its request row committed before it is sent.
+3. One transaction: the compare-and-swap ``submitting → submitted`` storing the
+   ``pay_token`` / ``redirect_url``, the intent ``→ requires_action`` when a URL was handed
+   out, and the poll job pulled forward to now.
+
+Why the grace: a worker claiming the poll job while step 2 runs would find a charge in
+``submitting`` — exactly what a crash leaves — and the recovery table answers ``Wait`` for
+anything younger than the not-found window, so it would ask the rail nothing and park the
+job for the rest of the window, leaving a charge that reached ``submitted`` seconds later
+unasked about for most of a minute. The grace (one rail timeout) keeps workers away
+during the call; step 3 then makes the job due at once. Should a worker claim it anyway (a
+rail slower than the grace), the age guard leaves the charge alone, the confirm's
+compare-and-swap wins, and the pull-forward in step 3 finds the parked job and makes it due.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django.db import transaction
+
+from api.framework import ApiError
+from charges import repository
+from charges.models import Charge, PaymentIntent
+from charges.policy import from_settings
+from charges.rails import get_rail
+from charges.rails.adapter import RailConfigurationError, RailRejected, RailUnavailable
+from charges.services import rail_calls, transitions
+from charges.states import INTENT_TERMINAL, IntentStatus, RailFlow
+from jobs import queue
+from jobs.kinds import JobKind
+from merchants.models import Merchant
+
+logger = logging.getLogger(__name__)
+
+SUBMIT_REJECTED = "rail_rejected"
+RAIL_CONFIGURATION = "rail_configuration_error"
+
+
+def confirm_intent(merchant: Merchant, intent_id: str) -> PaymentIntent:
+    """Confirm the intent on its rail; returns it as it stands afterwards."""
+    policy = from_settings()
+    with transaction.atomic():
+        intent = PaymentIntent.objects.select_for_update().filter(merchant=merchant, id=intent_id).first()
+        if intent is None:
+            raise ApiError(404, "resource_missing", f"No such payment_intent: {intent_id!r}.", param="id")
+        if intent.status in INTENT_TERMINAL:
+            raise ApiError(
+                409,
+                "payment_intent_unexpected_state",
+                f"This PaymentIntent has {intent.status}; create a new one to try again.",
+            )
+        if intent.status != IntentStatus.REQUIRES_CONFIRMATION:
+            raise ApiError(409, "payment_intent_unexpected_state", "This PaymentIntent has already been confirmed.")
+        rail = get_rail(intent.rail)
+        if rail is None:
+            raise ApiError(409, "rail_unknown", f"The rail {intent.rail!r} is no longer configured.", param="rail")
+        repository.intent_to(intent.id, IntentStatus.PROCESSING, [IntentStatus.REQUIRES_CONFIRMATION])
+        charge = Charge.objects.create(
+            intent=intent,
+            merchant=merchant,
+            rail=rail.code,
+            flow=rail.flow,
+            amount=intent.amount,
+            currency=intent.currency,
+        )
+        queue.enqueue(
+            JobKind.POLL_CHARGE,
+            {"charge_id": charge.id},
+            dedupe_key=repository.poll_dedupe_key(charge.id),
+            delay=policy.confirm_grace,
+            tenant=merchant.id,
+        )
+        repository.touch_customer(intent.customer_id)
+
+    try:
+        request_id, answer = rail_calls.submit(charge.id, rail, amount=charge.amount, currency=charge.currency)
+    except RailUnavailable:
+        # No answer (or a 5xx): the rail may or may not have the charge. It stays
+        # submitting with its unanswered request row; the worker recovers it after the
+        # window (push: ask the rail, resubmit if it never got it; redirect: fail it, since
+        # no URL was handed out). The merchant sees processing / charge submitting.
+        logger.warning("rail did not answer a submit", extra={"charge_id": charge.id, "rail": rail.code})
+        return _reload(intent.id)
+    except RailConfigurationError:
+        logger.error(
+            "rail refused our credentials on submit",
+            extra={"alert": True, "charge_id": charge.id, "rail": rail.code},
+        )
+        transitions.fail_submitting(charge.id, intent.id, RAIL_CONFIGURATION)
+        return _reload(intent.id)
+    except RailRejected:
+        # The rail refused this charge for good (a 4xx other than auth): it has no charge.
+        transitions.fail_submitting(charge.id, intent.id, SUBMIT_REJECTED)
+        return _reload(intent.id)
+
+    with transaction.atomic():
+        rail_calls.record_submit_answer(request_id, answer)
+        redirect_url = answer.redirect_url if rail.flow == RailFlow.REDIRECT else None
+        moved = repository.mark_submitted(charge.id, pay_token=answer.pay_token, redirect_url=redirect_url)
+        if moved and redirect_url:
+            # The commit is the gate on the redirect: the URL reaches the payer only once
+            # the pay_token needed to ask about it is durable.
+            repository.intent_to(intent.id, IntentStatus.REQUIRES_ACTION, [IntentStatus.PROCESSING])
+        queue.pull_forward(repository.poll_dedupe_key(charge.id))
+    if not moved:
+        # Cannot happen inside the window (the worker's age guard), and the rail timeout is
+        # below the window (a startup check). Said loudly if it ever does.
+        logger.error(
+            "confirm's compare-and-swap matched no charge in submitting",
+            extra={"alert": True, "charge_id": charge.id, "status": repository.charge_status(charge.id)},
+        )
+    return _reload(intent.id)
+
+
+def _reload(intent_id: str) -> PaymentIntent:
+    return PaymentIntent.objects.select_related("charge").get(pk=intent_id)

@@ -1,0 +1,219 @@
+"""The charge worker: ``poll_charge``, ``resubmit_charge`` and the backstop scan.
+
+All three call the network, so none is fenced: each is idempotent by construction — every
+write is a compare-and-swap that matches nothing on a re-run, and a resubmission reuses
+the charge's reference, which is the rail's idempotency key.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django.conf import settings
+from django.db import transaction
+
+from charges import repository
+from charges.ladder import past_the_horizon, poll_delay
+from charges.policy import RecoveryPolicy, from_settings
+from charges.rails import get_rail
+from charges.rails.adapter import RailConfigurationError, RailError, RailRejected, RailUnavailable
+from charges.recovery import Step, recovery_step
+from charges.repository import ChargeRow
+from charges.services import rail_calls, transitions
+from charges.settlement import Settlement, settle
+from charges.states import CHARGE_TERMINAL, ChargeStatus, RailFlow, RailStatus
+from jobs import queue, registry
+from jobs.context import JobContext
+from jobs.kinds import JobKind
+from jobs.outcome import Outcome
+from jobs.queue import JobRequest
+from jobs.schema import PayloadSchema
+from vpay.errors import ConfigurationError, error_chain
+
+logger = logging.getLogger(__name__)
+
+CHARGE_PAYLOAD = PayloadSchema(required={"charge_id": "str"})
+# A rail call is bounded by VPAY_RAIL_TIMEOUT_SECONDS (20 s by default); a poll makes at most
+# one, plus a few short statements. The lease (timeout + 30 s) sits well above both.
+RAIL_JOB_TIMEOUT_SECONDS = 90.0
+SCAN_PAGE = 500
+SCAN_MAX_PAGES = 200  # 100k live charges a pass; the next pass continues from the start
+
+
+@registry.register(JobKind.POLL_CHARGE, schema=CHARGE_PAYLOAD, timeout_seconds=RAIL_JOB_TIMEOUT_SECONDS)
+def poll_charge(ctx: JobContext) -> Outcome:
+    """One poll: terminal guard, horizon, crash recovery, rail, settlement table, next rung.
+
+    The order is load-bearing twice over. The horizon is evaluated once, *above* the
+    crash-recovery block, because that block can return without reaching anything below it
+    — and one of its arms, Resubmit, returns a rung of the ladder: a charge whose rail
+    answers 404 forever would cycle resubmit → ladder → resubmit and never be escalated if
+    the horizon were asked afterwards. Evaluated once, because two readings of a moving
+    clock can disagree, and this one decides whether a human is told.
+    """
+    policy = from_settings()
+    row = repository.read_for_poll(ctx.payload["charge_id"])
+    # 1. The terminal guard. A poll of a settled (or vanished) charge is a no-op: this is
+    #    what makes a re-run after a crash between the settlement and the ack harmless.
+    if row is None:
+        logger.warning("poll for a charge that does not exist", extra={"charge_id": ctx.payload["charge_id"]})
+        return Outcome.done()
+    if row.status in CHARGE_TERMINAL:
+        return Outcome.done()
+
+    # 2. The horizon: a property of the charge and the database clock alone (row.age was
+    #    measured by the statement that read the row). It does not decide whether the rail
+    #    is asked, only what happens to an answer short of a terminal one.
+    past = past_the_horizon(row.age, policy)
+
+    # 3. Crash recovery, for submitting charges only.
+    if row.status == ChargeStatus.SUBMITTING:
+        action = recovery_step(row.evidence(), policy)
+        if action.step is Step.WAIT:
+            return _wait(row, action.wait_seconds, policy)
+        if action.step is Step.FAIL_DEAD_ORDER:
+            transitions.fail_submitting(row.id, row.intent_id, transitions.DEAD_ORDER)
+            return Outcome.done()
+        if action.step is Step.RESUBMIT:
+            return resubmit_then_escalate_if_late(row, past, policy)
+        # Step.POLL: ask the rail whether it has it.
+
+    # 4. The rail.
+    rail = get_rail(row.rail)
+    if rail is None:
+        raise ConfigurationError(f"charge {row.id}: rail {row.rail!r} is no longer configured")
+    try:
+        answer = rail_calls.status(row.id, rail, pay_token=row.pay_token)
+        status, failure_code, pay_token = answer.status, answer.failure_code, answer.pay_token
+    except RailUnavailable as exc:
+        logger.warning("rail did not answer a poll", extra={"charge_id": row.id, "error": error_chain(exc, 300)})
+        status, failure_code, pay_token = RailStatus.UNAVAILABLE, None, None
+    except (RailConfigurationError, RailRejected) as exc:
+        if not past:
+            raise  # configuration: paged and dead-lettered; permanent: dead-lettered
+        # Past the horizon, "the rail will not answer a day-old charge" is what a human
+        # must hear, and escalation says it (with an hourly poll) where the rail's own
+        # error would park the job. Only rail errors: a database error propagates as itself.
+        return _escalate(row, policy, f"rail refused a poll: {error_chain(exc, 200)}")
+
+    # 5. The settlement table.
+    if status == RailStatus.NOT_FOUND and row.status == ChargeStatus.SUBMITTING:
+        repository.record_not_found(row.id)  # the evidence the recovery table reads next time
+    settlement = settle(row.status, status, past_horizon=past)
+    if settlement is Settlement.IGNORE:
+        return Outcome.done()
+    if settlement is Settlement.SUCCEED:
+        transitions.succeed(row)
+        return Outcome.done()
+    if settlement is Settlement.FAIL:
+        transitions.fail(row, failure_code)
+        return Outcome.done()
+    if settlement is Settlement.ESCALATE:
+        return _escalate(row, policy, f"rail answered {status.value} past the horizon")
+    if settlement is Settlement.MARK_SUBMITTED:
+        repository.mark_submitted(row.id, pay_token=pay_token, redirect_url=None)
+
+    # 6. The next rung. row.polls counted the polls before this one.
+    return Outcome.reschedule_in(poll_delay(row.polls, policy), f"rail answered {status.value}")
+
+
+def _wait(row: ChargeRow, seconds: float, policy: RecoveryPolicy) -> Outcome:
+    """Too young to recover: ask nothing, write nothing, come back once, just after the window.
+
+    If the confirm's compare-and-swap committed while this worker held the job, its
+    pull-forward found the job leased and could not move it: look once more, and run again
+    at once rather than sit out the window on a charge that is already submitted.
+    """
+    if repository.charge_status(row.id) != ChargeStatus.SUBMITTING:
+        return Outcome.reschedule_in(0, "the confirm finished while this poll waited")
+    return Outcome.reschedule_in(seconds + policy.wait_margin, "submitting and younger than the window: waiting")
+
+
+def _escalate(row: ChargeRow, policy: RecoveryPolicy, reason: str) -> Outcome:
+    transitions.escalate_to_unresolved(row, reason)
+    return Outcome.reschedule_in(poll_delay(row.polls, policy, past_horizon=True), "unresolved: polling hourly")
+
+
+def resubmit_then_escalate_if_late(row: ChargeRow, past: bool, policy: RecoveryPolicy) -> Outcome:
+    """Both Resubmit arms go through here: enqueue the resubmission (committed first), then,
+    past the horizon, escalate (a second transaction).
+
+    The escalation usually supersedes the resubmission — the resubmit job finds the charge
+    out of ``submitting`` and does nothing — but a worker that claims the resubmit between
+    the two commits does send it. Both orders are safe: the reference never changes, and
+    the escalation is idempotent. What the horizon guarantees is the alert and the hourly
+    poll, not that a day-old charge is resent; once a human reconciles it, resending is
+    their call.
+    """
+    queue.enqueue(
+        JobKind.RESUBMIT_CHARGE,
+        {"charge_id": row.id},
+        dedupe_key=repository.resubmit_dedupe_key(row.id),
+        tenant=row.merchant_id,
+    )
+    if past:
+        return _escalate(row, policy, "submitting past the horizon; resubmitted")
+    return Outcome.reschedule_in(poll_delay(row.polls, policy), "resubmitting")
+
+
+@registry.register(JobKind.RESUBMIT_CHARGE, schema=CHARGE_PAYLOAD, timeout_seconds=RAIL_JOB_TIMEOUT_SECONDS)
+def resubmit_charge(ctx: JobContext) -> Outcome:
+    """Send a push charge's submit again, under the same reference (the rail's idempotency
+    key). A transient failure retries on the queue's backoff; should those run out, the
+    dead letter is visible and the poll comes back to the same recovery table."""
+    row = repository.read_for_poll(ctx.payload["charge_id"])
+    if row is None or row.status != ChargeStatus.SUBMITTING or row.flow != RailFlow.PUSH:
+        return Outcome.done()  # settled, escalated, or a redirect order (never resubmitted)
+    rail = get_rail(row.rail)
+    if rail is None:
+        raise ConfigurationError(f"charge {row.id}: rail {row.rail!r} is no longer configured")
+    try:
+        request_id, answer = rail_calls.submit(row.id, rail, amount=row.amount, currency=row.currency)
+    except RailRejected:
+        transitions.fail_submitting(row.id, row.intent_id, "rail_rejected")
+        return Outcome.done()
+    except RailError:
+        raise  # transient: backoff; configuration: page
+    with transaction.atomic():
+        rail_calls.record_submit_answer(request_id, answer)
+        if repository.mark_submitted(row.id, pay_token=answer.pay_token, redirect_url=None):
+            queue.pull_forward(repository.poll_dedupe_key(row.id))
+    return Outcome.done()
+
+
+def _backstop_period() -> float:
+    return float(settings.VPAY_CHARGE_BACKSTOP_SECONDS)
+
+
+@registry.register(
+    JobKind.SCAN_LIVE_CHARGES,
+    schema=PayloadSchema(),
+    timeout_seconds=300.0,
+    singleton=registry.Singleton(),
+)
+def scan_live_charges(ctx: JobContext) -> Outcome:
+    """Backstop: every live charge has a poll job. A page of live charges at a time, each
+    page one ``INSERT … ON CONFLICT DO NOTHING`` on the poll jobs' dedupe keys, so a charge
+    whose job is live (waiting or leased) costs nothing and one whose job was lost (a
+    dead letter, an operator's cancel) gets a new one, due now."""
+    after, restored, pages = "", 0, 0
+    while pages < SCAN_MAX_PAGES:
+        page = repository.live_page(after, SCAN_PAGE)
+        if not page:
+            break
+        restored += queue.enqueue_many(
+            JobRequest(
+                JobKind.POLL_CHARGE,
+                {"charge_id": charge_id},
+                dedupe_key=repository.poll_dedupe_key(charge_id),
+                tenant=merchant_id,
+            )
+            for charge_id, merchant_id in page
+        )
+        after, pages = page[-1][0], pages + 1
+        if len(page) < SCAN_PAGE:
+            break
+        ctx.heartbeat()
+    if restored:
+        logger.warning("backstop re-enqueued polls for live charges that had none", extra={"count": restored})
+    return Outcome.reschedule_in(_backstop_period())

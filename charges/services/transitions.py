@@ -1,0 +1,110 @@
+"""The charge transitions that merchants hear about, each one transaction: the guarded
+status writes and the event that reports them commit together or not at all.
+
+Each returns whether the charge moved. A False is not an error: a concurrent worker (or
+the confirm) got there first, and the event was written by whoever did.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django.db import transaction
+
+from charges import repository
+from charges.models import Charge, PaymentIntent
+from charges.repository import ChargeRow
+from charges.states import ChargeStatus, IntentStatus
+from charges.wire import render_charge, render_intent, render_session
+from vpay import metrics
+from vpay.errors import Category, Severity
+from webhooks.event_types import EventType
+from webhooks.events import emit
+
+logger = logging.getLogger(__name__)
+
+_OPEN_INTENT = [IntentStatus.PROCESSING, IntentStatus.REQUIRES_ACTION]
+DEAD_ORDER = "redirect_never_delivered"
+
+
+def _intent(intent_id: str) -> PaymentIntent:
+    return PaymentIntent.objects.select_related("merchant", "charge").get(pk=intent_id)
+
+
+def succeed(row: ChargeRow) -> bool:
+    """The rail says the money moved: charge and intent ``succeeded``, ``payment_intent.succeeded``,
+    and the intent's checkout session (if any) ``complete`` with ``checkout.session.completed``."""
+    with transaction.atomic():
+        if row.status == ChargeStatus.SUBMITTING:
+            # A charge whose submit answer was lost: the rail answering about it is the
+            # evidence it was submitted, so it passes through submitted (DESIGN §8).
+            repository.mark_submitted(row.id, pay_token=None, redirect_url=None)
+        if not repository.settle_charge(row.id, ChargeStatus.SUCCEEDED):
+            return False
+        repository.intent_to(row.intent_id, IntentStatus.SUCCEEDED, _OPEN_INTENT)
+        intent = _intent(row.intent_id)
+        emit(intent.merchant, EventType.PAYMENT_INTENT_SUCCEEDED, render_intent(intent, for_event=True))
+        session = repository.complete_session(row.intent_id)
+        if session is not None:
+            emit(intent.merchant, EventType.CHECKOUT_SESSION_COMPLETED, render_session(session, for_event=True))
+    logger.info("charge succeeded", extra={"charge_id": row.id, "intent_id": row.intent_id})
+    return True
+
+
+def fail(row: ChargeRow, failure_code: str | None) -> bool:
+    """The rail says the charge failed: charge and intent ``failed``, ``payment_intent.payment_failed``."""
+    with transaction.atomic():
+        if row.status == ChargeStatus.SUBMITTING:
+            repository.mark_submitted(row.id, pay_token=None, redirect_url=None)
+        if not repository.settle_charge(row.id, ChargeStatus.FAILED, failure_code or "declined"):
+            return False
+        _fail_intent(row.intent_id)
+    logger.info("charge failed", extra={"charge_id": row.id, "failure_code": failure_code})
+    return True
+
+
+def fail_submitting(charge_id: str, intent_id: str, failure_code: str) -> bool:
+    """``submitting → failed``: a redirect order nobody was handed a URL for (past the window),
+    or a submit the rail refused for good."""
+    with transaction.atomic():
+        if not repository.fail_submitting(charge_id, failure_code):
+            return False
+        _fail_intent(intent_id)
+    logger.info("charge failed while submitting", extra={"charge_id": charge_id, "failure_code": failure_code})
+    return True
+
+
+def _fail_intent(intent_id: str) -> None:
+    repository.intent_to(intent_id, IntentStatus.FAILED, _OPEN_INTENT)
+    intent = _intent(intent_id)
+    emit(intent.merchant, EventType.PAYMENT_INTENT_PAYMENT_FAILED, render_intent(intent, for_event=True))
+
+
+def escalate_to_unresolved(row: ChargeRow, reason: str) -> bool:
+    """Past the horizon with no terminal answer: ``unresolved`` and ``charge.unresolved``, once.
+
+    Idempotent: on a charge already ``unresolved`` the guarded write matches nothing and
+    nothing is written (``updated_at`` keeps naming the last real change), but the alert
+    is raised again — every call, which the hourly poll makes hourly. A human reconciles
+    the charge against the rail's statement; the poll keeps asking, because a late
+    success is the normal way an unresolved charge ends.
+    """
+    with transaction.atomic():
+        moved = repository.escalate_charge(row.id)
+        if moved:
+            charge = Charge.objects.select_related("merchant").get(pk=row.id)
+            emit(charge.merchant, EventType.CHARGE_UNRESOLVED, render_charge(charge, for_event=True))
+    # Not jobs/alerts.py (not on main when this was written): the house alert line.
+    logger.error(
+        "charge unresolved past the horizon" if moved else "charge still unresolved",
+        extra={
+            "alert": True,
+            "charge_id": row.id,
+            "intent_id": row.intent_id,
+            "rail": row.rail,
+            "age_seconds": round(row.age),
+            "reason": reason[:300],
+        },
+    )
+    metrics.ALERT_EVENTS.labels(category=Category.TRANSIENT, severity=Severity.ERROR).inc()
+    return moved

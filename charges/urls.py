@@ -1,0 +1,11 @@
+from django.urls import path
+
+from charges import views
+
+urlpatterns = [
+    path("payment_intents", views.payment_intents),
+    path("payment_intents/<str:intent_id>", views.payment_intent),
+    path("payment_intents/<str:intent_id>/confirm", views.confirm),
+    path("checkout/sessions", views.checkout_sessions),
+    path("checkout/sessions/<str:session_id>", views.checkout_session),
+]

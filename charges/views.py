@@ -1,0 +1,120 @@
+"""``/v1/payment_intents``, ``/v1/checkout/sessions`` and ``/rails/<code>/callback``."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_POST
+
+from api.framework import METADATA, Body, Field, not_found, paginate, respond, route
+from api.ids import ID_MAX_LENGTH
+from charges import repository
+from charges.models import Charge, CheckoutSession, PaymentIntent
+from charges.rails import get_rail
+from charges.services.confirm import confirm_intent
+from charges.services.intents import create_intent, create_session
+from charges.states import CHARGE_LIVE
+from charges.wire import render_intent, render_session
+from jobs import queue
+
+logger = logging.getLogger(__name__)
+
+MAX_AMOUNT = 10**12  # minor units; well inside bigint, far above any real payment
+
+PAYMENT_FIELDS = {
+    "amount": Field(int, required=True, min_value=1, max_value=MAX_AMOUNT),
+    "currency": Field(str, required=True, max_length=3),
+    "rail": Field(str, required=True, max_length=32),
+    "customer": Field(str, max_length=ID_MAX_LENGTH),
+    "metadata": METADATA,
+}
+CREATE_INTENT = Body(**PAYMENT_FIELDS)
+CREATE_SESSION = Body(
+    **PAYMENT_FIELDS,
+    success_url=Field(str, max_length=2000),
+    cancel_url=Field(str, max_length=2000),
+)
+CONFIRM = Body()  # no parameters; anything sent is an unknown-parameter 400
+
+
+def _intent(request: HttpRequest, intent_id: str) -> PaymentIntent:
+    found = PaymentIntent.objects.select_related("charge").filter(merchant=request.merchant, id=intent_id).first()
+    if found is None:
+        raise not_found("payment_intent", intent_id)
+    return found
+
+
+@route("GET", "POST")
+def payment_intents(request: HttpRequest) -> HttpResponse:
+    if request.method == "POST":
+        return respond(render_intent(create_intent(request.merchant, CREATE_INTENT.parse(request))))
+    queryset = PaymentIntent.objects.select_related("charge").filter(merchant=request.merchant)
+    status = request.GET.get("status")
+    if status:
+        queryset = queryset.filter(status=status)
+    customer = request.GET.get("customer")
+    if customer:
+        queryset = queryset.filter(customer_id=customer)
+    return paginate(request, queryset, render_intent, "status", "customer")
+
+
+@route("GET")
+def payment_intent(request: HttpRequest, intent_id: str) -> HttpResponse:
+    return respond(render_intent(_intent(request, intent_id)))
+
+
+# Not atomic: confirm commits the charge and its poll job before it calls the rail, and
+# acts on the answer in a second transaction (charges/services/confirm.py says why).
+@route("POST", atomic=False)
+def confirm(request: HttpRequest, intent_id: str) -> HttpResponse:
+    CONFIRM.parse(request)
+    return respond(render_intent(confirm_intent(request.merchant, intent_id)))
+
+
+@route("POST")
+def checkout_sessions(request: HttpRequest) -> HttpResponse:
+    return respond(render_session(create_session(request.merchant, CREATE_SESSION.parse(request))))
+
+
+@route("GET")
+def checkout_session(request: HttpRequest, session_id: str) -> HttpResponse:
+    found = CheckoutSession.objects.select_related("intent").filter(merchant=request.merchant, id=session_id).first()
+    if found is None:
+        raise not_found("checkout.session", session_id)
+    return respond(render_session(found))
+
+
+# --- rail callbacks --------------------------------------------------------------------
+
+CALLBACK_MAX_BYTES = 16 * 1024
+# A callback only makes the poll due now, and only when it is more than this far out: a
+# rail's duplicate notifications cannot turn the ladder's first rungs into a hot loop.
+PULL_FORWARD_FLOOR_SECONDS = 10.0
+
+
+@csrf_exempt
+@require_POST
+def rail_callback(request: HttpRequest, code: str) -> HttpResponse:
+    """A rail says something happened to a charge. Nothing in the body is believed: the
+    reference only names which charge to ask about, and the poll asks the rail itself.
+    Unknown references get the same quiet 200 as known ones (no oracle for guessing ids)."""
+    if get_rail(code) is None:
+        return JsonResponse({"error": {"type": "invalid_request_error", "code": "rail_unknown"}}, status=404)
+    raw = request.body[: CALLBACK_MAX_BYTES + 1]
+    if len(raw) > CALLBACK_MAX_BYTES:
+        return JsonResponse({"error": {"type": "invalid_request_error", "code": "body_too_large"}}, status=413)
+    try:
+        body = json.loads(raw or b"{}")
+    except ValueError:
+        body = None
+    reference = body.get("reference") if isinstance(body, dict) else None
+    if (
+        isinstance(reference, str)
+        and 0 < len(reference) <= ID_MAX_LENGTH
+        and Charge.objects.filter(id=reference, rail=code, status__in=CHARGE_LIVE).exists()
+    ):
+        queue.pull_forward(repository.poll_dedupe_key(reference), floor=PULL_FORWARD_FLOOR_SECONDS)
+    return JsonResponse({"received": True})

@@ -1,0 +1,133 @@
+"""Helpers for the charges tests: a merchant's API client, rails pointed at the sandbox
+process, the worker's environment with a shrunk RecoveryPolicy, and SQL readers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from django.db import connection
+from django.test import Client
+
+from charges.rails import forget_configured_rails
+from merchants.services import create_merchant
+
+
+class Merchant:
+    """A test client that speaks for one merchant (Django's test client, real database)."""
+
+    def __init__(self, name: str) -> None:
+        self.merchant, self.key = create_merchant(name)
+        self.client = Client()
+
+    def call(self, method: str, path: str, body=None, *, key: str | None = None):
+        headers = {"HTTP_IDEMPOTENCY_KEY": key} if key else {}
+        data = json.dumps(body) if body is not None else ""
+        return self.client.generic(
+            method, path, data, content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {self.key}", **headers
+        )
+
+    def intent(self, amount: int = 1000, rail: str = "sandbox_push", **extra) -> dict:
+        response = self.call(
+            "POST", "/v1/payment_intents", {"amount": amount, "currency": "usd", "rail": rail, **extra}
+        )
+        assert response.status_code == 200, response.content
+        return response.json()
+
+    def confirm(self, intent_id: str, **kw) -> dict:
+        response = self.call("POST", f"/v1/payment_intents/{intent_id}/confirm", **kw)
+        assert response.status_code == 200, response.content
+        return response.json()
+
+
+def use_rails(settings, tmp_path: Path, rails: dict) -> str:
+    """Point this process (and, through the returned path, a worker) at ``rails``."""
+    path = tmp_path / "rails.json"
+    path.write_text(json.dumps(rails))
+    settings.VPAY_RAILS_FILE = str(path)
+    forget_configured_rails()
+    return str(path)
+
+
+# A RecoveryPolicy shrunk to test speed, set through the same settings production reads.
+FAST_POLICY = {
+    "VPAY_CHARGE_NOT_FOUND_WINDOW_SECONDS": 1.5,
+    "VPAY_CHARGE_NOT_FOUND_STREAK": 3,
+    "VPAY_CHARGE_HORIZON_SECONDS": 3600.0,
+    "VPAY_CHARGE_POLL_LADDER_SECONDS": "0.05,0.1,0.1,0.2",
+    "VPAY_CHARGE_POLL_PAST_HORIZON_SECONDS": 0.5,
+    "VPAY_CHARGE_WAIT_MARGIN_SECONDS": 0.05,
+    "VPAY_CHARGE_CONFIRM_GRACE_SECONDS": 0.5,
+    "VPAY_RAIL_CONNECT_TIMEOUT_SECONDS": 0.3,
+    "VPAY_RAIL_TIMEOUT_SECONDS": 1.0,
+}
+
+
+def apply_policy(settings, policy: dict) -> None:
+    """The same numbers in this (web) process's settings."""
+    for name, value in policy.items():
+        if name == "VPAY_CHARGE_POLL_LADDER_SECONDS":
+            value = [float(x) for x in str(value).split(",")]
+        setattr(settings, name, value)
+
+
+def worker_env(rails_file: str, policy: dict) -> dict[str, str]:
+    return {"VPAY_RAILS_FILE": rails_file, **{k: str(v) for k, v in policy.items()}}
+
+
+def sql(query: str, params=None) -> list[tuple]:
+    with connection.cursor() as cursor:
+        cursor.execute(query, params)
+        return cursor.fetchall() if cursor.description else []
+
+
+def scalar(query: str, params=None):
+    rows = sql(query, params)
+    return rows[0][0] if rows else None
+
+
+def charge_of(intent_id: str) -> dict | None:
+    rows = sql(
+        "SELECT id, status, failure_code, pay_token, redirect_url, not_found_count,"
+        " extract(epoch FROM updated_at - created_at)::float8, updated_at FROM charges WHERE intent_id = %s",
+        [intent_id],
+    )
+    if not rows:
+        return None
+    r = rows[0]
+    keys = (
+        "id",
+        "status",
+        "failure_code",
+        "pay_token",
+        "redirect_url",
+        "not_found_count",
+        "settled_after",
+        "updated_at",
+    )
+    return dict(zip(keys, r, strict=True))
+
+
+def intent_status(intent_id: str) -> str:
+    return scalar("SELECT status FROM payment_intents WHERE id = %s", [intent_id])
+
+
+def events(object_id: str, type_: str | None = None) -> list[tuple[str, dict]]:
+    rows = sql(
+        "SELECT type, data FROM events WHERE (data->>'id' = %s OR data->>'payment_intent' = %s)"
+        " AND (%s::text IS NULL OR type = %s) ORDER BY created_at, id",
+        [object_id, object_id, type_, type_],
+    )
+    return [(t, d if isinstance(d, dict) else json.loads(d)) for t, d in rows]
+
+
+def poll_job(charge_id: str) -> dict | None:
+    rows = sql(
+        "SELECT extract(epoch FROM run_at - now())::float8, locked_at IS NOT NULL, last_error, attempts"
+        " FROM jobs WHERE dedupe_key = %s",
+        [f"charge:poll:{charge_id}"],
+    )
+    if not rows:
+        return None
+    due_in, leased, last_error, attempts = rows[0]
+    return {"due_in": due_in, "leased": leased, "last_error": last_error, "attempts": attempts}

@@ -1,0 +1,275 @@
+"""The payment API against the real database and the sandbox rail over HTTP (no worker
+here: what the web process writes, and what it refuses to write)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.charges_support import (
+    FAST_POLICY,
+    Merchant,
+    apply_policy,
+    charge_of,
+    events,
+    intent_status,
+    poll_job,
+    scalar,
+    sql,
+    use_rails,
+)
+from tests.rail_support import sandbox_rail  # noqa: F401
+
+# Confirm commits before it calls the rail: only a real transaction shows that.
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def rails(settings, tmp_path, sandbox_rail):  # noqa: F811
+    apply_policy(settings, {**FAST_POLICY, "VPAY_CHARGE_CONFIRM_GRACE_SECONDS": 30.0})
+    use_rails(settings, tmp_path, sandbox_rail.rails())
+    return sandbox_rail
+
+
+@pytest.fixture
+def acme(rails):
+    return Merchant("Acme")
+
+
+def error_of(response) -> dict:
+    body = response.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"type", "code", "message", "param"}
+    return body["error"]
+
+
+def counts() -> tuple[int, int, int, int]:
+    return tuple(
+        scalar(f"SELECT count(*) FROM {t}")
+        for t in ("payment_intents", "charges", "provider_requests", "checkout_sessions")
+    )
+
+
+# --- create / retrieve / list ---------------------------------------------------------
+
+
+def test_create_an_intent_and_read_it_back(acme):
+    created = acme.intent(amount=1999, metadata={"order": "42"})
+    assert created["object"] == "payment_intent" and created["id"].startswith("pi_")
+    assert (created["status"], created["amount"], created["currency"], created["rail"]) == (
+        "requires_confirmation",
+        1999,
+        "usd",
+        "sandbox_push",
+    )
+    assert created["charge"] is None and created["metadata"] == {"order": "42"}
+    assert acme.call("GET", f"/v1/payment_intents/{created['id']}").json() == created
+
+
+def test_list_intents_newest_first_and_only_the_merchants_own(acme):
+    other = Merchant("Other")
+    mine = [acme.intent(amount=100 + i)["id"] for i in range(3)]
+    theirs = other.intent()["id"]
+    listed = acme.call("GET", "/v1/payment_intents?limit=2").json()
+    assert [i["id"] for i in listed["data"]] == mine[::-1][:2] and listed["has_more"] is True
+    page2 = acme.call("GET", f"/v1/payment_intents?limit=2&starting_after={mine[1]}").json()
+    assert [i["id"] for i in page2["data"]] == [mine[0]]
+    assert error_of(acme.call("GET", f"/v1/payment_intents/{theirs}"))["code"] == "resource_missing"
+
+
+@pytest.mark.parametrize(
+    ("body", "code", "param"),
+    [
+        ({"amount": 100, "currency": "usd", "rail": "nope"}, "rail_unknown", "rail"),
+        ({"amount": 0, "currency": "usd", "rail": "sandbox_push"}, "parameter_out_of_range", "amount"),
+        ({"amount": -5, "currency": "usd", "rail": "sandbox_push"}, "parameter_out_of_range", "amount"),
+        ({"amount": 1.5, "currency": "usd", "rail": "sandbox_push"}, "parameter_invalid_type", "amount"),
+        ({"amount": True, "currency": "usd", "rail": "sandbox_push"}, "parameter_invalid_type", "amount"),
+        ({"amount": 100, "currency": "xyz", "rail": "sandbox_push"}, "currency_unsupported", "currency"),
+        ({"amount": 100, "currency": "USD", "rail": "sandbox_push"}, "currency_unsupported", "currency"),
+        ({"amount": 100, "currency": "usd"}, "parameter_missing", "rail"),
+        ({"amount": 100, "currency": "usd", "rail": "sandbox_push", "colour": "red"}, "parameter_unknown", "colour"),
+        (
+            {"amount": 100, "currency": "usd", "rail": "sandbox_push", "customer": "cus_nobody"},
+            "resource_missing",
+            "customer",
+        ),
+    ],
+)
+def test_bad_input_is_a_4xx_in_the_common_format_and_writes_nothing(acme, body, code, param):
+    before = counts()
+    response = acme.call("POST", "/v1/payment_intents", body)
+    assert response.status_code == 400
+    assert (error_of(response)["code"], error_of(response)["param"]) == (code, param)
+    assert counts() == before
+
+
+def test_another_merchants_customer_is_refused(acme):
+    other = Merchant("Other")
+    cus = other.call("POST", "/v1/customers", {"email": "a@b.example"}).json()["id"]
+    response = acme.call(
+        "POST", "/v1/payment_intents", {"amount": 1, "currency": "usd", "rail": "sandbox_push", "customer": cus}
+    )
+    assert error_of(response)["code"] == "resource_missing"
+
+
+def test_create_and_confirm_move_the_customers_last_used_at_on_the_database_clock(acme):
+    cus = acme.call("POST", "/v1/customers", {"email": "c@d.example"}).json()["id"]
+    sql("UPDATE customers SET last_used_at = now() - interval '30 days' WHERE id = %s", [cus])
+    intent = acme.intent(customer=cus)
+    assert intent["customer"] == cus
+    assert scalar("SELECT now() - last_used_at < interval '1 minute' FROM customers WHERE id = %s", [cus])
+    sql("UPDATE customers SET last_used_at = now() - interval '30 days' WHERE id = %s", [cus])
+    acme.confirm(intent["id"])
+    assert scalar("SELECT now() - last_used_at < interval '1 minute' FROM customers WHERE id = %s", [cus])
+
+
+# --- confirm ----------------------------------------------------------------------------
+
+
+def test_confirm_on_a_push_rail_submits_and_pulls_the_poll_forward(acme, rails):
+    intent = acme.confirm(acme.intent()["id"])
+    charge = intent["charge"]
+    assert intent["status"] == "processing" and charge["status"] == "submitted"
+    assert intent["redirect_url"] is None and intent["next_action"] is None
+    # The poll job was written 30 s out (the grace) and pulled forward to now by the CAS.
+    job = poll_job(charge["id"])
+    assert job is not None and job["due_in"] <= 0
+    # The request row: written before, answered after.
+    assert sql(
+        "SELECT operation, method, path, idempotency_key, status_code, rail_status FROM provider_requests WHERE charge_id = %s",
+        [charge["id"]],
+    ) == [("submit", "POST", "/charges", charge["id"], 200, "pending")]
+    sent = [r for r in rails.requests(charge["id"]) if r["method"] == "POST"]
+    assert len(sent) == 1 and sent[0]["idempotency_key"] == charge["id"]
+    assert sent[0]["body"] == {"reference": charge["id"], "amount": 1000, "currency": "usd"}
+
+
+def test_confirm_on_a_redirect_rail_hands_out_the_url(acme):
+    intent = acme.confirm(acme.intent(rail="sandbox_redirect")["id"])
+    url = intent["redirect_url"]
+    assert intent["status"] == "requires_action" and url and "pay_token=" in url
+    assert intent["next_action"] == {"type": "redirect_to_url", "redirect_url": url}
+    stored = charge_of(intent["id"])
+    assert stored["status"] == "submitted" and stored["pay_token"] and stored["redirect_url"] == url
+    # The excerpt of the answer is stored redacted: the pay_token is the payer's.
+    excerpt = scalar("SELECT response_excerpt FROM provider_requests WHERE charge_id = %s", [stored["id"]])
+    assert stored["pay_token"] not in excerpt
+
+
+def test_confirming_twice_is_a_409_and_writes_nothing(acme):
+    intent_id = acme.intent()["id"]
+    acme.confirm(intent_id)
+    before = counts()
+    response = acme.call("POST", f"/v1/payment_intents/{intent_id}/confirm")
+    assert response.status_code == 409 and error_of(response)["code"] == "payment_intent_unexpected_state"
+    assert counts() == before
+
+
+@pytest.mark.parametrize("terminal", ["succeeded", "failed"])
+def test_confirming_a_terminal_intent_is_a_409_and_writes_nothing(acme, terminal):
+    intent_id = acme.intent()["id"]
+    sql("UPDATE payment_intents SET status = %s WHERE id = %s", [terminal, intent_id])
+    before = counts()
+    response = acme.call("POST", f"/v1/payment_intents/{intent_id}/confirm")
+    assert response.status_code == 409 and terminal in error_of(response)["message"]
+    assert counts() == before
+
+
+def test_confirm_with_a_body_or_of_an_unknown_intent_is_refused(acme):
+    intent_id = acme.intent()["id"]
+    assert acme.call("POST", f"/v1/payment_intents/{intent_id}/confirm", {"x": 1}).status_code == 400
+    assert acme.call("POST", "/v1/payment_intents/pi_nobody/confirm").status_code == 404
+    assert intent_status(intent_id) == "requires_confirmation" and charge_of(intent_id) is None
+
+
+def test_a_lost_submit_answer_leaves_a_submitting_charge_with_an_unanswered_request(acme, rails):
+    rails.scenario(amount=3001, drop_submits=1)
+    intent = acme.confirm(acme.intent(amount=3001)["id"])
+    assert intent["status"] == "processing" and intent["charge"]["status"] == "submitting"
+    charge_id = intent["charge"]["id"]
+    code, error = sql("SELECT status_code, error FROM provider_requests WHERE charge_id = %s", [charge_id])[0]
+    assert code is None and "RemoteProtocolError" in error  # sent; no answer; the cause kept
+    # The poll job keeps its grace (30 s here): nothing pulled it forward.
+    assert poll_job(charge_id)["due_in"] > 20
+
+
+def test_a_submit_the_rail_refuses_for_good_fails_the_intent_with_an_event(acme, rails):
+    rails.scenario(amount=3002, submit_status=422)
+    intent = acme.confirm(acme.intent(amount=3002)["id"])
+    assert intent["status"] == "failed" and intent["charge"]["failure_code"] == "rail_rejected"
+    assert [t for t, _ in events(intent["id"])] == ["payment_intent.payment_failed"]
+
+
+def test_an_idempotent_confirm_replays_its_answer_and_calls_the_rail_once(acme, rails):
+    intent_id = acme.intent()["id"]
+    first = acme.call("POST", f"/v1/payment_intents/{intent_id}/confirm", key="confirm-1")
+    again = acme.call("POST", f"/v1/payment_intents/{intent_id}/confirm", key="confirm-1")
+    assert first.status_code == again.status_code == 200
+    assert again.content == first.content and again["Idempotent-Replayed"] == "true"
+    charge_id = first.json()["charge"]["id"]
+    assert len([r for r in rails.requests(charge_id) if r["method"] == "POST"]) == 1
+
+
+# --- checkout sessions -------------------------------------------------------------------
+
+
+def test_a_checkout_session_is_open_for_24_hours_with_a_url_and_a_client_secret(acme):
+    response = acme.call(
+        "POST",
+        "/v1/checkout/sessions",
+        {"amount": 500, "currency": "usd", "rail": "sandbox_push", "success_url": "https://shop.example/ok"},
+    )
+    assert response.status_code == 200, response.content
+    session = response.json()
+    assert session["object"] == "checkout.session" and session["id"].startswith("cs_")
+    assert (session["status"], session["payment_status"]) == ("open", "unpaid")
+    assert session["url"].endswith(session["id"]) and session["client_secret"].startswith("cs_secret_")
+    assert session["expires_at"] - session["created"] == 24 * 3600
+    assert intent_status(session["payment_intent"]) == "requires_confirmation"
+    assert acme.call("GET", f"/v1/checkout/sessions/{session['id']}").json() == session
+    assert Merchant("Other").call("GET", f"/v1/checkout/sessions/{session['id']}").status_code == 404
+
+
+def test_a_bad_checkout_session_writes_nothing(acme):
+    before = counts()
+    response = acme.call("POST", "/v1/checkout/sessions", {"amount": 500, "currency": "usd", "rail": "nope"})
+    assert error_of(response)["code"] == "rail_unknown"
+    assert counts() == before
+
+
+# --- rail callbacks ----------------------------------------------------------------------
+
+
+def test_a_callback_pulls_a_far_poll_forward_and_believes_nothing_else(acme, rails):
+    rails.scenario(amount=3003, drop_submits=1)  # leaves the charge submitting, its poll 30 s out
+    charge_id = acme.confirm(acme.intent(amount=3003)["id"])["charge"]["id"]
+    response = acme.client.post(
+        "/rails/sandbox_push/callback",
+        {"reference": charge_id, "status": "succeeded"},
+        content_type="application/json",
+    )
+    assert response.status_code == 200 and response.json() == {"received": True}
+    assert poll_job(charge_id)["due_in"] <= 0
+    assert charge_of(scalar("SELECT intent_id FROM charges WHERE id = %s", [charge_id]))["status"] == "submitting"
+
+
+def test_a_callback_leaves_a_near_poll_alone(acme, rails, settings):
+    rails.scenario(amount=3004, drop_submits=1)
+    settings.VPAY_CHARGE_CONFIRM_GRACE_SECONDS = 5.0  # under the 10 s floor
+    charge_id = acme.confirm(acme.intent(amount=3004)["id"])["charge"]["id"]
+    acme.client.post("/rails/sandbox_push/callback", {"reference": charge_id}, content_type="application/json")
+    assert poll_job(charge_id)["due_in"] > 3
+
+
+def test_a_callback_for_an_unknown_reference_is_a_quiet_200_and_an_unknown_rail_a_404(acme):
+    for body in ({"reference": "ch_nobody"}, {"nothing": True}, "not json"):
+        response = acme.client.post("/rails/sandbox_push/callback", body, content_type="application/json")
+        assert response.status_code == 200 and response.json() == {"received": True}
+    assert acme.client.post("/rails/nope/callback", {}, content_type="application/json").status_code == 404
+    assert acme.client.get("/rails/sandbox_push/callback").status_code == 405
+
+
+def test_a_callback_naming_another_rails_charge_moves_nothing(acme, rails):
+    rails.scenario(amount=3005, drop_submits=1)
+    charge_id = acme.confirm(acme.intent(amount=3005)["id"])["charge"]["id"]
+    acme.client.post("/rails/sandbox_redirect/callback", {"reference": charge_id}, content_type="application/json")
+    assert poll_job(charge_id)["due_in"] > 20

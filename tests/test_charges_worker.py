@@ -1,0 +1,345 @@
+"""Charges driven to settlement by the real worker (``manage.py runworker`` subprocesses)
+against the sandbox rail over HTTP and the real database, with the RecoveryPolicy shrunk
+through the same settings production reads.
+
+Crash points are reproduced two ways: by the real thing (a rail that drops or loses the
+submit's answer, a worker SIGKILLed mid-poll) and, for the one state no live process can be
+stopped in on demand (a charge committed with its job but no request row yet), by writing
+the rows that crash leaves.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+
+import pytest
+from django.db import connection
+
+from charges.models import Charge, PaymentIntent
+from jobs.kinds import JobKind
+from jobs.queue import enqueue
+from tests.charges_support import (
+    FAST_POLICY,
+    Merchant,
+    apply_policy,
+    charge_of,
+    events,
+    intent_status,
+    poll_job,
+    scalar,
+    sql,
+    use_rails,
+    worker_env,
+)
+from tests.conftest import wait_for
+from tests.rail_support import sandbox_rail  # noqa: F401
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+@pytest.fixture
+def stack(settings, tmp_path, sandbox_rail, start_worker):  # noqa: F811
+    """Rails on the sandbox; ``run(policy)`` applies a policy here and starts a worker with it."""
+    rails_file = use_rails(settings, tmp_path, sandbox_rail.rails())
+
+    class Stack:
+        rail = sandbox_rail
+        acme = Merchant("Acme")
+
+        def __init__(self):
+            self.policy = dict(FAST_POLICY)
+            apply_policy(settings, self.policy)
+
+        def set_policy(self, **changes):
+            self.policy.update(changes)
+            apply_policy(settings, self.policy)
+
+        def worker(self, *args: str):
+            return start_worker("--concurrency", "2", *args, env=worker_env(rails_file, self.policy))
+
+    return Stack()
+
+
+def settled(intent_id: str, status: str, timeout: float = 30.0) -> dict:
+    wait_for(lambda: (charge_of(intent_id) or {}).get("status") == status, timeout, message=f"charge {status}")
+    return charge_of(intent_id)
+
+
+def event_types(intent_id: str) -> list[str]:
+    return [t for t, _ in events(intent_id)]
+
+
+# --- settling ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rail", ["sandbox_push", "sandbox_redirect"])
+def test_a_charge_settles_to_succeeded_with_one_event(stack, rail):
+    stack.rail.scenario(amount=4001, after_polls=2)
+    stack.worker()
+    intent = stack.acme.confirm(stack.acme.intent(amount=4001, rail=rail)["id"])
+    charge = settled(intent["id"], "succeeded")
+    assert intent_status(intent["id"]) == "succeeded"
+    time.sleep(0.5)  # a re-run would have written a second event by now
+    assert event_types(intent["id"]) == ["payment_intent.succeeded"]
+    ((_, data),) = events(intent["id"], "payment_intent.succeeded")
+    assert data["status"] == "succeeded" and data["charge"]["status"] == "succeeded"
+    assert data["redirect_url"] is None and data["charge"]["redirect_url"] is None  # no payer URL in a webhook
+    polls = [r for r in stack.rail.requests(charge["id"]) if r["method"] == "GET"]
+    assert [p["rail_status"] for p in polls] == ["pending", "succeeded"]
+    assert poll_job(charge["id"]) is None  # done: the job left the table
+
+
+@pytest.mark.parametrize("rail", ["sandbox_push", "sandbox_redirect"])
+def test_a_charge_settles_to_failed_with_its_failure_code(stack, rail):
+    stack.rail.scenario(amount=4002, outcome="failed", failure_code="insufficient_funds")
+    stack.worker()
+    intent = stack.acme.confirm(stack.acme.intent(amount=4002, rail=rail)["id"])
+    charge = settled(intent["id"], "failed")
+    assert charge["failure_code"] == "insufficient_funds"
+    assert intent_status(intent["id"]) == "failed"
+    assert event_types(intent["id"]) == ["payment_intent.payment_failed"]
+    response = stack.acme.call("GET", f"/v1/payment_intents/{intent['id']}").json()
+    assert response["last_payment_error"] == {"code": "insufficient_funds"}
+
+
+def test_a_checkout_sessions_intent_succeeding_completes_the_session(stack):
+    stack.worker()
+    session = stack.acme.call(
+        "POST", "/v1/checkout/sessions", {"amount": 4003, "currency": "usd", "rail": "sandbox_push"}
+    ).json()
+    stack.acme.confirm(session["payment_intent"])
+    settled(session["payment_intent"], "succeeded")
+    wait_for(lambda: scalar("SELECT status FROM checkout_sessions WHERE id = %s", [session["id"]]) == "complete")
+    got = stack.acme.call("GET", f"/v1/checkout/sessions/{session['id']}").json()
+    assert (got["status"], got["payment_status"]) == ("complete", "paid")
+    completed = events(session["id"], "checkout.session.completed")
+    assert len(completed) == 1
+    assert completed[0][1]["client_secret"] is None and completed[0][1]["url"] is None
+
+
+# --- the confirm/worker race -----------------------------------------------------------
+
+
+def test_a_confirms_compare_and_swap_wins_against_a_worker_that_claimed_its_poll_job(stack):
+    # Grace shorter than the rail's answer: the worker claims the poll job while the
+    # confirm is inside its rail call. The window (10 s) is far longer than the call (3 s).
+    stack.set_policy(
+        VPAY_CHARGE_CONFIRM_GRACE_SECONDS=0.2,
+        VPAY_CHARGE_NOT_FOUND_WINDOW_SECONDS=10.0,
+        VPAY_RAIL_TIMEOUT_SECONDS=5.0,
+        VPAY_RAIL_CONNECT_TIMEOUT_SECONDS=1.0,
+    )
+    stack.rail.scenario(amount=4004, submit_delay=3.0)
+    stack.worker()
+    intent_id = stack.acme.intent(amount=4004, rail="sandbox_redirect")["id"]
+    answer: dict = {}
+    confirm = threading.Thread(target=lambda: answer.update(stack.acme.confirm(intent_id)))
+    confirm.start()
+    try:
+        # While the confirm waits on the rail, the worker claims the job, sees a young
+        # submitting charge, asks the rail nothing and parks the job for the rest of the window.
+        charge_id = wait_for(lambda: (charge_of(intent_id) or {}).get("id"), 5)
+        wait_for(
+            lambda: "waiting" in ((poll_job(charge_id) or {}).get("last_error") or ""), 5, message="the worker's Wait"
+        )
+        assert poll_job(charge_id)["due_in"] > 3
+        assert charge_of(intent_id)["status"] == "submitting"  # the worker moved nothing
+        assert not [r for r in stack.rail.requests(charge_id) if r["method"] == "GET"]
+    finally:
+        confirm.join(timeout=20)
+        connection.close()  # the thread's test-client request used its own connection
+    # The confirm's compare-and-swap won: the merchant got the URL, not an error.
+    assert answer["status"] == "requires_action" and answer["redirect_url"]
+    # Its pull-forward made the parked poll due at once: the charge settles well inside the
+    # window it would otherwise have waited out.
+    charge = settled(intent_id, "succeeded", timeout=9)
+    assert charge["settled_after"] < 10.0
+    assert event_types(intent_id) == ["payment_intent.succeeded"]
+
+
+# --- crash points ------------------------------------------------------------------------
+
+
+def crashed_before_the_post(merchant, rail: str, flow: str, amount: int) -> str:
+    """The rows a crash right after the confirm's first commit leaves: intent processing,
+    charge submitting, its poll job due, and no provider_requests row at all."""
+    intent = PaymentIntent.objects.create(
+        merchant=merchant, amount=amount, currency="usd", rail=rail, status="processing"
+    )
+    charge = Charge.objects.create(
+        intent=intent, merchant=merchant, rail=rail, flow=flow, amount=amount, currency="usd"
+    )
+    enqueue(JobKind.POLL_CHARGE, {"charge_id": charge.id}, dedupe_key=f"charge:poll:{charge.id}", tenant=merchant.id)
+    return intent.id
+
+
+def test_crash_before_the_post__push_is_resubmitted_under_the_same_reference(stack):
+    stack.worker()
+    intent_id = crashed_before_the_post(stack.acme.merchant, "sandbox_push", "push", 4005)
+    charge = settled(intent_id, "succeeded")
+    posts = [r for r in stack.rail.requests(charge["id"]) if r["method"] == "POST"]
+    assert len(posts) == 1 and posts[0]["idempotency_key"] == charge["id"]
+    # Not before the window: the charge was at least that old when it was resubmitted.
+    assert scalar(
+        "SELECT min(r.sent_at) - min(c.created_at) >= interval '1.5 seconds' FROM provider_requests r"
+        " JOIN charges c ON c.id = r.charge_id WHERE r.charge_id = %s",
+        [charge["id"]],
+    )
+    assert event_types(intent_id) == ["payment_intent.succeeded"]
+
+
+def test_crash_before_the_post__redirect_fails_as_a_dead_order_only_once_older_than_the_window(stack):
+    stack.set_policy(VPAY_CHARGE_NOT_FOUND_WINDOW_SECONDS=3.0)
+    stack.worker()
+    intent_id = crashed_before_the_post(stack.acme.merchant, "sandbox_redirect", "redirect", 4006)
+    time.sleep(1.5)
+    assert charge_of(intent_id)["status"] == "submitting"  # young: left alone
+    charge = settled(intent_id, "failed")
+    assert charge["failure_code"] == "redirect_never_delivered"
+    assert charge["settled_after"] >= 3.0
+    assert not stack.rail.requests(charge["id"])  # nobody asked the rail anything
+    assert event_types(intent_id) == ["payment_intent.payment_failed"]
+
+
+@pytest.mark.parametrize("rail", ["sandbox_push", "sandbox_redirect"])
+def test_an_unanswered_submit_is_recovered_per_flow(stack, rail):
+    # The rail got the submit and its answer was lost (connection closed): the confirm
+    # answers processing; the request row says sent, no answer.
+    stack.rail.scenario(amount=4007, drop_submits=1)
+    stack.worker()
+    intent = stack.acme.confirm(stack.acme.intent(amount=4007, rail=rail)["id"])
+    assert intent["charge"]["status"] == "submitting"
+    if rail == "sandbox_push":
+        # Push: after the window the worker asks the rail by reference; the rail has it.
+        charge = settled(intent["id"], "succeeded")
+        assert len([r for r in stack.rail.requests(charge["id"]) if r["method"] == "POST"]) == 1
+        assert event_types(intent["id"]) == ["payment_intent.succeeded"]
+    else:
+        # Redirect: the pay_token was in the lost answer and no URL was handed out: dead.
+        charge = settled(intent["id"], "failed")
+        assert charge["failure_code"] == "redirect_never_delivered" and charge["settled_after"] >= 1.5
+        assert event_types(intent["id"]) == ["payment_intent.payment_failed"]
+
+
+def test_a_submit_that_never_arrived_is_resubmitted_after_a_streak_of_404s_spanning_the_window(stack):
+    # The rail never received the submit (lost before it): polls answer 404.
+    stack.rail.scenario(amount=4008, lose_submits=1)
+    stack.worker()
+    intent = stack.acme.confirm(stack.acme.intent(amount=4008)["id"])
+    charge = settled(intent["id"], "succeeded")
+    log = stack.rail.requests(charge["id"])
+    posts = [i for i, r in enumerate(log) if r["method"] == "POST"]
+    assert len(posts) == 2 and log[posts[1]]["idempotency_key"] == charge["id"]  # same reference
+    not_found_before_resubmit = [r for r in log[: posts[1]] if r["method"] == "GET" and r["status"] == 404]
+    assert len(not_found_before_resubmit) >= 3  # the streak
+    # ... and the window: the resubmit went out at least a window after the first 404.
+    first_404, resubmitted = sql(
+        "SELECT min(sent_at) FILTER (WHERE status_code = 404), max(sent_at) FILTER (WHERE operation = 'submit')"
+        " FROM provider_requests WHERE charge_id = %s",
+        [charge["id"]],
+    )[0]
+    assert (resubmitted - first_404).total_seconds() >= 1.5
+    assert charge["not_found_count"] == 0  # cleared once the rail had it
+    assert event_types(intent["id"]) == ["payment_intent.succeeded"]
+
+
+def test_a_redirect_submit_that_never_arrived_fails_as_a_dead_order(stack):
+    stack.rail.scenario(amount=4009, lose_submits=1)
+    stack.worker()
+    intent = stack.acme.confirm(stack.acme.intent(amount=4009, rail="sandbox_redirect")["id"])
+    charge = settled(intent["id"], "failed")
+    assert charge["failure_code"] == "redirect_never_delivered"
+    assert not [r for r in stack.rail.requests(charge["id"]) if r["method"] == "GET"]
+
+
+# --- the horizon ---------------------------------------------------------------------------
+
+
+def test_a_rail_answering_503_forever_reaches_unresolved_at_the_horizon_and_a_late_success_settles_it(stack):
+    stack.set_policy(VPAY_CHARGE_HORIZON_SECONDS=2.0, VPAY_CHARGE_POLL_PAST_HORIZON_SECONDS=0.4)
+    stack.rail.scenario(amount=4010, error_polls=-1)
+    worker = stack.worker()
+    intent = stack.acme.confirm(stack.acme.intent(amount=4010)["id"])
+    charge = settled(intent["id"], "unresolved")
+    assert scalar(
+        "SELECT unresolved_at - created_at >= interval '2 seconds' FROM charges WHERE id = %s", [charge["id"]]
+    )
+    assert intent_status(intent["id"]) == "processing"  # and says so through charge.status
+    first_update = charge["updated_at"]
+    # It keeps being polled (every 0.4 s here, hourly by default), re-alerting each time,
+    # without rewriting the row or emitting a second event.
+    gets_then = len([r for r in stack.rail.requests(charge["id"]) if r["method"] == "GET"])
+    wait_for(lambda: worker.output().count("charge still unresolved") >= 2, 15, message="hourly re-alerts")
+    assert len([r for r in stack.rail.requests(charge["id"]) if r["method"] == "GET"]) > gets_then
+    assert charge_of(intent["id"])["updated_at"] == first_update
+    assert event_types(intent["id"]) == ["charge.unresolved"]
+    alerts = [
+        json.loads(line) for line in worker.output().splitlines() if "unresolved" in line and line.startswith("{")
+    ]
+    assert alerts and all(a.get("alert") is True for a in alerts)
+    # The rail recovers: a late success is the normal way an unresolved charge ends.
+    stack.rail.scenario(amount=4010, error_polls=0)
+    settled(intent["id"], "succeeded", timeout=15)
+    assert intent_status(intent["id"]) == "succeeded"
+    assert event_types(intent["id"]) == ["charge.unresolved", "payment_intent.succeeded"]
+
+
+def test_a_submitting_charge_whose_rail_never_knows_it_is_escalated_at_the_horizon(stack):
+    # 404 forever: the resubmit never lands either. Without the horizon above the
+    # crash-recovery block this would cycle resubmit -> ladder -> resubmit, never alerting.
+    stack.set_policy(VPAY_CHARGE_HORIZON_SECONDS=6.0, VPAY_CHARGE_POLL_PAST_HORIZON_SECONDS=0.4)
+    stack.rail.scenario(amount=4011, lose_submits=1000)
+    stack.worker()
+    intent = stack.acme.confirm(stack.acme.intent(amount=4011)["id"])
+    charge = settled(intent["id"], "unresolved", timeout=30)
+    assert event_types(intent["id"]) == ["charge.unresolved"]
+    assert len([r for r in stack.rail.requests(charge["id"]) if r["method"] == "POST"]) >= 2
+
+
+# --- SIGKILL mid-poll ------------------------------------------------------------------------
+
+
+def test_killing_the_worker_mid_poll_then_restarting_settles_the_charge_exactly_once(stack):
+    stack.set_policy(VPAY_RAIL_TIMEOUT_SECONDS=8.0, VPAY_CHARGE_NOT_FOUND_WINDOW_SECONDS=20.0)
+    stack.rail.scenario(amount=4012, poll_delay=4.0)
+    first = stack.worker("--lease", "2")
+    intent = stack.acme.confirm(stack.acme.intent(amount=4012)["id"])
+    charge_id = intent["charge"]["id"]
+    # The worker is inside its rail call (the rail holds the answer 4 s): kill it there.
+    wait_for(lambda: [r for r in stack.rail.requests(charge_id) if r["method"] == "GET"], 10, message="the poll")
+    first.signal(signal.SIGKILL)
+    first.proc.wait(timeout=10)
+    assert charge_of(intent["id"])["status"] == "submitted"
+    # The request row the killed poll wrote is still unanswered: the evidence survived.
+    assert (
+        scalar(
+            "SELECT count(*) FROM provider_requests WHERE charge_id = %s AND operation = 'status' AND answered_at IS NULL",
+            [charge_id],
+        )
+        == 1
+    )
+    stack.rail.scenario(amount=4012)  # the rail answers promptly from now on
+    # The replacement's reaper (every half lease) frees the dead worker's lease once it
+    # expires (2 s after the claim), and the poll runs again.
+    stack.worker("--lease", "4")
+    settled(intent["id"], "succeeded")
+    time.sleep(1.0)
+    assert event_types(intent["id"]) == ["payment_intent.succeeded"]
+    assert scalar("SELECT count(*) FROM events WHERE data->>'id' = %s", [intent["id"]]) == 1
+
+
+# --- the backstop ----------------------------------------------------------------------------
+
+
+def test_the_backstop_re_enqueues_a_poll_for_a_live_charge_that_lost_its_job(stack):
+    stack.set_policy(VPAY_CHARGE_BACKSTOP_SECONDS=600)
+    intent = stack.acme.confirm(stack.acme.intent(amount=4013)["id"])
+    charge_id = intent["charge"]["id"]
+    sql("DELETE FROM jobs WHERE dedupe_key = %s", [f"charge:poll:{charge_id}"])  # the job is lost
+    sql("DELETE FROM jobs WHERE dedupe_key = 'singleton:scan_live_charges'")  # the boot seed runs the scan now
+    stack.worker()
+    settled(intent["id"], "succeeded")
+    assert event_types(intent["id"]) == ["payment_intent.succeeded"]
