@@ -10,3 +10,13 @@ class ChargesConfig(AppConfig):
         # System checks and the job handlers (poll, resubmit, backstop) register on import.
         from charges import checks  # noqa: F401
         from charges.services import polling  # noqa: F401
+        from customers.retention import register_in_use
+
+        # A customer with a payment in flight is not erased by the retention sweep. An
+        # intent never confirmed is not in flight (and its creation already moved the
+        # customer's last_used_at); a finished one keeps its record with customer NULL.
+        register_in_use(
+            "payment_intents",
+            "EXISTS (SELECT 1 FROM payment_intents p WHERE p.customer_id = customers.id"
+            " AND p.status IN ('processing', 'requires_action'))",
+        )

@@ -89,3 +89,21 @@ def test_a_checkout_session_expires_24_hours_after_the_database_created_it(merch
     assert lifetime.total_seconds() == 24 * 3600
     assert (status, payment_status) == (CheckoutSessionStatus.OPEN, CheckoutPaymentStatus.UNPAID)
     assert "secret" not in repr(session)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_retention_sweep_keeps_a_customer_with_a_payment_in_flight_and_unlinks_finished_ones(merchant):
+    from customers.models import Customer
+    from customers.retention import erase_if_idle
+
+    busy = Customer.objects.create(merchant=merchant)
+    done = Customer.objects.create(merchant=merchant)
+    in_flight = intent(merchant, customer=busy, status="processing")
+    finished = intent(merchant, customer=done, status="succeeded")
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE customers SET last_used_at = now() - interval '400 days'")
+    assert erase_if_idle(busy.id) is False
+    assert erase_if_idle(done.id) is True
+    finished.refresh_from_db()
+    in_flight.refresh_from_db()
+    assert finished.customer_id is None and in_flight.customer_id == busy.id
