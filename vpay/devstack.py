@@ -4,7 +4,9 @@ Starts the database (embedded unless ``DATABASE_URL`` is set), applies migration
 sure an admin login exists (development only), then runs the worker and the web process
 as child processes. In development it also runs the sandbox webhook receiver
 (``sandbox.receiver``) with a development merchant whose endpoint points at it, so every
-event emitted locally is delivered, signed, and verified there. Ctrl-C (or SIGTERM) stops
+event emitted locally is delivered, signed, and verified there, and the sandbox rail
+(``sandbox.rail``) that the development rails point at (``python manage.py demo_charge``
+takes a payment through it). Ctrl-C (or SIGTERM) stops
 them all: the worker drains first.
 """
 
@@ -56,6 +58,17 @@ def main() -> int:
         children["receiver"] = subprocess.Popen(args, cwd=ROOT)
         print(
             f"vpay: sandbox webhook receiver on http://127.0.0.1:{RECEIVER_PORT}/ (what arrived: /__admin/received)",
+            flush=True,
+        )
+    if not settings.LIVE_MODE and not settings.VPAY_RAILS_FILE:
+        # The development rails (sandbox_push, sandbox_redirect) point at this process.
+        from urllib.parse import urlsplit
+
+        rail_port = str(urlsplit(settings.VPAY_SANDBOX_RAIL_URL).port or 8701)
+        children["rail"] = subprocess.Popen([sys.executable, "-m", "sandbox.rail", "--port", rail_port], cwd=ROOT)
+        print(
+            f"vpay: sandbox rail on {settings.VPAY_SANDBOX_RAIL_URL} (what arrived: /__admin/requests);"
+            " take a payment through it: python manage.py demo_charge",
             flush=True,
         )
     print(
