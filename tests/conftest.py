@@ -128,3 +128,7 @@ def receiver():
     r = start_receiver()
     yield r
     r.stop()
+
+
+# The sandbox rail (a real HTTP subprocess, one per session) for the charges tests.
+from tests.rail_support import sandbox_rail  # noqa: E402, F401

@@ -107,3 +107,23 @@ def test_the_retention_sweep_keeps_a_customer_with_a_payment_in_flight_and_unlin
     finished.refresh_from_db()
     in_flight.refresh_from_db()
     assert finished.customer_id is None and in_flight.customer_id == busy.id
+
+
+def test_the_admin_lists_unresolved_charges_first_and_never_shows_the_pay_token(merchant, admin_client):
+    older = Charge.objects.create(
+        intent=intent(merchant),
+        merchant=merchant,
+        rail="r",
+        flow="redirect",
+        amount=1,
+        currency="usd",
+        status="unresolved",
+        pay_token="tok_secret_value",
+    )
+    newer = Charge.objects.create(
+        intent=intent(merchant), merchant=merchant, rail="r", flow="push", amount=1, currency="usd"
+    )
+    page = admin_client.get("/admin/charges/charge/").content.decode()
+    assert page.index(older.id) < page.index(newer.id)  # unresolved first, though older
+    detail = admin_client.get(f"/admin/charges/charge/{older.id}/change/").content.decode()
+    assert detail.count(older.id) >= 1 and "tok_secret_value" not in detail

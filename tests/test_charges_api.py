@@ -17,14 +17,13 @@ from tests.charges_support import (
     sql,
     use_rails,
 )
-from tests.rail_support import sandbox_rail  # noqa: F401
 
 # Confirm commits before it calls the rail: only a real transaction shows that.
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
-def rails(settings, tmp_path, sandbox_rail):  # noqa: F811
+def rails(settings, tmp_path, sandbox_rail):
     apply_policy(settings, {**FAST_POLICY, "VPAY_CHARGE_CONFIRM_GRACE_SECONDS": 30.0})
     use_rails(settings, tmp_path, sandbox_rail.rails())
     return sandbox_rail
@@ -273,3 +272,14 @@ def test_a_callback_naming_another_rails_charge_moves_nothing(acme, rails):
     charge_id = acme.confirm(acme.intent(amount=3005)["id"])["charge"]["id"]
     acme.client.post("/rails/sandbox_redirect/callback", {"reference": charge_id}, content_type="application/json")
     assert poll_job(charge_id)["due_in"] > 20
+
+
+def test_a_rail_refusing_our_credentials_on_submit_fails_the_charge_and_pages(acme, settings, tmp_path, rails):
+    config = rails.rails()
+    config["sandbox_push"]["api_key"] = "wrong-key"
+    use_rails(settings, tmp_path, config)
+    intent = acme.confirm(acme.intent()["id"])
+    assert intent["status"] == "failed" and intent["charge"]["failure_code"] == "rail_configuration_error"
+    key, severity = sql("SELECT key, severity FROM alerts WHERE source = 'charges.rail_configuration'")[0]
+    assert key == f"rail_credentials_refused:{intent['charge']['id']}" and severity == "page"
+    assert [t for t, _ in events(intent["id"])] == ["payment_intent.payment_failed"]

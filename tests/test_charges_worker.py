@@ -35,13 +35,12 @@ from tests.charges_support import (
     worker_env,
 )
 from tests.conftest import wait_for
-from tests.rail_support import sandbox_rail  # noqa: F401
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 
 @pytest.fixture
-def stack(settings, tmp_path, sandbox_rail, start_worker):  # noqa: F811
+def stack(settings, tmp_path, sandbox_rail, start_worker):
     """Rails on the sandbox; ``run(policy)`` applies a policy here and starts a worker with it."""
     rails_file = use_rails(settings, tmp_path, sandbox_rail.rails())
 
@@ -269,17 +268,19 @@ def test_a_rail_answering_503_forever_reaches_unresolved_at_the_horizon_and_a_la
     )
     assert intent_status(intent["id"]) == "processing"  # and says so through charge.status
     first_update = charge["updated_at"]
-    # It keeps being polled (every 0.4 s here, hourly by default), re-alerting each time,
-    # without rewriting the row or emitting a second event.
+    # It keeps being polled (every 0.4 s here, hourly by default), re-alerting once per
+    # period, without rewriting the row or emitting a second event.
     gets_then = len([r for r in stack.rail.requests(charge["id"]) if r["method"] == "GET"])
-    wait_for(lambda: worker.output().count("charge still unresolved") >= 2, 15, message="hourly re-alerts")
+    alert_keys = "SELECT count(*) FROM alerts WHERE key LIKE %s"
+    wait_for(lambda: scalar(alert_keys, [f"charge_unresolved:{charge['id']}:%"]) >= 3, 15, message="re-alerts")
     assert len([r for r in stack.rail.requests(charge["id"]) if r["method"] == "GET"]) > gets_then
     assert charge_of(intent["id"])["updated_at"] == first_update
     assert event_types(intent["id"]) == ["charge.unresolved"]
-    alerts = [
-        json.loads(line) for line in worker.output().splitlines() if "unresolved" in line and line.startswith("{")
-    ]
-    assert alerts and all(a.get("alert") is True for a in alerts)
+    # Each alert is logged once by the worker, with alert=true.
+    wait_for(lambda: worker.output().count("is unresolved after") >= 3, 15, message="alert lines")
+    alerts = [json.loads(line) for line in worker.output().splitlines() if '"ALERT: Charge' in line]
+    assert len(alerts) >= 3 and all(a["alert"] is True and a["details"]["charge_id"] == charge["id"] for a in alerts)
+    assert len({a["alert_key"] for a in alerts}) == len(alerts)  # one line per alert, never twice
     # The rail recovers: a late success is the normal way an unresolved charge ends.
     stack.rail.scenario(amount=4010, error_polls=0)
     settled(intent["id"], "succeeded", timeout=15)

@@ -17,7 +17,7 @@ from charges.rails.adapter import (
 )
 from charges.rails.config import RailConfig, RailConfigError, load_rails, parse_rails, sandbox_rails
 from charges.states import RailFlow, RailStatus
-from tests.rail_support import ROOT, free_port, sandbox_rail  # noqa: F401
+from tests.rail_support import ROOT, free_port
 from vpay.errors import Category, Retry, classify
 
 GOOD = {"momo": {"base_url": "https://rail.example/v1", "flow": "push", "api_key": "rk_live_abcdef123456"}}
@@ -132,7 +132,7 @@ def adapter(rail_proc, code="sandbox_push", *, total=2.0, api_key=None) -> HttpR
     return HttpRailAdapter(rail, connect_timeout=0.5, total_timeout=total)
 
 
-def test_push_submit_then_poll_to_success(sandbox_rail):  # noqa: F811
+def test_push_submit_then_poll_to_success(sandbox_rail):
     a = adapter(sandbox_rail)
     answer = a.submit(reference="ch_push1", amount=1000, currency="usd")
     assert (answer.status, answer.http_status, answer.pay_token) == (RailStatus.PENDING, 200, None)
@@ -142,7 +142,7 @@ def test_push_submit_then_poll_to_success(sandbox_rail):  # noqa: F811
     assert sent[0]["body"] == {"reference": "ch_push1", "amount": 1000, "currency": "usd"}
 
 
-def test_redirect_submit_hands_out_a_url_and_polling_needs_the_pay_token(sandbox_rail):  # noqa: F811
+def test_redirect_submit_hands_out_a_url_and_polling_needs_the_pay_token(sandbox_rail):
     a = adapter(sandbox_rail, "sandbox_redirect")
     answer = a.submit(reference="ch_red1", amount=1000, currency="usd")
     assert answer.pay_token and answer.redirect_url and answer.pay_token in answer.redirect_url
@@ -151,7 +151,7 @@ def test_redirect_submit_hands_out_a_url_and_polling_needs_the_pay_token(sandbox
     assert a.status(reference="ch_red1", pay_token=answer.pay_token).status is RailStatus.SUCCEEDED
 
 
-def test_failure_after_n_polls_carries_the_failure_code(sandbox_rail):  # noqa: F811
+def test_failure_after_n_polls_carries_the_failure_code(sandbox_rail):
     sandbox_rail.scenario(amount=2001, outcome="failed", failure_code="insufficient_funds", after_polls=2)
     a = adapter(sandbox_rail)
     a.submit(reference="ch_f", amount=2001, currency="usd")
@@ -160,11 +160,11 @@ def test_failure_after_n_polls_carries_the_failure_code(sandbox_rail):  # noqa: 
     assert (answer.status, answer.failure_code) == (RailStatus.FAILED, "insufficient_funds")
 
 
-def test_unknown_reference_is_not_found(sandbox_rail):  # noqa: F811
+def test_unknown_reference_is_not_found(sandbox_rail):
     assert adapter(sandbox_rail).status(reference="ch_nobody", pay_token=None).status is RailStatus.NOT_FOUND
 
 
-def test_5xx_is_transient(sandbox_rail):  # noqa: F811
+def test_5xx_is_transient(sandbox_rail):
     sandbox_rail.scenario(amount=2002, error_submits=1, error_polls=1)
     a = adapter(sandbox_rail)
     with pytest.raises(RailUnavailable) as caught:
@@ -177,7 +177,7 @@ def test_5xx_is_transient(sandbox_rail):  # noqa: F811
     assert a.status(reference="ch_5", pay_token=None).status is RailStatus.SUCCEEDED
 
 
-def test_a_dropped_answer_is_transient_with_no_status_and_the_rail_kept_the_charge(sandbox_rail):  # noqa: F811
+def test_a_dropped_answer_is_transient_with_no_status_and_the_rail_kept_the_charge(sandbox_rail):
     sandbox_rail.scenario(amount=2003, drop_submits=1)
     a = adapter(sandbox_rail)
     with pytest.raises(RailUnavailable) as caught:
@@ -186,13 +186,13 @@ def test_a_dropped_answer_is_transient_with_no_status_and_the_rail_kept_the_char
     assert a.status(reference="ch_drop", pay_token=None).status is RailStatus.SUCCEEDED
 
 
-def test_a_slow_rail_times_out_as_transient(sandbox_rail):  # noqa: F811
+def test_a_slow_rail_times_out_as_transient(sandbox_rail):
     sandbox_rail.scenario(amount=2004, submit_delay=1.5)
     with pytest.raises(RailUnavailable, match="timed out"):
         adapter(sandbox_rail, total=0.3).submit(reference="ch_slow", amount=2004, currency="usd")
 
 
-def test_refused_credentials_are_a_configuration_error(sandbox_rail):  # noqa: F811
+def test_refused_credentials_are_a_configuration_error(sandbox_rail):
     a = adapter(sandbox_rail, api_key="wrong-key")
     with pytest.raises(RailConfigurationError) as caught:
         a.status(reference="ch_x", pay_token=None)
@@ -202,7 +202,7 @@ def test_refused_credentials_are_a_configuration_error(sandbox_rail):  # noqa: F
     assert "wrong-key" not in str(caught.value)
 
 
-def test_other_4xx_is_permanent(sandbox_rail):  # noqa: F811
+def test_other_4xx_is_permanent(sandbox_rail):
     sandbox_rail.scenario(amount=2005, submit_status=422)
     with pytest.raises(RailRejected) as caught:
         adapter(sandbox_rail).submit(reference="ch_422", amount=2005, currency="usd")

@@ -34,6 +34,7 @@ from charges.rails.adapter import RailConfigurationError, RailRejected, RailUnav
 from charges.services import rail_calls, transitions
 from charges.states import INTENT_TERMINAL, IntentStatus, RailFlow
 from jobs import queue
+from jobs.alerts import Severity, raise_alert
 from jobs.kinds import JobKind
 from merchants.models import Merchant
 
@@ -89,15 +90,20 @@ def confirm_intent(merchant: Merchant, intent_id: str) -> PaymentIntent:
         logger.warning("rail did not answer a submit", extra={"charge_id": charge.id, "rail": rail.code})
         return _reload(intent.id)
     except RailConfigurationError:
-        logger.error(
-            "rail refused our credentials on submit",
-            extra={"alert": True, "charge_id": charge.id, "rail": rail.code},
-        )
-        transitions.fail_submitting(charge.id, intent.id, RAIL_CONFIGURATION)
+        with transaction.atomic():
+            transitions.fail_submitting(charge.id, intent.id, RAIL_CONFIGURATION, rail=rail.code)
+            raise_alert(
+                key=f"rail_credentials_refused:{charge.id}",
+                title=f"Rail {rail.code} refused our credentials (401/403) on a submit",
+                source="charges.rail_configuration",
+                severity=Severity.PAGE,
+                details={"rail": rail.code, "charge_id": charge.id},
+                correlation_id=charge.id,
+            )
         return _reload(intent.id)
     except RailRejected:
         # The rail refused this charge for good (a 4xx other than auth): it has no charge.
-        transitions.fail_submitting(charge.id, intent.id, SUBMIT_REJECTED)
+        transitions.fail_submitting(charge.id, intent.id, SUBMIT_REJECTED, rail=rail.code)
         return _reload(intent.id)
 
     with transaction.atomic():
@@ -112,10 +118,15 @@ def confirm_intent(merchant: Merchant, intent_id: str) -> PaymentIntent:
     if not moved:
         # Cannot happen inside the window (the worker's age guard), and the rail timeout is
         # below the window (a startup check). Said loudly if it ever does.
-        logger.error(
-            "confirm's compare-and-swap matched no charge in submitting",
-            extra={"alert": True, "charge_id": charge.id, "status": repository.charge_status(charge.id)},
-        )
+        with transaction.atomic():
+            raise_alert(
+                key=f"confirm_cas_missed:{charge.id}",
+                title=f"Confirm's compare-and-swap matched no charge in submitting ({charge.id})",
+                source="charges.confirm",
+                severity=Severity.ERROR,
+                details={"charge_id": charge.id, "status": repository.charge_status(charge.id)},
+                correlation_id=charge.id,
+            )
     return _reload(intent.id)
 
 

@@ -72,7 +72,7 @@ def poll_charge(ctx: JobContext) -> Outcome:
         if action.step is Step.WAIT:
             return _wait(row, action.wait_seconds, policy)
         if action.step is Step.FAIL_DEAD_ORDER:
-            transitions.fail_submitting(row.id, row.intent_id, transitions.DEAD_ORDER)
+            transitions.fail_submitting(row.id, row.intent_id, transitions.DEAD_ORDER, rail=row.rail)
             return Outcome.done()
         if action.step is Step.RESUBMIT:
             return resubmit_then_escalate_if_late(row, past, policy)
@@ -130,7 +130,7 @@ def _wait(row: ChargeRow, seconds: float, policy: RecoveryPolicy) -> Outcome:
 
 
 def _escalate(row: ChargeRow, policy: RecoveryPolicy, reason: str) -> Outcome:
-    transitions.escalate_to_unresolved(row, reason)
+    transitions.escalate_to_unresolved(row, reason, alert_period=policy.past_horizon_every)
     return Outcome.reschedule_in(poll_delay(row.polls, policy, past_horizon=True), "unresolved: polling hourly")
 
 
@@ -170,7 +170,7 @@ def resubmit_charge(ctx: JobContext) -> Outcome:
     try:
         request_id, answer = rail_calls.submit(row.id, rail, amount=row.amount, currency=row.currency)
     except RailRejected:
-        transitions.fail_submitting(row.id, row.intent_id, "rail_rejected")
+        transitions.fail_submitting(row.id, row.intent_id, "rail_rejected", rail=row.rail)
         return Outcome.done()
     except RailError:
         raise  # transient: backoff; configuration: page

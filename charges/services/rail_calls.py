@@ -6,6 +6,7 @@ from __future__ import annotations
 from urllib.parse import quote
 
 from charges import repository
+from charges.metrics import RAIL_REQUESTS
 from charges.models import RequestOperation
 from charges.rails import RailConfig
 from charges.rails.adapter import RailAnswer, RailError, adapter_for
@@ -23,7 +24,9 @@ def submit(charge_id: str, rail: RailConfig, *, amount: int, currency: str) -> t
         answer = adapter_for(rail).submit(reference=charge_id, amount=amount, currency=currency)
     except RailError as exc:
         _record_error(request_id, exc)
+        RAIL_REQUESTS.labels(rail=rail.code, operation="submit", result=str(exc.http_status or "no_answer")).inc()
         raise
+    RAIL_REQUESTS.labels(rail=rail.code, operation="submit", result=str(answer.http_status)).inc()
     return request_id, answer
 
 
@@ -47,7 +50,9 @@ def status(charge_id: str, rail: RailConfig, *, pay_token: str | None) -> RailAn
         answer = adapter_for(rail).status(reference=charge_id, pay_token=pay_token)
     except RailError as exc:
         _record_error(request_id, exc)
+        RAIL_REQUESTS.labels(rail=rail.code, operation="status", result=str(exc.http_status or "no_answer")).inc()
         raise
+    RAIL_REQUESTS.labels(rail=rail.code, operation="status", result=str(answer.http_status)).inc()
     repository.record_answer(
         request_id, status_code=answer.http_status, rail_status=answer.status, excerpt=answer.body_excerpt
     )

@@ -12,12 +12,12 @@ import logging
 from django.db import transaction
 
 from charges import repository
+from charges.metrics import CHARGES_SETTLED, CHARGES_UNRESOLVED
 from charges.models import Charge, PaymentIntent
 from charges.repository import ChargeRow
 from charges.states import ChargeStatus, IntentStatus
 from charges.wire import render_charge, render_intent, render_session
-from vpay import metrics
-from vpay.errors import Category, Severity
+from jobs.alerts import Severity, admin_path, raise_alert
 from webhooks.event_types import EventType
 from webhooks.events import emit
 
@@ -47,6 +47,7 @@ def succeed(row: ChargeRow) -> bool:
         session = repository.complete_session(row.intent_id)
         if session is not None:
             emit(intent.merchant, EventType.CHECKOUT_SESSION_COMPLETED, render_session(session, for_event=True))
+    CHARGES_SETTLED.labels(rail=row.rail, outcome="succeeded").inc()
     logger.info("charge succeeded", extra={"charge_id": row.id, "intent_id": row.intent_id})
     return True
 
@@ -59,17 +60,19 @@ def fail(row: ChargeRow, failure_code: str | None) -> bool:
         if not repository.settle_charge(row.id, ChargeStatus.FAILED, failure_code or "declined"):
             return False
         _fail_intent(row.intent_id)
+    CHARGES_SETTLED.labels(rail=row.rail, outcome="failed").inc()
     logger.info("charge failed", extra={"charge_id": row.id, "failure_code": failure_code})
     return True
 
 
-def fail_submitting(charge_id: str, intent_id: str, failure_code: str) -> bool:
+def fail_submitting(charge_id: str, intent_id: str, failure_code: str, *, rail: str) -> bool:
     """``submitting → failed``: a redirect order nobody was handed a URL for (past the window),
     or a submit the rail refused for good."""
     with transaction.atomic():
         if not repository.fail_submitting(charge_id, failure_code):
             return False
         _fail_intent(intent_id)
+    CHARGES_SETTLED.labels(rail=rail, outcome="failed").inc()
     logger.info("charge failed while submitting", extra={"charge_id": charge_id, "failure_code": failure_code})
     return True
 
@@ -80,31 +83,43 @@ def _fail_intent(intent_id: str) -> None:
     emit(intent.merchant, EventType.PAYMENT_INTENT_PAYMENT_FAILED, render_intent(intent, for_event=True))
 
 
-def escalate_to_unresolved(row: ChargeRow, reason: str) -> bool:
+def escalate_to_unresolved(row: ChargeRow, reason: str, *, alert_period: float) -> bool:
     """Past the horizon with no terminal answer: ``unresolved`` and ``charge.unresolved``, once.
 
     Idempotent: on a charge already ``unresolved`` the guarded write matches nothing and
     nothing is written (``updated_at`` keeps naming the last real change), but the alert
-    is raised again — every call, which the hourly poll makes hourly. A human reconciles
-    the charge against the rail's statement; the poll keeps asking, because a late
-    success is the normal way an unresolved charge ends.
+    is raised again, once per ``alert_period`` of the charge's age (hourly): the key
+    carries the period's index, so the hourly poll re-alerts and a burst of callbacks
+    pulling the poll forward within one hour does not. A human reconciles the charge
+    against the rail's statement; the poll keeps asking, because a late success is the
+    normal way an unresolved charge ends.
     """
+    period = int(row.age // alert_period) if alert_period > 0 else 0
     with transaction.atomic():
         moved = repository.escalate_charge(row.id)
+        charge = Charge.objects.select_related("merchant").get(pk=row.id)
         if moved:
-            charge = Charge.objects.select_related("merchant").get(pk=row.id)
             emit(charge.merchant, EventType.CHARGE_UNRESOLVED, render_charge(charge, for_event=True))
-    # Not jobs/alerts.py (not on main when this was written): the house alert line.
-    logger.error(
+        raise_alert(
+            key=f"charge_unresolved:{row.id}:{period}",
+            title=f"Charge {row.id} on rail {row.rail} is unresolved after {row.age / 3600:.1f} h",
+            source="charges.unresolved",
+            severity=Severity.ERROR,
+            details={
+                "charge_id": row.id,
+                "intent_id": row.intent_id,
+                "rail": row.rail,
+                "age_seconds": round(row.age),
+                "first": moved,
+                "reason": reason[:300],
+            },
+            link=admin_path(charge),
+            correlation_id=row.id,
+        )
+    if moved:
+        CHARGES_UNRESOLVED.labels(rail=row.rail).inc()
+    logger.warning(
         "charge unresolved past the horizon" if moved else "charge still unresolved",
-        extra={
-            "alert": True,
-            "charge_id": row.id,
-            "intent_id": row.intent_id,
-            "rail": row.rail,
-            "age_seconds": round(row.age),
-            "reason": reason[:300],
-        },
+        extra={"charge_id": row.id, "rail": row.rail, "age_seconds": round(row.age), "reason": reason[:300]},
     )
-    metrics.ALERT_EVENTS.labels(category=Category.TRANSIENT, severity=Severity.ERROR).inc()
     return moved

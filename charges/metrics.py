@@ -1,0 +1,17 @@
+"""Prometheus counters of the charge worker and the confirm (served with the process's others)."""
+
+from prometheus_client import Counter
+
+CHARGES_SETTLED = Counter(
+    "vpay_charges_settled_total", "Charges that reached a terminal state, by rail and outcome", ["rail", "outcome"]
+)
+CHARGES_UNRESOLVED = Counter(
+    "vpay_charges_unresolved_total",
+    "Charges escalated to unresolved past the horizon (transitions, not re-alerts)",
+    ["rail"],
+)
+RAIL_REQUESTS = Counter(
+    "vpay_rail_requests_total",
+    "Rail requests by rail, operation and result (an HTTP status, or 'no_answer')",
+    ["rail", "operation", "result"],
+)

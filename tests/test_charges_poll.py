@@ -1,0 +1,146 @@
+"""One poll at a time: the shipping worker loop run in-process (``Worker.run_once``) over
+charges in chosen states, against the sandbox rail over HTTP. Where the subprocess tests
+show that charges settle, these pin what each single pass wrote and how long it parked."""
+
+from __future__ import annotations
+
+import pytest
+
+from charges.models import Charge, PaymentIntent
+from charges.services import polling
+from jobs.kinds import JobKind
+from jobs.models import DeadLetter
+from jobs.queue import enqueue
+from jobs.worker import Worker
+from tests.charges_support import FAST_POLICY, apply_policy, charge_of, events, scalar, sql, use_rails
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+WINDOW = 30.0
+
+
+@pytest.fixture
+def merchant(settings, tmp_path, sandbox_rail):
+    apply_policy(settings, {**FAST_POLICY, "VPAY_CHARGE_NOT_FOUND_WINDOW_SECONDS": WINDOW})
+    use_rails(settings, tmp_path, sandbox_rail.rails())
+    from merchants.services import create_merchant
+
+    return create_merchant("Poll Ltd")[0]
+
+
+def live_charge(merchant, *, status="submitting", flow="push", amount=5000, age=0.0, job=True) -> Charge:
+    rail = "sandbox_push" if flow == "push" else "sandbox_redirect"
+    intent = PaymentIntent.objects.create(
+        merchant=merchant, amount=amount, currency="usd", rail=rail, status="processing"
+    )
+    charge = Charge.objects.create(
+        intent=intent, merchant=merchant, rail=rail, flow=flow, amount=amount, currency="usd", status=status
+    )
+    if age:
+        sql("UPDATE charges SET created_at = now() - make_interval(secs => %s) WHERE id = %s", [age, charge.id])
+    if job:
+        enqueue(JobKind.POLL_CHARGE, {"charge_id": charge.id}, dedupe_key=f"charge:poll:{charge.id}")
+    return charge
+
+
+def job_of(charge_id: str) -> tuple[float, str] | None:
+    rows = sql(
+        "SELECT extract(epoch FROM run_at - now())::float8, last_error FROM jobs WHERE dedupe_key = %s",
+        [f"charge:poll:{charge_id}"],
+    )
+    return rows[0] if rows else None
+
+
+def test_a_young_submitting_charge_waits_once_for_exactly_the_rest_of_the_window(merchant, sandbox_rail):
+    charge = live_charge(merchant, age=10.0)
+    assert Worker().run_once() == 1
+    due_in, reason = job_of(charge.id)
+    # 30 s window - 10 s of age + the 0.05 s margin: once, not a rung of the ladder.
+    assert 19.5 < due_in <= 20.1 and "waiting" in reason
+    assert charge_of(charge.intent_id)["status"] == "submitting"
+    assert scalar("SELECT count(*) FROM provider_requests WHERE charge_id = %s", [charge.id]) == 0
+    assert sandbox_rail.requests(charge.id) == []  # the rail was asked nothing
+    # When it comes back it is old enough: the next pass is the real recovery (never sent -> resubmit).
+    sql("UPDATE charges SET created_at = created_at - interval '20 seconds' WHERE id = %s", [charge.id])
+    sql("UPDATE jobs SET run_at = now()")
+    assert Worker().run_once() == 1
+    assert scalar("SELECT count(*) FROM jobs WHERE kind = 'resubmit_charge'") == 1
+
+
+def test_a_charge_whose_created_at_leads_the_database_clock_waits_one_window_not_one_skew(merchant):
+    charge = live_charge(merchant, age=-3600.0)
+    Worker().run_once()
+    due_in, _ = job_of(charge.id)
+    assert WINDOW - 0.5 < due_in <= WINDOW + 0.1
+
+
+def test_a_terminal_charges_poll_is_a_no_op(merchant, sandbox_rail):
+    charge = live_charge(merchant, status="succeeded")
+    Worker().run_once()
+    assert job_of(charge.id) is None and sandbox_rail.requests(charge.id) == []
+
+
+def test_refused_credentials_on_a_poll_dead_letter_the_job_as_configuration(merchant, settings, tmp_path, sandbox_rail):
+    rails = sandbox_rail.rails()
+    rails["sandbox_push"]["api_key"] = "wrong-key"
+    use_rails(settings, tmp_path, rails)
+    charge = live_charge(merchant, status="submitted")
+    Worker().run_once()
+    dead = DeadLetter.objects.get()
+    assert dead.cause == "configuration" and dead.payload == {"charge_id": charge.id}
+    assert "wrong-key" not in dead.last_error
+    assert charge_of(charge.intent_id)["status"] == "submitted"
+    code, answered = sql(
+        "SELECT status_code, answered_at IS NOT NULL FROM provider_requests WHERE charge_id = %s", [charge.id]
+    )[0]
+    assert (code, answered) == (401, True)
+
+
+def test_past_the_horizon_a_refused_poll_escalates_instead_of_dead_lettering(
+    merchant, settings, tmp_path, sandbox_rail
+):
+    rails = sandbox_rail.rails()
+    rails["sandbox_push"]["api_key"] = "wrong-key"
+    use_rails(settings, tmp_path, rails)
+    charge = live_charge(merchant, status="submitted", age=3600.0 * 2)
+    settings.VPAY_CHARGE_HORIZON_SECONDS = 3600.0
+    Worker().run_once()
+    assert DeadLetter.objects.count() == 0
+    assert charge_of(charge.intent_id)["status"] == "unresolved"
+    assert [t for t, _ in events(charge.id)] == ["charge.unresolved"]
+    due_in, _ = job_of(charge.id)
+    assert due_in == pytest.approx(0.5, abs=0.2)  # the past-horizon period (hourly by default)
+
+
+def test_a_404_about_a_submitting_charge_is_recorded_as_evidence(merchant):
+    charge = live_charge(merchant, age=WINDOW + 1)
+    # A submit that went out and was never answered: recovery asks the rail, which does not know it.
+    sql(
+        "INSERT INTO provider_requests (charge_id, operation, rail, method, path, idempotency_key, sent_at, error, response_excerpt)"
+        " VALUES (%s, 'submit', 'sandbox_push', 'POST', '/charges', %s, now(), '', '')",
+        [charge.id, charge.id],
+    )
+    Worker().run_once()
+    count, first_seen = sql(
+        "SELECT not_found_count, first_not_found_at IS NOT NULL FROM charges WHERE id = %s", [charge.id]
+    )[0]
+    assert (count, first_seen) == (1, True)
+    due_in, reason = job_of(charge.id)
+    assert "not_found" in reason and due_in == pytest.approx(0.05, abs=0.2)  # the first rung
+
+
+def test_the_backstop_restores_lost_polls_page_by_page_and_leaves_live_ones_alone(merchant, monkeypatch):
+    monkeypatch.setattr(polling, "SCAN_PAGE", 2)
+    lost = [live_charge(merchant, status="submitted", amount=6000 + i, job=False) for i in range(5)]
+    kept = live_charge(merchant, status="unresolved", amount=6100)
+    sql("UPDATE jobs SET run_at = now() + interval '1 hour' WHERE dedupe_key = %s", [f"charge:poll:{kept.id}"])
+    live_charge(merchant, status="failed", amount=6200, job=False)  # not live: no poll
+    enqueue(JobKind.SCAN_LIVE_CHARGES, {}, dedupe_key="singleton:scan_live_charges")
+    assert Worker().run_once() == 1
+    restored = {
+        r[0] for r in sql("SELECT payload->>'charge_id' FROM jobs WHERE kind = 'poll_charge' AND run_at <= now()")
+    }
+    assert restored == {c.id for c in lost}
+    assert job_of(kept.id)[0] > 3000  # its live job untouched
+    # The scan rescheduled itself for the next pass.
+    assert scalar("SELECT extract(epoch FROM run_at - now()) > 500 FROM jobs WHERE kind = 'scan_live_charges'")
