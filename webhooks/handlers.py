@@ -67,7 +67,7 @@ def deliver(ctx: JobContext) -> Outcome:
     if recorded.delivery_state == delivery.DeliveryState.PENDING:
         # The delivery's next_attempt_at was set from now() in the same statement; this
         # run_at is computed later, so the job never runs before the delivery is due.
-        next_delay = delivery.delivery_delay(begun.lease.number, settings.VPAY_WEBHOOK_RETRY_SCHEDULE)
+        next_delay = delivery.delivery_delay(begun.lease.rung, settings.VPAY_WEBHOOK_RETRY_SCHEDULE)
         return Outcome.reschedule_in(next_delay or 0.0, "next rung of the delivery ladder")
     return Outcome.done()
 

@@ -144,6 +144,9 @@ class WebhookDelivery(models.Model):
     endpoint = models.ForeignKey(WebhookEndpoint, on_delete=models.PROTECT, related_name="deliveries")
     state = models.CharField(max_length=16, choices=DeliveryState.choices, db_default=DeliveryState.PENDING)
     attempts = models.IntegerField(db_default=0)
+    # Attempts made before the current ladder began (an operator's resend starts a fresh
+    # ladder while attempt numbers keep counting): the rung is attempts - ladder_base.
+    ladder_base = models.IntegerField(db_default=0)
     next_attempt_at = models.DateTimeField(db_default=Now())
     lease_token = models.UUIDField(null=True, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
@@ -156,7 +159,12 @@ class WebhookDelivery(models.Model):
 
     class Meta:
         db_table = "webhook_deliveries"
+        permissions = [("resend_webhookdelivery", "Can resend webhook deliveries")]
         constraints = [
+            models.CheckConstraint(
+                condition=Q(ladder_base__gte=0, ladder_base__lte=models.F("attempts")),
+                name="webhook_deliveries_ladder_base_in_range",
+            ),
             models.UniqueConstraint(fields=["event", "endpoint"], name="webhook_deliveries_event_endpoint"),
             models.CheckConstraint(condition=Q(state__in=DeliveryState.values), name="webhook_deliveries_state_known"),
             # A lease exists exactly while an attempt is delivering.

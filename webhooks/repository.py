@@ -115,6 +115,7 @@ class DeliveryRow:
     event_id: str
     state: str
     attempts: int
+    ladder_base: int
     due_in: float  # seconds until next_attempt_at (<= 0: due)
     lease_left: float | None  # seconds of the current lease left (<= 0: expired)
     lease_token: uuid.UUID | None
@@ -125,7 +126,7 @@ def lock_delivery(delivery_id: int) -> DeliveryRow | None:
     """The delivery, locked ``FOR UPDATE`` (MUST run in a transaction)."""
     rows = _rows(
         """
-        SELECT id, endpoint_id, event_id, state, attempts,
+        SELECT id, endpoint_id, event_id, state, attempts, ladder_base,
                EXTRACT(EPOCH FROM next_attempt_at - now())::float8,
                EXTRACT(EPOCH FROM lease_expires_at - now())::float8,
                lease_token, payload_sha256
@@ -153,7 +154,8 @@ class Lease:
 
     delivery_id: int
     attempt_id: int
-    number: int
+    number: int  # the attempt's number over the delivery's life (the header says it)
+    rung: int  # its place on the current ladder (after a resend the ladder starts over)
     token: uuid.UUID
     timestamp: int  # the signature's t: the database clock, in whole seconds
 
@@ -169,11 +171,11 @@ def start_attempt(delivery_id: int, lease_seconds: float) -> Lease:
                SET state = 'delivering', attempts = attempts + 1, lease_token = %s,
                    lease_expires_at = now() + make_interval(secs => %s), updated_at = now()
              WHERE id = %s AND state = 'pending'
-         RETURNING attempts, floor(EXTRACT(EPOCH FROM clock_timestamp()))::bigint
+         RETURNING attempts, attempts - ladder_base, floor(EXTRACT(EPOCH FROM clock_timestamp()))::bigint
             """,
             [token, lease_seconds, delivery_id],
         )
-        number, timestamp = cursor.fetchone()
+        number, rung, timestamp = cursor.fetchone()
         cursor.execute(
             """
             INSERT INTO webhook_delivery_attempts
@@ -184,7 +186,7 @@ def start_attempt(delivery_id: int, lease_seconds: float) -> Lease:
             [delivery_id, number, token],
         )
         attempt_id = cursor.fetchone()[0]
-    return Lease(delivery_id, attempt_id, number, token, timestamp)
+    return Lease(delivery_id, attempt_id, number, rung, token, timestamp)
 
 
 def recover_lease(row: DeliveryRow, next_state: str) -> None:

@@ -88,9 +88,8 @@ def begin_attempt(delivery_id: int) -> BeginResult:
 
 def _recover(row: repository.DeliveryRow) -> str:
     """An expired lease: the attempt is ``abandoned`` and counts as a failed try."""
-    next_state = (
-        DeliveryState.PENDING if delivery_delay(row.attempts, _schedule()) is not None else DeliveryState.EXHAUSTED
-    )
+    rung = row.attempts - row.ladder_base
+    next_state = DeliveryState.PENDING if delivery_delay(rung, _schedule()) is not None else DeliveryState.EXHAUSTED
     repository.recover_lease(row, next_state)
     logger.warning(
         "webhook attempt abandoned: its lease expired",
@@ -211,7 +210,7 @@ def record(lease: repository.Lease, attempted: Attempted) -> repository.Recorded
     elif attempted.attempt_state == AttemptState.SUCCEEDED:
         delivery_state = DeliveryState.SUCCEEDED
     else:
-        next_, delay = after_failure(lease.number, _schedule())
+        next_, delay = after_failure(lease.rung, _schedule())
         delivery_state = DeliveryState.EXHAUSTED if next_ is Next.EXHAUSTED else DeliveryState.PENDING
     recorded = repository.record_outcome(
         lease,
