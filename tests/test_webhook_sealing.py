@@ -49,3 +49,12 @@ def test_the_dev_key_is_derived_and_stable():
     a = sealing.derive_dev_key("one")
     assert a == sealing.derive_dev_key("one") != sealing.derive_dev_key("two")
     Fernet(a)  # a usable key
+
+
+def test_a_secret_in_a_log_line_is_scrubbed_whole():
+    from vpay.logging import redact
+
+    for _ in range(50):
+        secret = sealing.new_secret()
+        assert secret[6:] not in redact(f"endpoint secret={secret} and bare {secret}")
+        assert len(secret) == 49 and secret[6:].isalnum()

@@ -178,7 +178,7 @@ def test_sigkill_during_a_backlog_of_1000_deliveries_a_replacement_finishes_with
 
 def test_a_slow_endpoint_at_its_cap_does_not_delay_a_fast_one(receiver, start_worker):
     merchant, _ = create_merchant("Acme")
-    slow, _ = endpoints.create_endpoint(merchant, url=receiver.url("/slow?mode=slow&delay=1.5"), enabled_events=["*"])
+    slow, _ = endpoints.create_endpoint(merchant, url=receiver.url("/slow?mode=slow&delay=3"), enabled_events=["*"])
     fast, _ = endpoints.create_endpoint(merchant, url=receiver.url("/fast"), enabled_events=["*"])
     emit_many(merchant, 6)
     env = {
@@ -193,8 +193,9 @@ def test_a_slow_endpoint_at_its_cap_does_not_delay_a_fast_one(receiver, start_wo
         return WebhookDelivery.objects.filter(endpoint=fast, state=DeliveryState.SUCCEEDED).count() == 6
 
     wait_for(fast_done, timeout=60, message="the fast endpoint's deliveries")
-    # The slow endpoint (1.5 s per answer, two at a time) cannot be through six yet: the
-    # fast one did not wait behind it.
+    # The slow endpoint (3 s per answer, two at a time: at least 9 s for six) is not
+    # through yet: the fast one did not wait behind it. (A fast job claimed in the same
+    # batch as a slow send waits at most the worker's batch hold, about a second.)
     assert WebhookDelivery.objects.filter(endpoint=slow, state=DeliveryState.SUCCEEDED).count() < 6
     wait_for(
         lambda: WebhookDelivery.objects.filter(endpoint=slow, state=DeliveryState.SUCCEEDED).count() == 6,

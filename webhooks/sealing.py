@@ -16,6 +16,7 @@ import base64
 import functools
 import hashlib
 import secrets as _random
+import string
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from django.conf import settings
@@ -55,9 +56,16 @@ def _current() -> MultiFernet:
     return _fernet(tuple(settings.VPAY_SECRETS_KEYS))
 
 
+_ALPHABET = string.ascii_letters + string.digits
+
+
 def new_secret() -> str:
-    """A fresh endpoint signing secret, ``whsec_`` + 32 random bytes in urlsafe base64."""
-    return SECRET_PREFIX + _random.token_urlsafe(32)
+    """A fresh endpoint signing secret: ``whsec_`` + 43 random base62 characters (256 bits).
+
+    Letters and digits only, so the log redaction pattern (``whsec_[A-Za-z0-9_]+``) scrubs
+    the whole secret, never a prefix of it.
+    """
+    return SECRET_PREFIX + "".join(_random.choice(_ALPHABET) for _ in range(43))
 
 
 def seal(secret: str) -> str:

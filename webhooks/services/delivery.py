@@ -33,7 +33,7 @@ from django.conf import settings
 from django.db import transaction
 
 from vpay.errors import error_chain
-from webhooks import repository, sealing, ssrf
+from webhooks import metrics, repository, sealing, ssrf
 from webhooks.decisions import AttemptResult, Next, after_failure, attempt_result, delivery_delay
 from webhooks.models import AttemptState, DeliveryState, Event, WebhookDelivery, WebhookEndpoint
 from webhooks.services import transport
@@ -80,6 +80,7 @@ def begin_attempt(delivery_id: int) -> BeginResult:
         elif row.due_in > 0:
             return BeginResult(Begin.NOT_DUE, wait=row.due_in)
         if repository.in_flight_for_endpoint(row.endpoint_id) >= settings.VPAY_WEBHOOK_MAX_IN_FLIGHT:
+            metrics.AT_CAP.inc()
             return BeginResult(Begin.AT_CAP, wait=AT_CAP_WAIT * (0.5 + random.random()))
         return BeginResult(
             Begin.CLAIMED, lease=repository.start_attempt(delivery_id, settings.VPAY_WEBHOOK_LEASE_SECONDS)
@@ -91,6 +92,7 @@ def _recover(row: repository.DeliveryRow) -> str:
     rung = row.attempts - row.ladder_base
     next_state = DeliveryState.PENDING if delivery_delay(rung, _schedule()) is not None else DeliveryState.EXHAUSTED
     repository.recover_lease(row, next_state)
+    metrics.ATTEMPTS_ABANDONED.inc()
     logger.warning(
         "webhook attempt abandoned: its lease expired",
         extra={"delivery_id": row.id, "attempt": row.attempts, "next_state": str(next_state)},
@@ -223,6 +225,11 @@ def record(lease: repository.Lease, attempted: Attempted) -> repository.Recorded
         payload_sha256=attempted.payload_sha256,
         duration_ms=attempted.duration_ms,
     )
+    metrics.ATTEMPTS.labels(outcome="stale" if recorded.stale else str(attempted.attempt_state)).inc()
+    if attempted.duration_ms is not None:
+        metrics.ATTEMPT_DURATION.observe(attempted.duration_ms / 1000)
+    if not recorded.stale and delivery_state != DeliveryState.PENDING:
+        metrics.DELIVERIES_FINISHED.labels(state=str(delivery_state)).inc()
     if recorded.stale:
         logger.warning(
             "webhook attempt was stale: its lease expired first; answer discarded",

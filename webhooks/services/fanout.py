@@ -21,7 +21,7 @@ from django.db import DatabaseError, transaction
 from jobs.kinds import JobKind
 from jobs.queue import JobRequest, enqueue_many
 from vpay.errors import error_chain
-from webhooks import repository
+from webhooks import metrics, repository
 from webhooks.decisions import FAN_OUT_MAX_PASSES, FanOut, fan_out_disposition
 from webhooks.services.delivery import dedupe_key
 
@@ -89,6 +89,7 @@ def drain_once(page: int = PAGE) -> Pass:
                 result.abandoned += 1
             continue
         if made is not None:
+            metrics.EVENTS_FANNED_OUT.inc()
             result.fanned_out += 1
             result.deliveries += made
     return result
@@ -108,6 +109,7 @@ def _count_failure(event_id: str, exc: Exception) -> bool:
         )
         return False
     if abandoned:
+        metrics.EVENTS_ABANDONED.inc()
         logger.error(
             "event abandoned: fan-out failed on every pass",
             extra={"event_id": event_id, "passes": failures, "error": error_chain(exc, 1000), "alert": True},

@@ -1,0 +1,29 @@
+"""Prometheus metrics of webhook delivery (served by the worker's ``--metrics-port``).
+
+Labelled by outcome only: an endpoint id per label would be a cardinality bomb, and the
+per-endpoint story lives in the delivery and attempt rows.
+"""
+
+from prometheus_client import Counter, Histogram
+
+ATTEMPTS = Counter(
+    "vpay_webhook_attempts_total",
+    "Webhook attempts by outcome (succeeded, failed, no_response, stale)",
+    ["outcome"],
+)
+DELIVERIES_FINISHED = Counter(
+    "vpay_webhook_deliveries_finished_total",
+    "Deliveries that reached a terminal state (succeeded, exhausted, refused)",
+    ["state"],
+)
+EVENTS_FANNED_OUT = Counter("vpay_webhook_events_fanned_out_total", "Events fanned out into deliveries")
+EVENTS_ABANDONED = Counter("vpay_webhook_events_abandoned_total", "Events abandoned after failing every fan-out pass")
+ATTEMPTS_ABANDONED = Counter(
+    "vpay_webhook_attempts_abandoned_total", "Attempts whose lease expired with no answer recorded (recovered)"
+)
+AT_CAP = Counter("vpay_webhook_at_cap_total", "Deliver jobs that found their endpoint at its in-flight cap")
+ATTEMPT_DURATION = Histogram(
+    "vpay_webhook_attempt_duration_seconds",
+    "Time from the request's start to the answer's (bounded) end",
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 15, 30),
+)
