@@ -164,3 +164,9 @@ def test_an_operator_replays_and_discards_dead_letters_in_a_real_browser(browser
         "sweep superseded by the next hourly run",
     )
     assert DeadLetter.objects.pending_review().count() == 0
+
+    # Queue health: the depth summary above the live jobs (the replayed job is one of them).
+    go(reverse("admin:jobs_job_changelist"))
+    summary = browser.find_element(By.ID, "queue-summary").text
+    assert "Queue depth" in summary and "default task 1 0 0" in summary
+    shot(browser, "08-jobs-depth")

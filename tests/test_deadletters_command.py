@@ -223,3 +223,17 @@ def test_the_real_command_exits_non_zero_with_a_message_when_something_is_refuse
     assert proc.returncode == 1
     assert "#424242: does not exist" in proc.stderr
     assert "CommandError: 1 id(s) not found" in proc.stderr
+
+
+def test_acting_as_a_django_user_records_them_and_writes_the_admin_log(django_user_model):
+    from django.contrib.admin.models import LogEntry
+
+    django_user_model.objects.create_user(username="olga", password="x")
+    letter = make_letter()
+    run("replay", str(letter.pk), "--user", "olga")
+    letter.refresh_from_db()
+    assert letter.replayed_by == "olga"
+    entry = LogEntry.objects.get(object_id=str(letter.pk))
+    assert entry.user.username == "olga" and entry.change_message.startswith("Replayed as job ")
+    _, _, error = run_refused("discard", str(letter.pk), "--reason", "x", "--user", "nobody")
+    assert "no such user" in error

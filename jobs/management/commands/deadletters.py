@@ -92,6 +92,11 @@ class Command(BaseCommand):
                 p.add_argument("--dry-run", action="store_true", help="Say what would happen; write nothing.")
                 p.add_argument("--actor", default="", help="Who is acting (default shell:<login name>).")
                 p.add_argument(
+                    "--user",
+                    default="",
+                    help="Act as this Django user: recorded as the actor and in the admin log (History).",
+                )
+                p.add_argument(
                     "--progress",
                     action=argparse.BooleanOptionalAction,
                     default=None,
@@ -159,20 +164,31 @@ class Command(BaseCommand):
         if options["dry_run"]:
             self._dry_run(verb, ids, force=options.get("force", False), reason=reason)
             return
-        actor = options["actor"].strip() or f"shell:{_login_name()}"
-        refused = self._act(verb, ids, actor=actor, force=options.get("force", False), reason=reason, progress=options)
+        user = _user(options["user"]) if options["user"] else None
+        actor = options["actor"].strip() or (user.get_username() if user else f"shell:{_login_name()}")
+        refused = self._act(
+            verb,
+            ids,
+            actor=actor,
+            force=options.get("force", False),
+            reason=reason,
+            progress=options,
+            user_id=user.pk if user else None,
+        )
         if refused or missing:
             raise CommandError(f"{verb}: {len(refused) + len(missing)} of {len(ids) + len(missing)} refused")
 
-    def _act(self, verb: str, ids: list[int], *, actor: str, force: bool, reason: str, progress: dict) -> list:
+    def _act(
+        self, verb: str, ids: list[int], *, actor: str, force: bool, reason: str, progress: dict, user_id: int | None
+    ) -> list:
         bar = Progress(len(ids), self.stderr, enabled=progress.get("progress"), label=verb)
         done, refused = [], []
         try:
             for n, letter_id in enumerate(ids, 1):
                 if verb == "replay":
-                    result = ops.dead_letter_replay(letter_id=letter_id, actor=actor, force=force)
+                    result = ops.dead_letter_replay(letter_id=letter_id, actor=actor, force=force, user_id=user_id)
                 else:
-                    result = ops.dead_letter_discard(letter_id=letter_id, actor=actor, reason=reason)
+                    result = ops.dead_letter_discard(letter_id=letter_id, actor=actor, reason=reason, user_id=user_id)
                 (done if result.done else refused).append(result)
                 bar.update(n)
         finally:
@@ -227,6 +243,16 @@ class Command(BaseCommand):
         for row in [header, *rows]:
             self.stdout.write("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
         self.stdout.write(f"{len(rows)} dead letter{'s' if len(rows) != 1 else ''}")
+
+
+def _user(username: str):
+    from django.contrib.auth import get_user_model
+
+    model = get_user_model()
+    try:
+        return model.objects.get(**{model.USERNAME_FIELD: username})
+    except model.DoesNotExist:
+        raise CommandError(f"--user {username!r}: no such user") from None
 
 
 def _login_name() -> str:

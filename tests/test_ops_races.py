@@ -1,0 +1,88 @@
+"""The console's guards under real concurrency: two connections replaying one dead letter,
+and a cancel racing a worker's claim. Committed transactions (``transaction=True``)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from django.db import connection, transaction
+
+from jobs import queue
+from jobs.models import DeadLetter, DeadLetterState
+from jobs.services import dead_letters as ops
+from tests.conftest import wait_for
+from tests.ops_support import make_letter
+from tests.queue_support import claim, count, scalar, task_payload
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def in_threads(*functions) -> list:
+    """Run each function on its own thread (its own database connection); their results."""
+    results: list = [None] * len(functions)
+    errors: list[BaseException] = []
+
+    def run(i, fn):
+        try:
+            results[i] = fn()
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run, args=(i, fn)) for i, fn in enumerate(functions)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert errors == []
+    return results
+
+
+def test_two_operators_replaying_the_same_letter_at_once_enqueue_it_once():
+    letter = make_letter()
+    barrier = threading.Barrier(2)
+
+    def replay(actor):
+        def go():
+            barrier.wait(5)
+            return ops.dead_letter_replay(letter_id=letter.pk, actor=actor)
+
+        return go
+
+    results = in_threads(replay("olga"), replay("omar"))
+    assert sorted(r.done for r in results) == [False, True]
+    (loser,) = [r for r in results if not r.done]
+    assert loser.refusal == ops.Refusal.ALREADY_REPLAYED
+    assert count("jobs", "job_id = %s", [letter.job_id]) == 1
+    letter.refresh_from_db()
+    assert letter.state == DeadLetterState.REPLAYED and letter.replayed_by in {"olga", "omar"}
+
+
+def test_a_cancel_waiting_on_a_claim_in_flight_matches_nothing_once_the_claim_commits():
+    job_id = queue.enqueue("task", task_payload(), correlation_id="race")
+    job_pk = scalar("SELECT id FROM jobs WHERE job_id = %s", [job_id])
+    claim_holds_the_row = threading.Event()
+    cancel_is_waiting = threading.Event()
+
+    def worker_claims():
+        with transaction.atomic():
+            (claimed,) = claim().jobs  # the claim's UPDATE holds the row lock until commit
+            claim_holds_the_row.set()
+            wait_for(cancel_is_waiting.is_set, timeout=10)
+            # Give the cancel's DELETE time to block on our row lock.
+            wait_for(lambda: scalar("SELECT count(*) FROM pg_locks WHERE NOT granted") > 0, timeout=10)
+        return claimed.job_id
+
+    def operator_cancels():
+        claim_holds_the_row.wait(10)
+        cancel_is_waiting.set()
+        return ops.job_cancel(job_pk=job_pk, actor="olga", reason="wrong amount")
+
+    claimed_id, result = in_threads(worker_claims, operator_cancels)
+    assert claimed_id == job_id
+    # The cancel re-checked the committed row (now leased) and did nothing.
+    assert (result.done, result.refusal) == (False, ops.Refusal.JOB_RUNNING)
+    assert count("jobs", "job_id = %s AND locked_at IS NOT NULL", [job_id]) == 1
+    assert not DeadLetter.objects.filter(job_id=job_id).exists()
