@@ -10,7 +10,12 @@ class ChargesConfig(AppConfig):
         # System checks and the job handlers (poll, resubmit, backstop) register on import.
         from charges import checks  # noqa: F401
         from charges.services import polling  # noqa: F401
+        from charges.services.checkout_expiry import expire_checkout_sessions
         from customers.retention import register_in_use
+        from jobs.housekeeping import register_sweep_step
+
+        # Checkout sessions past 24 h expire in the hourly sweep_expired.
+        register_sweep_step("checkout_sessions", expire_checkout_sessions)
 
         # A customer with a payment in flight is not erased by the retention sweep. An
         # intent never confirmed is not in flight (and its creation already moved the

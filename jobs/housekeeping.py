@@ -33,6 +33,8 @@ class StepResult(NamedTuple):
 
     count: int
     more: bool = False
+    failed: int = 0
+    """Rows that failed and were skipped (already logged by id at WARN)."""
 
 
 SweepStep = Callable[[JobContext], StepResult]
@@ -99,6 +101,8 @@ def sweep_expired(ctx: JobContext) -> Outcome:
             logger.warning("sweep step failed", extra={"step": name, "error": error_chain(exc, 300)})
             continue
         counts[name] = result.count
+        if result.failed:
+            counts[f"{name}_failed"] = result.failed
         more = more or result.more
         ctx.heartbeat()
     logger.info("sweep_expired", extra={"counts": counts, "failed_steps": len(failed)})

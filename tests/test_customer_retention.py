@@ -10,6 +10,8 @@ import time
 import pytest
 from django.db import connection, connections, transaction
 
+from charges.models import PaymentIntent
+from charges.services.intents import create_intent
 from customers import retention
 from customers.models import Customer
 from jobs import queue
@@ -58,30 +60,47 @@ def test_364_days_idle_survives_and_366_is_erased_with_one_event_carrying_ids_on
     assert "someone@example.com" not in logged and "Some One" not in logged
 
 
-def test_a_customer_used_between_the_page_read_and_the_delete_survives(merchant):
-    """The intent path bumps ``last_used_at`` in its own transaction. Here it holds that
-    transaction open while the erasure starts: the erasure waits on the row lock, re-checks
-    the age guard against the committed row, and erases nothing."""
+def test_a_customer_who_gets_a_new_intent_between_the_page_read_and_the_delete_survives(merchant):
+    """Creating an intent moves ``last_used_at`` in the intent's transaction. Here that
+    transaction is still open when the erasure starts: the erasure waits on the row lock,
+    re-checks the age guard against the committed row, and erases nothing."""
     target = customer(merchant, 400)
     assert [key[-1] for key in retention._read_page(None, 100)] == [target]  # the page read
-    bumped = threading.Event()
+    created = threading.Event()
 
     def new_intent():
         try:
-            with transaction.atomic(), connection.cursor() as cursor:
-                cursor.execute("UPDATE customers SET last_used_at = now() WHERE id = %s", [target])
-                bumped.set()
+            with transaction.atomic():
+                create_intent(merchant, {"amount": 500, "currency": "usd", "rail": "sandbox_push", "customer": target})
+                created.set()
                 time.sleep(0.5)
         finally:
             connections.close_all()
 
     other = threading.Thread(target=new_intent)
     other.start()
-    assert bumped.wait(10)
+    assert created.wait(10)
     assert retention.erase_if_idle(target) is False
     other.join(10)
     assert Customer.objects.filter(id=target).exists()
+    assert PaymentIntent.objects.get().customer_id == target
     assert Event.objects.count() == 0
+
+
+def test_a_customer_with_a_payment_in_flight_survives_however_idle(merchant):
+    """The guard ``charges`` registers: a confirmed, unfinished intent keeps its customer."""
+    in_flight = customer(merchant, 500)
+    finished = customer(merchant, 500)
+    for customer_id, status in ((in_flight, "processing"), (finished, "succeeded")):
+        intent = create_intent(
+            merchant, {"amount": 500, "currency": "usd", "rail": "sandbox_push", "customer": customer_id}
+        )
+        PaymentIntent.objects.filter(id=intent.id).update(status=status)
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE customers SET last_used_at = now() - interval '500 days'")
+    run_sweep()
+    assert list(Customer.objects.values_list("id", flat=True)) == [in_flight]
+    assert PaymentIntent.objects.get(status="succeeded").customer_id is None  # the record stays
 
 
 def test_an_in_use_guard_keeps_a_customer_however_idle(merchant, monkeypatch):
