@@ -11,6 +11,7 @@ from collections import Counter
 import pytest
 from django.db import connection, transaction
 
+from jobs.models import Alert
 from merchants.services import create_merchant
 from sandbox.receiver import fingerprint
 from tests.conftest import wait_for
@@ -121,11 +122,16 @@ def test_500s_timeouts_drops_and_redirects_ride_the_ladder_to_exhausted_with_one
     assert by_path["drop"] == [(n, "no_response", None, True) for n in (1, 2, 3)]
     # The receiver saw three tries of each; the redirect target was never requested.
     assert Counter(r["path"] for r in receiver.received()) == {"/fail": 3, "/hang": 3, "/drop": 3, "/moved": 3}
+    # One alert per exhausted delivery, logged once by the worker (jobs.alerts' send_alert job).
+    expected = sorted(f"webhook_delivery_exhausted:{d.pk}:0" for d in WebhookDelivery.objects.all())
+    assert sorted(Alert.objects.values_list("key", flat=True)) == expected
+    wait_for(lambda: not Alert.objects.filter(logged_at__isnull=True).exists(), message="the alerts to be logged")
     worker.signal()
     worker.wait(timeout=30)
-    alerts = [r for r in log_records(worker) if r.get("message") == "webhook delivery exhausted its retry ladder"]
-    assert all(r.get("alert") is True for r in alerts)
-    assert sorted(r["delivery_id"] for r in alerts) == sorted(d.pk for d in WebhookDelivery.objects.all())
+    logged = [
+        r for r in log_records(worker) if r.get("alert") is True and r.get("source") == "webhooks.delivery_exhausted"
+    ]
+    assert sorted(r["alert_key"] for r in logged) == expected
 
 
 def test_sigkill_during_a_backlog_of_1000_deliveries_a_replacement_finishes_with_no_gaps(receiver, start_worker):

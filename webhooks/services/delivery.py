@@ -31,7 +31,9 @@ from dataclasses import dataclass
 import httpx
 from django.conf import settings
 from django.db import transaction
+from django.urls import reverse
 
+from jobs.alerts import Severity, admin_path, raise_alert
 from vpay.errors import error_chain
 from webhooks import metrics, repository, sealing, ssrf
 from webhooks.decisions import AttemptResult, Next, after_failure, attempt_result, delivery_delay
@@ -98,7 +100,7 @@ def _recover(row: repository.DeliveryRow) -> str:
         extra={"delivery_id": row.id, "attempt": row.attempts, "next_state": str(next_state)},
     )
     if next_state == DeliveryState.EXHAUSTED:
-        transaction.on_commit(lambda: _alert_exhausted(row.id, row.endpoint_id, row.event_id, row.attempts))
+        _alert_exhausted(row.id, row.endpoint_id, row.event_id, row.attempts, row.ladder_base)
     return next_state
 
 
@@ -144,10 +146,16 @@ def perform(lease: repository.Lease, *, resolver: ssrf.Resolver = ssrf.system_re
     if delivery.payload_sha256 is not None and delivery.payload_sha256 != digest:
         # The renderer no longer produces what was signed before: sending would put a
         # different body under the same event id. Fail loudly instead.
-        logger.error(
-            "webhook body changed since its first signed attempt; not sent",
-            extra={"delivery_id": delivery.pk, "event_id": delivery.event_id, "alert": True},
-        )
+        with transaction.atomic():
+            raise_alert(
+                key=f"webhook_body_changed:{delivery.pk}",
+                title=f"Webhook delivery {delivery.pk}: the rendered body changed since its first signed attempt",
+                source="webhooks.body_changed",
+                severity=Severity.ERROR,
+                details={"delivery_id": delivery.pk, "event_id": delivery.event_id, "endpoint_id": endpoint.pk},
+                link=admin_path(delivery),
+                correlation_id=delivery.event_id,
+            )
         return Attempted(AttemptState.FAILED, error="rendered body differs from the first signed attempt; not sent")
     secrets = []
     for sealed in repository.active_sealed_secrets(endpoint.pk):
@@ -214,17 +222,40 @@ def record(lease: repository.Lease, attempted: Attempted) -> repository.Recorded
     else:
         next_, delay = after_failure(lease.rung, _schedule())
         delivery_state = DeliveryState.EXHAUSTED if next_ is Next.EXHAUSTED else DeliveryState.PENDING
-    recorded = repository.record_outcome(
-        lease,
-        attempt_state=attempted.attempt_state,
-        delivery_state=delivery_state,
-        delay=delay,
-        status_code=attempted.status_code,
-        excerpt=attempted.excerpt,
-        error=attempted.error,
-        payload_sha256=attempted.payload_sha256,
-        duration_ms=attempted.duration_ms,
-    )
+    with transaction.atomic():
+        recorded = repository.record_outcome(
+            lease,
+            attempt_state=attempted.attempt_state,
+            delivery_state=delivery_state,
+            delay=delay,
+            status_code=attempted.status_code,
+            excerpt=attempted.excerpt,
+            error=attempted.error,
+            payload_sha256=attempted.payload_sha256,
+            duration_ms=attempted.duration_ms,
+        )
+        # Alerted by the writer that made the transition, in its transaction: exactly once.
+        if not recorded.stale and delivery_state in (DeliveryState.EXHAUSTED, DeliveryState.REFUSED):
+            delivery = WebhookDelivery.objects.get(pk=lease.delivery_id)
+            if delivery_state == DeliveryState.EXHAUSTED:
+                _alert_exhausted(
+                    delivery.pk, delivery.endpoint_id, delivery.event_id, lease.number, delivery.ladder_base
+                )
+            else:
+                raise_alert(
+                    key=f"webhook_delivery_refused:{delivery.pk}:{delivery.ladder_base}",
+                    title=f"Webhook delivery {delivery.pk} refused by the SSRF guard",
+                    source="webhooks.delivery_refused",
+                    severity=Severity.ERROR,
+                    details={
+                        "delivery_id": delivery.pk,
+                        "endpoint_id": delivery.endpoint_id,
+                        "event_id": delivery.event_id,
+                        "reason": attempted.error[:300],
+                    },
+                    link=admin_path(delivery),
+                    correlation_id=delivery.event_id,
+                )
     metrics.ATTEMPTS.labels(outcome="stale" if recorded.stale else str(attempted.attempt_state)).inc()
     if attempted.duration_ms is not None:
         metrics.ATTEMPT_DURATION.observe(attempted.duration_ms / 1000)
@@ -235,29 +266,23 @@ def record(lease: repository.Lease, attempted: Attempted) -> repository.Recorded
             "webhook attempt was stale: its lease expired first; answer discarded",
             extra={"delivery_id": lease.delivery_id, "attempt": lease.number},
         )
-    elif delivery_state == DeliveryState.EXHAUSTED:
-        delivery = WebhookDelivery.objects.get(pk=lease.delivery_id)
-        _alert_exhausted(lease.delivery_id, delivery.endpoint_id, delivery.event_id, lease.number)
-    elif delivery_state == DeliveryState.REFUSED:
-        logger.error(
-            "webhook delivery refused by the SSRF guard",
-            extra={"delivery_id": lease.delivery_id, "reason": attempted.error[:300], "alert": True},
-        )
     return recorded
 
 
-def _alert_exhausted(delivery_id: int, endpoint_id: str, event_id: str, attempts: int) -> None:
-    # Nothing here is broken, the receiver is; but vpay will never tell the merchant, so a
-    # human must. The row (state = exhausted) is the record; this line gets someone to look.
-    logger.error(
-        "webhook delivery exhausted its retry ladder",
-        extra={
-            "delivery_id": delivery_id,
-            "endpoint": endpoint_id,
-            "event_id": event_id,
-            "attempts": attempts,
-            "alert": True,
-        },
+def _alert_exhausted(delivery_id: int, endpoint_id: str, event_id: str, attempts: int, ladder_base: int) -> None:
+    """One alert per exhaustion (a resend that exhausts again is a new ladder, a new key).
+
+    Nothing here is broken, the receiver is; but vpay will never tell the merchant, so a
+    human must. The row (state = exhausted) is the record; the alert gets someone to look.
+    MUST run in the transaction that made the transition."""
+    raise_alert(
+        key=f"webhook_delivery_exhausted:{delivery_id}:{ladder_base}",
+        title=f"Webhook delivery {delivery_id} exhausted its retry ladder",
+        source="webhooks.delivery_exhausted",
+        severity=Severity.ERROR,
+        details={"delivery_id": delivery_id, "endpoint_id": endpoint_id, "event_id": event_id, "attempts": attempts},
+        link=reverse("admin:webhooks_webhookdelivery_change", args=[delivery_id]),
+        correlation_id=event_id,
     )
 
 

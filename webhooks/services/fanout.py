@@ -17,7 +17,9 @@ import logging
 from dataclasses import dataclass
 
 from django.db import DatabaseError, transaction
+from django.urls import reverse
 
+from jobs.alerts import Severity, raise_alert
 from jobs.kinds import JobKind
 from jobs.queue import JobRequest, enqueue_many
 from vpay.errors import error_chain
@@ -100,7 +102,20 @@ def _count_failure(event_id: str, exc: Exception) -> bool:
     try:
         failures = repository.count_fan_out_failure(event_id)
         disposition = fan_out_disposition(failures, FAN_OUT_MAX_PASSES)
-        abandoned = disposition is FanOut.ABANDON and repository.mark_abandoned(event_id)
+        abandoned = False
+        if disposition is FanOut.ABANDON:
+            with transaction.atomic():
+                abandoned = repository.mark_abandoned(event_id)
+                if abandoned:  # only the pass that made the transition alerts
+                    raise_alert(
+                        key=f"webhook_event_abandoned:{event_id}",
+                        title=f"Event {event_id} abandoned: its fan-out failed on every pass",
+                        source="webhooks.event_abandoned",
+                        severity=Severity.ERROR,
+                        details={"event_id": event_id, "passes": failures, "error": error_chain(exc, 500)},
+                        link=reverse("admin:webhooks_event_change", args=[event_id]),
+                        correlation_id=event_id,
+                    )
     except DatabaseError as count_exc:
         # The pass has already decided to go on; failing to count must not stop the drain.
         logger.warning(
@@ -111,8 +126,8 @@ def _count_failure(event_id: str, exc: Exception) -> bool:
     if abandoned:
         metrics.EVENTS_ABANDONED.inc()
         logger.error(
-            "event abandoned: fan-out failed on every pass",
-            extra={"event_id": event_id, "passes": failures, "error": error_chain(exc, 1000), "alert": True},
+            "event abandoned: fan-out failed on every pass (alert raised)",
+            extra={"event_id": event_id, "passes": failures, "error": error_chain(exc, 1000)},
         )
     elif disposition is FanOut.RETRY:
         logger.warning(
