@@ -20,6 +20,7 @@ from django.utils.html import format_html
 from django.utils.text import Truncator
 
 from jobs import fence
+from jobs.durations import humanize_seconds
 from jobs.models import Alert, DeadLetter, DeadLetterState, Job, ProcessedJob, TransactionNow
 from jobs.repository import queue_summary
 from jobs.services import dead_letters as ops
@@ -33,22 +34,6 @@ def _since(seconds: float):
         TransactionNow() - Value(timedelta(seconds=seconds), output_field=DurationField()),
         output_field=DeadLetter._meta.get_field("created_at"),
     )
-
-
-def humanize_seconds(seconds: float | None) -> str:
-    """``3d 4h``, ``12m 5s``: two units, enough to triage by."""
-    if seconds is None:
-        return "-"
-    seconds = max(int(seconds), 0)
-    units = (("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
-    parts = []
-    for name, size in units:
-        if seconds >= size or (name == "s" and not parts):
-            parts.append(f"{seconds // size}{name}")
-            seconds %= size
-        if len(parts) == 2:
-            break
-    return " ".join(parts)
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):

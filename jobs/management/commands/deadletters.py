@@ -16,6 +16,7 @@ from datetime import datetime
 from django.core.management.base import BaseCommand, CommandError
 
 from jobs import repository
+from jobs.durations import humanize_seconds
 from jobs.models import DeadLetterState
 from jobs.services import dead_letters as ops
 
@@ -221,8 +222,6 @@ class Command(BaseCommand):
         self.stdout.write(f"dry run: would {verb} {len(would)}, refuse {len(verdicts) - len(would)}; nothing written")
 
     def _print_table(self, letters: list[repository.LetterRow]) -> None:
-        from jobs.admin import humanize_seconds
-
         header = ("id", "state", "kind", "queue", "cause", "tries", "age", "correlation", "last error")
         rows = [
             (
