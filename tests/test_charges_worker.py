@@ -119,6 +119,24 @@ def test_a_checkout_sessions_intent_succeeding_completes_the_session(stack):
     assert completed[0][1]["client_secret"] is None and completed[0][1]["url"] is None
 
 
+def test_the_merchants_endpoint_receives_the_settlement_webhook_signed(stack, receiver, settings):
+    from webhooks.services import endpoints
+    from webhooks.ssrf import parse_cidrs
+
+    settings.VPAY_WEBHOOK_ALLOW_CIDRS = parse_cidrs("127.0.0.1/32")
+    _, secret = endpoints.create_endpoint(
+        stack.acme.merchant, url=receiver.url("/hooks"), enabled_events=["payment_intent.succeeded"]
+    )
+    receiver.add_secrets(secret)
+    stack.policy.update({"VPAY_WEBHOOK_ALLOW_CIDRS": "127.0.0.1/32", "VPAY_WEBHOOK_FAN_OUT_IDLE": "0.5"})
+    stack.worker()
+    intent = stack.acme.confirm(stack.acme.intent(amount=4020)["id"])
+    settled(intent["id"], "succeeded")
+    (event_id,) = [r[0] for r in sql("SELECT id FROM events WHERE data->>'id' = %s", [intent["id"]])]
+    got = wait_for(lambda: [r for r in receiver.received("/hooks") if r["event_id"] == event_id], 20, message="webhook")
+    assert got[0]["type"] == "payment_intent.succeeded" and got[0]["verified"] is True
+
+
 # --- the confirm/worker race -----------------------------------------------------------
 
 
