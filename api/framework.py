@@ -307,7 +307,13 @@ def _idempotent(request: HttpRequest, view: Callable, atomic: bool, args: tuple,
         )
     merchant_id = request.merchant.id
     hashed = idempotency.request_hash(request.method, request.path, request.body)
-    stored = idempotency.lookup(merchant_id, key)
+    try:
+        stored = idempotency.lookup(merchant_id, key)
+    except idempotency.AnswerUnreadable:
+        # Never run the request again: its first run may have moved money.
+        raise ApiError(
+            409, "idempotency_answer_unreadable", "This key's stored answer can no longer be read.", type=IDEMPOTENCY
+        ) from None
     if stored is not None:
         return _replay(stored, hashed)
     try:

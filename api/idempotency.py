@@ -2,15 +2,23 @@
 
 Only successful (2xx) answers are stored. A refused request wrote nothing, so a client
 that corrects its body may reuse the key; a stored answer is replayed byte for byte for
-``IDEMPOTENCY_TTL`` and a different request under the same key is a 409. Every age here
-is computed by Postgres (``now() - created_at``), never by this host's clock.
+24 hours and a different request under the same key is a 409. Every age here is computed
+by Postgres (``now() - created_at``), never by this host's clock.
+
+Stored answers are sealed (Fernet, ``VPAY_SECRETS_KEY``), because some carry a secret that
+is shown once — a webhook endpoint's ``whsec_…``, a checkout session's client secret — and
+a replay must hand the retrying client the same answer without keeping that secret in
+plain text at rest.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from typing import NamedTuple
 
+from cryptography.fernet import Fernet, InvalidToken, MultiFernet
+from django.conf import settings
 from django.db import connection
 
 from jobs.context import JobContext
@@ -19,6 +27,26 @@ from jobs.housekeeping import StepResult
 TTL_SQL = "interval '24 hours'"
 SWEEP_PAGE = 1000
 MAX_SWEEP_PAGES = 50
+
+
+class AnswerUnreadable(Exception):
+    """A stored answer no configured key opens (the key was rotated away)."""
+
+
+@functools.cache
+def _fernet(keys: tuple[str, ...]) -> MultiFernet:
+    return MultiFernet([Fernet(k) for k in keys])
+
+
+def _seal(body: bytes) -> bytes:
+    return _fernet(tuple(settings.VPAY_SECRETS_KEYS)).encrypt(body)
+
+
+def _open(sealed: bytes) -> bytes:
+    try:
+        return _fernet(tuple(settings.VPAY_SECRETS_KEYS)).decrypt(sealed)
+    except InvalidToken:
+        raise AnswerUnreadable("a stored idempotent answer cannot be opened with the configured keys") from None
 
 
 class Stored(NamedTuple):
@@ -44,7 +72,7 @@ def lookup(merchant_id: str, key: str) -> Stored | None:
             [merchant_id, key],
         )
         row = cursor.fetchone()
-    return Stored(row[0], row[1], bytes(row[2])) if row else None
+    return Stored(row[0], row[1], _open(bytes(row[2]))) if row else None
 
 
 def store(merchant_id: str, key: str, hashed: str, status_code: int, body: bytes) -> bool:
@@ -62,7 +90,7 @@ def store(merchant_id: str, key: str, hashed: str, status_code: int, body: bytes
             " status_code = EXCLUDED.status_code, body = EXCLUDED.body, created_at = EXCLUDED.created_at"
             f" WHERE api_idempotency_records.created_at <= now() - {TTL_SQL}"
             " RETURNING 1",
-            [merchant_id, key, hashed, status_code, body],
+            [merchant_id, key, hashed, status_code, _seal(body)],
         )
         return cursor.fetchone() is not None
 

@@ -17,7 +17,7 @@ class IdempotencyRecord(models.Model):
     key = models.CharField(max_length=255)
     request_hash = models.CharField(max_length=64)
     status_code = models.SmallIntegerField()
-    body = models.BinaryField()
+    body = models.BinaryField(help_text="The answer, sealed (Fernet): it may carry a secret shown once.")
     created_at = models.DateTimeField(db_default=Now())
 
     class Meta:

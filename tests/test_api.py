@@ -329,3 +329,23 @@ def test_deleting_a_customer_emits_customer_deleted_with_ids_only(acme):
     event = Event.objects.get()
     assert event.type == "customer.deleted" and "p@example.com" not in json.dumps(event.data)
     assert not Customer.objects.filter(id=created["id"]).exists()
+
+
+def test_stored_answers_are_sealed_at_rest_and_replay_in_clear(acme):
+    first = acme.call("POST", "/v1/customers", {"email": "sealed@example.com"}, key="seal")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT body FROM api_idempotency_records")
+        (stored,) = cursor.fetchone()
+    assert b"sealed@example.com" not in bytes(stored)
+    again = acme.call("POST", "/v1/customers", {"email": "sealed@example.com"}, key="seal")
+    assert again.content == first.content
+
+
+def test_an_answer_no_key_opens_is_a_409_and_the_request_is_not_run_again(acme, settings):
+    acme.call("POST", "/v1/customers", {"name": "x"}, key="rotated")
+    from cryptography.fernet import Fernet
+
+    settings.VPAY_SECRETS_KEYS = [Fernet.generate_key().decode()]
+    again = acme.call("POST", "/v1/customers", {"name": "x"}, key="rotated")
+    assert again.status_code == 409 and error_of(again)["code"] == "idempotency_answer_unreadable"
+    assert count("customers") == 1
