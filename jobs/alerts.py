@@ -24,7 +24,7 @@ What you get, for each ``key``, exactly once:
 * one log line with ``"alert": true`` and the alert's fields, written by the worker that
   runs the job;
 * when ``ALERT_WEBHOOK_URL`` is set, one JSON POST (see :func:`incident_body`), from the
-  worker, with a connect and total timeout, retried on its own schedule (:data:`ALERT_RETRY`)
+  worker, with connect and read/write timeouts, retried on its own schedule (:data:`ALERT_RETRY`)
   while the endpoint fails; the alert row records attempts and the last error. An endpoint
   that stays down dead-letters the ``send_alert`` job (replayable from the admin), never
   the thing you alerted about.
@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Mapping
 
 import httpx
@@ -70,12 +71,13 @@ __all__ = ["ALERT_RETRY", "Severity", "admin_path", "incident_body", "raise_aler
 
 logger = logging.getLogger(__name__)
 
-# Its own retry, quicker than the queue's default at first (an alert is worth most while
-# fresh) and patient for longer: about 8 attempts over an hour and a half of outage.
-ALERT_RETRY = RetryPolicy(max_attempts=8, base_seconds=10.0, cap_seconds=1800.0)
-# Connect and total timeouts of one POST; the job's own timeout sits above them.
+# Its own retry: quicker than the queue's default at first (an alert is worth most while
+# fresh), then patient: 10 attempts whose backoff ceilings (10 s doubling, capped at 30 min)
+# add up to about 72 minutes of endpoint outage before the alert job is dead-lettered.
+ALERT_RETRY = RetryPolicy(max_attempts=10, base_seconds=10.0, cap_seconds=1800.0)
+# Connect timeout, and the read/write timeout, of one POST; the job's own timeout sits above them.
 CONNECT_TIMEOUT_SECONDS = 5.0
-TOTAL_TIMEOUT_SECONDS = 10.0
+IO_TIMEOUT_SECONDS = 10.0
 
 _KEY_MAX, _TITLE_MAX, _SOURCE_MAX, _LINK_MAX = 200, 300, 64, 500
 # Incident tools (PagerDuty's Events API, Opsgenie, Better Stack) speak these four.
@@ -224,10 +226,8 @@ def _log(alert: repository.AlertRow) -> None:
 def _post(alert: repository.AlertRow, url: str) -> None:
     """One POST; raises a classified error (never one that names the URL) when it failed."""
     body = incident_body(alert)
-    headers = {"Idempotency-Key": body["dedup_key"], "User-Agent": "vpay-alerts/1"}
-    timeout = httpx.Timeout(TOTAL_TIMEOUT_SECONDS, connect=CONNECT_TIMEOUT_SECONDS)
     try:
-        response = httpx.post(url, json=body, headers=headers, timeout=timeout, follow_redirects=False)
+        response = _client().post(url, json=body, headers={"Idempotency-Key": body["dedup_key"]})
     except httpx.HTTPError as exc:
         error = _scrub(error_chain(exc, 500), url)
         repository.record_alert_failure(alert.id, f"alert endpoint unreachable: {error}")
@@ -241,6 +241,24 @@ def _post(alert: repository.AlertRow, url: str) -> None:
     # Any other 4xx (bad token, wrong URL, a redirect we do not follow) will not heal by
     # itself: a configuration error, dead-lettered (and alerted by its log line) at once.
     raise ConfigurationError(f"alert {alert.id}: {error}; check ALERT_WEBHOOK_URL")
+
+
+_CLIENT: httpx.Client | None = None
+_CLIENT_LOCK = threading.Lock()
+
+
+def _client() -> httpx.Client:
+    """One client per process, shared by the loop threads (httpx.Client is thread-safe):
+    a new client per POST builds a TLS context each time, which cost more than the POST."""
+    global _CLIENT
+    with _CLIENT_LOCK:
+        if _CLIENT is None:
+            _CLIENT = httpx.Client(
+                timeout=httpx.Timeout(IO_TIMEOUT_SECONDS, connect=CONNECT_TIMEOUT_SECONDS),
+                follow_redirects=False,
+                headers={"User-Agent": "vpay-alerts/1"},
+            )
+        return _CLIENT
 
 
 def _scrub(text: str, url: str) -> str:

@@ -335,9 +335,7 @@ def test_two_real_workers_racing_over_failing_jobs_send_one_alert_per_dead_lette
         if line.startswith("{") and '"alert": true' in line
     ]
     assert {entry["logger"] for entry in alert_logs} == {"jobs.alerts"}  # one alert line each, no other
-    assert sorted(entry["alert_id"] for entry in alert_logs) == sorted(
-        Alert.objects.values_list("pk", flat=True)
-    )
+    assert sorted(entry["alert_id"] for entry in alert_logs) == sorted(Alert.objects.values_list("pk", flat=True))
     assert TOKEN not in "".join(worker.output() for worker in workers)
     assert count("jobs", "kind IN ('task', 'send_alert')") == 0
     execute("DELETE FROM alerts")
