@@ -283,3 +283,14 @@ def test_a_rail_refusing_our_credentials_on_submit_fails_the_charge_and_pages(ac
     key, severity = sql("SELECT key, severity FROM alerts WHERE source = 'charges.rail_configuration'")[0]
     assert key == f"rail_credentials_refused:{intent['charge']['id']}" and severity == "page"
     assert [t for t, _ in events(intent["id"])] == ["payment_intent.payment_failed"]
+
+
+def test_an_expired_checkout_sessions_intent_cannot_be_confirmed(acme):
+    session = acme.call(
+        "POST", "/v1/checkout/sessions", {"amount": 500, "currency": "usd", "rail": "sandbox_push"}
+    ).json()
+    sql("UPDATE checkout_sessions SET status = 'expired', expired_at = now() WHERE id = %s", [session["id"]])
+    before = counts()
+    response = acme.call("POST", f"/v1/payment_intents/{session['payment_intent']}/confirm")
+    assert response.status_code == 409 and error_of(response)["code"] == "checkout_session_expired"
+    assert counts() == before and intent_status(session["payment_intent"]) == "requires_confirmation"

@@ -27,12 +27,12 @@ from django.db import transaction
 
 from api.framework import ApiError
 from charges import repository
-from charges.models import Charge, PaymentIntent
+from charges.models import Charge, CheckoutSession, PaymentIntent
 from charges.policy import from_settings
 from charges.rails import get_rail
 from charges.rails.adapter import RailConfigurationError, RailRejected, RailUnavailable
 from charges.services import rail_calls, transitions
-from charges.states import INTENT_TERMINAL, IntentStatus, RailFlow
+from charges.states import INTENT_TERMINAL, CheckoutSessionStatus, IntentStatus, RailFlow
 from jobs import queue
 from jobs.alerts import Severity, raise_alert
 from jobs.kinds import JobKind
@@ -59,6 +59,12 @@ def confirm_intent(merchant: Merchant, intent_id: str) -> PaymentIntent:
             )
         if intent.status != IntentStatus.REQUIRES_CONFIRMATION:
             raise ApiError(409, "payment_intent_unexpected_state", "This PaymentIntent has already been confirmed.")
+        # The expiry sweep locks this same intent row before it expires the session, so the
+        # two serialize: a session is either expired before this confirm or not at all.
+        if CheckoutSession.objects.filter(intent=intent, status=CheckoutSessionStatus.EXPIRED).exists():
+            raise ApiError(
+                409, "checkout_session_expired", "This PaymentIntent's checkout session has expired; start a new one."
+            )
         rail = get_rail(intent.rail)
         if rail is None:
             raise ApiError(409, "rail_unknown", f"The rail {intent.rail!r} is no longer configured.", param="rail")
