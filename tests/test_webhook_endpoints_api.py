@@ -149,3 +149,27 @@ def test_live_mode_requires_https(acme, settings):
     response = acme.call("POST", "/v1/webhook_endpoints", {"url": "http://hooks.example.com/", "enabled_events": ["*"]})
     assert response.status_code == 400 and "https" in response.json()["error"]["message"]
     assert create(acme, url="https://hooks.example.com/")["url"] == "https://hooks.example.com/"
+
+
+def test_an_idempotent_create_replays_the_secret_without_storing_it_in_clear(acme):
+    body = json.dumps({"url": "https://hooks.example.com/vpay", "enabled_events": ["*"]})
+
+    def post():
+        return acme.client.generic(
+            "POST",
+            "/v1/webhook_endpoints",
+            body,
+            content_type="application/json",
+            HTTP_AUTHORIZATION=f"Bearer {acme.key}",
+            HTTP_IDEMPOTENCY_KEY="create-endpoint-1",
+        )
+
+    first, replay = post(), post()
+    assert replay["Idempotent-Replayed"] == "true"
+    assert replay.content == first.content  # the client that lost the first answer still gets its secret
+    secret = first.json()["secret"]
+    assert WebhookEndpoint.objects.count() == 1
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT body FROM api_idempotency_records")
+        [(stored,)] = cursor.fetchall()
+    assert secret.encode() not in bytes(stored) and b"whsec_" not in bytes(stored)

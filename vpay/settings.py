@@ -256,8 +256,8 @@ if env.bool("VPAY_BEHIND_TLS_PROXY", default=False):
 # --- Webhooks ---------------------------------------------------------------------------
 # Signing secrets are sealed at rest with these Fernet keys (comma-separated; the first
 # seals, all open). Required in live mode; in development derived from SECRET_KEY.
+from vpay.sealing import derive_dev_key, parse_keys  # noqa: E402
 from webhooks.decisions import parse_schedule  # noqa: E402
-from webhooks.sealing import derive_dev_key, parse_keys  # noqa: E402
 from webhooks.ssrf import parse_cidrs  # noqa: E402
 
 VPAY_SECRETS_KEYS = parse_keys(env_secret("VPAY_SECRETS_KEY", default=""))
