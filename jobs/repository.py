@@ -740,11 +740,14 @@ def queue_summary() -> list[QueueDepth]:
 # among every dead letter of this job_id: a replayed job that dead-letters again starts a
 # new row with a later job_created_at), so it lives at least until that instant plus the
 # TTL; with less than `margin` left of that, a replay might run after the row is gone and
-# apply the effect a second time.
+# apply the effect a second time. A fence row that is still there for long enough settles
+# it the other way: the effect happened, and the replay will be skipped as a duplicate.
 _LETTER_STATUS = """
 SELECT d.id, d.state, d.kind, d.job_id, d.cause,
        (SELECT min(o.job_created_at) FROM dead_letters o WHERE o.job_id = d.job_id)
-         + make_interval(secs => %(ttl)s) <= now() + make_interval(secs => %(margin)s) AS past_horizon,
+         + make_interval(secs => %(ttl)s) <= now() + make_interval(secs => %(margin)s)
+       AND NOT EXISTS (SELECT 1 FROM processed_jobs p WHERE p.job_id = d.job_id
+                          AND p.expires_at > now() + make_interval(secs => %(margin)s)) AS past_horizon,
        EXISTS (SELECT 1 FROM jobs j WHERE j.job_id = d.job_id) AS job_live,
        d.dedupe_key IS NOT NULL AND EXISTS (SELECT 1 FROM jobs j WHERE j.dedupe_key = d.dedupe_key) AS key_live
   FROM dead_letters d

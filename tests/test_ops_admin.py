@@ -196,6 +196,21 @@ def test_the_horizon_counts_from_the_first_enqueue_of_the_job_id_across_earlier_
     assert ops.replay_preview([again.pk])[again.pk] == ops.Refusal.PAST_FENCE_HORIZON
 
 
+def test_a_letter_past_the_horizon_whose_fence_row_is_still_there_may_be_replayed(settings):
+    settings.VPAY_PROCESSED_JOBS_TTL_SECONDS = 7 * 86400
+    letter = make_letter(job_created_at=db_ago(days=8))
+    # The effect ran late in the job's life: its fence row outlives the horizon by a day.
+    execute(
+        "INSERT INTO processed_jobs (job_id, kind, processed_at, expires_at)"
+        " VALUES (%s, 'task', now() - interval '6 days', now() + interval '1 day')",
+        [letter.job_id],
+    )
+    assert ops.replay_preview([letter.pk])[letter.pk] is None
+    # Less than the margin left on it: refused again.
+    execute("UPDATE processed_jobs SET expires_at = now() + interval '30 minutes' WHERE job_id = %s", [letter.job_id])
+    assert ops.replay_preview([letter.pk])[letter.pk] == ops.Refusal.PAST_FENCE_HORIZON
+
+
 # --- discard ----------------------------------------------------------------------------
 
 

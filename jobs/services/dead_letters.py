@@ -11,8 +11,9 @@ whose effect already happened is skipped by its ``processed_jobs`` row. That row
 (``VPAY_PROCESSED_JOBS_TTL_SECONDS`` after it was written, and it was written no earlier
 than the job's first enqueue). A letter whose job was first enqueued longer ago than the
 TTL, less a margin for the replay to be claimed, may have lost its fence row: replaying it
-could apply the effect twice (a charge captured twice). Such a replay is refused unless it
-is explicitly forced, by someone holding ``jobs.force_replay_deadletter`` in the admin or
+could apply the effect twice (a charge captured twice). Such a replay is refused (unless
+the fence row is still there with the margin to spare: then the effect happened and the
+replay is a harmless duplicate) unless it is explicitly forced, by someone holding ``jobs.force_replay_deadletter`` in the admin or
 with ``--force`` in the shell, after checking the effect did not happen; the letter then
 records ``replay_forced``.
 """
