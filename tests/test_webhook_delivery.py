@@ -346,3 +346,25 @@ def test_the_drain_runs_again_at_once_only_after_a_pass_that_made_progress(recei
     finally:
         sql("DROP TRIGGER test_refuse_delivery ON webhook_deliveries")
     assert Event.objects.get(pk=poison.pk).fan_out_failures == 1
+
+
+def test_the_deliver_step_resolves_once_and_connects_to_the_vetted_address(receiver):
+    # A rebinding name: the first answer is the (allow-listed) receiver, later ones private.
+    answers = iter(["127.0.0.1", "10.66.66.66", "10.66.66.66"])
+    calls = []
+
+    def rebinding(host, port):
+        calls.append(host)
+        return [next(answers)]
+
+    m = merchant()
+    endpoint(m, f"http://rebind.invalid:{receiver.port}/hooks/rebind")
+    [event] = emit_events(m)
+    fanout.drain_once()
+    [d] = deliveries_of(event)
+    begun = delivery.begin_attempt(d.pk)
+    attempted = delivery.perform(begun.lease, resolver=rebinding)
+    assert attempted.status_code == 200 and attempted.connected_to == ("127.0.0.1", receiver.port)
+    assert calls == ["rebind.invalid"]
+    assert delivery.record(begun.lease, attempted).delivery_state == DeliveryState.SUCCEEDED
+    assert [r["event_id"] for r in receiver.received("/hooks/rebind")] == [event.pk]
