@@ -102,6 +102,7 @@ class DeadLetterAdmin(ReadOnlyAdmin):
     list_filter = ("state", "kind", "queue", "cause", CreatedWithinFilter)
     search_fields = ("=job_id", "=correlation_id")
     search_help_text = "Exact job_id or correlation id."
+    date_hierarchy = "created_at"  # drill down by year, month, day (truncated in SQL)
     ordering = ("-created_at", "-id")
     actions = ["replay_selected", "discard_selected"]
     fieldsets = (

@@ -15,7 +15,7 @@ from jobs import queue, repository
 from jobs.models import DeadLetter, DeadLetterState, Job
 from jobs.services import dead_letters as ops
 from tests.ops_support import OPERATOR_PERMS, db_ago, make_letter, staff_user
-from tests.queue_support import claim, count, execute, task_payload
+from tests.queue_support import claim, count, execute, scalar, task_payload
 
 pytestmark = pytest.mark.django_db
 
@@ -290,6 +290,13 @@ def test_the_change_list_shows_age_error_excerpt_and_filters_and_searches(client
     assert listed("?kind=sweep_expired") == {new.pk}
     assert listed("?queue=maintenance") == {new.pk}
     assert listed(f"?q={old.job_id}") == {old.pk}
+    year, month, day = scalar(
+        "SELECT ARRAY[extract(year FROM created_at), extract(month FROM created_at), extract(day FROM created_at)]::int[]"
+        " FROM dead_letters WHERE id = %s",
+        [new.pk],
+    )
+    assert new.pk in listed(f"?created_at__year={year}&created_at__month={month}&created_at__day={day}")
+    assert listed(f"?created_at__year={year - 1}") == set()
     assert listed(f"?q={new.correlation_id}") == {new.pk}
     assert listed("?q=not-a-uuid") == set()
 
