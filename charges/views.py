@@ -9,7 +9,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from api.framework import METADATA, Body, Field, not_found, paginate, respond, route
+from api.framework import METADATA, Body, Field, error_response, not_found, paginate, respond, route
 from api.ids import ID_MAX_LENGTH
 from charges import repository
 from charges.models import Charge, CheckoutSession, PaymentIntent
@@ -102,10 +102,10 @@ def rail_callback(request: HttpRequest, code: str) -> HttpResponse:
     reference only names which charge to ask about, and the poll asks the rail itself.
     Unknown references get the same quiet 200 as known ones (no oracle for guessing ids)."""
     if get_rail(code) is None:
-        return JsonResponse({"error": {"type": "invalid_request_error", "code": "rail_unknown"}}, status=404)
+        return error_response(404, "rail_unknown", "No rail by this name is configured.")
     raw = request.body[: CALLBACK_MAX_BYTES + 1]
     if len(raw) > CALLBACK_MAX_BYTES:
-        return JsonResponse({"error": {"type": "invalid_request_error", "code": "body_too_large"}}, status=413)
+        return error_response(413, "body_too_large", f"A callback body may be at most {CALLBACK_MAX_BYTES} bytes.")
     try:
         body = json.loads(raw or b"{}")
     except ValueError:

@@ -294,3 +294,27 @@ def test_an_expired_checkout_sessions_intent_cannot_be_confirmed(acme):
     response = acme.call("POST", f"/v1/payment_intents/{session['payment_intent']}/confirm")
     assert response.status_code == 409 and error_of(response)["code"] == "checkout_session_expired"
     assert counts() == before and intent_status(session["payment_intent"]) == "requires_confirmation"
+
+
+def test_a_session_past_its_expires_at_that_the_sweep_has_not_reached_cannot_be_confirmed(acme):
+    session = acme.call(
+        "POST", "/v1/checkout/sessions", {"amount": 500, "currency": "usd", "rail": "sandbox_push"}
+    ).json()
+    # Still open (the hourly sweep has not run), but past its time on the database's clock.
+    sql("UPDATE checkout_sessions SET expires_at = now() - interval '1 second' WHERE id = %s", [session["id"]])
+    before = counts()
+    response = acme.call("POST", f"/v1/payment_intents/{session['payment_intent']}/confirm")
+    assert response.status_code == 409 and error_of(response)["code"] == "checkout_session_expired"
+    assert counts() == before and intent_status(session["payment_intent"]) == "requires_confirmation"
+    # A session inside its time confirms as usual (the guard is the time, not the session).
+    sql("UPDATE checkout_sessions SET expires_at = now() + interval '1 minute' WHERE id = %s", [session["id"]])
+    assert acme.confirm(session["payment_intent"])["status"] == "processing"
+
+
+def test_callback_refusals_answer_in_the_common_error_format(acme):
+    unknown = acme.client.post("/rails/nope/callback", {}, content_type="application/json")
+    assert unknown.status_code == 404 and error_of(unknown)["code"] == "rail_unknown"
+    big = acme.client.post(
+        "/rails/sandbox_push/callback", {"reference": "x" * (17 * 1024)}, content_type="application/json"
+    )
+    assert big.status_code == 413 and error_of(big)["code"] == "body_too_large"

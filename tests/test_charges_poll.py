@@ -4,7 +4,12 @@ show that charges settle, these pin what each single pass wrote and how long it 
 
 from __future__ import annotations
 
+import threading
+import time
+
+import psycopg
 import pytest
+from django.db import connection
 
 from charges.models import Charge, PaymentIntent
 from charges.services import polling
@@ -13,6 +18,7 @@ from jobs.models import DeadLetter
 from jobs.queue import enqueue
 from jobs.worker import Worker
 from tests.charges_support import FAST_POLICY, apply_policy, charge_of, events, scalar, sql, use_rails
+from tests.conftest import database_url
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -144,3 +150,61 @@ def test_the_backstop_restores_lost_polls_page_by_page_and_leaves_live_ones_alon
     assert job_of(kept.id)[0] > 3000  # its live job untouched
     # The scan rescheduled itself for the next pass.
     assert scalar("SELECT extract(epoch FROM run_at - now()) > 500 FROM jobs WHERE kind = 'scan_live_charges'")
+
+
+def test_a_dead_order_check_that_loses_the_race_to_the_confirm_keeps_the_only_poll_job(merchant):
+    """A redirect charge past the window, in submitting: the poll concludes FailDeadOrder.
+    A real second connection holds the charge's row and, while the poll's guarded write
+    waits on it, commits the confirm's compare-and-swap (submitting -> submitted, the URL
+    handed out). The poll's write then matches nothing, and the job must survive: the
+    confirm's pull-forward found it leased, so it is the only thing that will ever poll."""
+    charge = live_charge(merchant, flow="redirect", age=WINDOW + 5)
+    ran: list = []
+
+    def poll():
+        try:
+            ran.append(Worker().run_once())
+        finally:
+            connection.close()
+
+    with psycopg.connect(database_url()) as confirm, psycopg.connect(database_url(), autocommit=True) as watch:
+        confirm.execute("SELECT 1 FROM charges WHERE id = %s FOR UPDATE", [charge.id])
+        worker = threading.Thread(target=poll)
+        worker.start()
+        deadline = time.monotonic() + 10
+        # Until the poll's guarded UPDATE waits on our row lock (watched from a connection
+        # outside any transaction: pg_stat_activity is a snapshot within one).
+        while not watch.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND wait_event_type = 'Lock' AND query LIKE 'UPDATE \"charges\"%'"
+        ).fetchone()[0]:
+            assert time.monotonic() < deadline, "the poll never reached its guarded write"
+            time.sleep(0.02)
+        confirm.execute(
+            "UPDATE charges SET status = 'submitted', pay_token = 'tok', redirect_url = 'https://psp.example/pay/x'"
+            " WHERE id = %s",
+            [charge.id],
+        )
+        confirm.commit()
+        worker.join(15)
+    assert ran == [1]
+    assert charge_of(charge.intent_id)["status"] == "submitted"  # the live order was not failed
+    assert scalar("SELECT status FROM payment_intents WHERE id = %s", [charge.intent_id]) == "processing"
+    assert events(charge.id) == []
+    due_in, reason = job_of(charge.id)  # the job survived, due now
+    assert due_in <= 0.1 and "left submitting" in reason
+
+
+def test_a_wait_that_finds_the_confirm_finished_runs_again_at_once(merchant):
+    """The confirm's compare-and-swap commits while the poll holds its (young) charge: the
+    pull-forward found the job leased. ``_wait`` looks once more before parking it."""
+    from charges import repository
+    from charges.policy import from_settings
+
+    charge = live_charge(merchant, age=5.0, job=False)
+    row = repository.read_for_poll(charge.id)  # what the poll read: submitting, young
+    policy = from_settings()
+    assert polling._wait(row, 20.0, policy).delay == pytest.approx(20.0 + policy.wait_margin)
+    sql("UPDATE charges SET status = 'submitted' WHERE id = %s", [charge.id])  # the confirm commits
+    outcome = polling._wait(row, 20.0, policy)
+    assert outcome.delay == 0 and "confirm finished" in outcome.reason

@@ -173,7 +173,9 @@ def test_a_confirms_compare_and_swap_wins_against_a_worker_that_claimed_its_poll
     # Its pull-forward made the parked poll due at once: the charge settles well inside the
     # window it would otherwise have waited out.
     charge = settled(intent_id, "succeeded", timeout=9)
-    assert charge["settled_after"] < 10.0
+    # Without the pull-forward it would settle at about 10.05 s (the window); the confirm
+    # returns at about 3 s. 7 s leaves room for a loaded machine and still fails without it.
+    assert charge["settled_after"] < 7.0
     assert event_types(intent_id) == ["payment_intent.succeeded"]
 
 

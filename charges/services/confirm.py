@@ -24,6 +24,8 @@ from __future__ import annotations
 import logging
 
 from django.db import transaction
+from django.db.models import Q
+from django.db.models.functions import Now
 
 from api.framework import ApiError
 from charges import repository
@@ -60,8 +62,15 @@ def confirm_intent(merchant: Merchant, intent_id: str) -> PaymentIntent:
         if intent.status != IntentStatus.REQUIRES_CONFIRMATION:
             raise ApiError(409, "payment_intent_unexpected_state", "This PaymentIntent has already been confirmed.")
         # The expiry sweep locks this same intent row before it expires the session, so the
-        # two serialize: a session is either expired before this confirm or not at all.
-        if CheckoutSession.objects.filter(intent=intent, status=CheckoutSessionStatus.EXPIRED).exists():
+        # two serialize: a session is either expired before this confirm or not at all. A
+        # session past its expires_at that the hourly sweep has not reached yet is just as
+        # dead (the database's clock decides): confirming it would let the next sweep skip
+        # it for its live charge and a payer pay a session the merchant saw expire.
+        if (
+            CheckoutSession.objects.filter(intent=intent)
+            .filter(Q(status=CheckoutSessionStatus.EXPIRED) | Q(expires_at__lte=Now()))
+            .exists()
+        ):
             raise ApiError(
                 409, "checkout_session_expired", "This PaymentIntent's checkout session has expired; start a new one."
             )

@@ -72,7 +72,12 @@ def poll_charge(ctx: JobContext) -> Outcome:
         if action.step is Step.WAIT:
             return _wait(row, action.wait_seconds, policy)
         if action.step is Step.FAIL_DEAD_ORDER:
-            transitions.fail_submitting(row.id, row.intent_id, transitions.DEAD_ORDER, rail=row.rail)
+            if not transitions.fail_submitting(row.id, row.intent_id, transitions.DEAD_ORDER, rail=row.rail):
+                # The charge left submitting between our read and the guarded write: a
+                # confirm's compare-and-swap won, and its URL may be in the payer's hands.
+                # Its pull-forward found this job leased and moved nothing, so this job is
+                # the charge's only poll: keep it, and run again now to ask the rail.
+                return Outcome.reschedule_in(0, "left submitting under a dead-order check")
             return Outcome.done()
         if action.step is Step.RESUBMIT:
             return resubmit_then_escalate_if_late(row, past, policy)
