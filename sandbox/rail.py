@@ -27,7 +27,9 @@ answer 503 and are not recorded), ``drop_submits`` N (the first N submits are re
 but answered by closing the connection: the answer is lost), ``lose_submits`` N (the
 first N submits are dropped unrecorded: the rail never got them, so polls answer 404),
 ``submit_delay`` / ``poll_delay`` seconds (answer slowly), ``submit_status`` (answer
-submits with this HTTP status, e.g. 422).
+submits with this HTTP status, e.g. 422), ``url_style`` ``"path"`` (the redirect URL
+carries the pay_token as its last path segment, ``/<rail>/pay/<reference>/<token>``,
+instead of ``?pay_token=``: a URL no key-name redaction can recognise).
 
 Built-in amounts (minor units, ``amount % 1000``): 402 fails ``insufficient_funds``;
 503 answers 503 forever; 404 is unknown for three polls, then succeeds; everything else
@@ -73,6 +75,7 @@ SCENARIO_FIELDS = {
     "submit_delay": (int, float),
     "poll_delay": (int, float),
     "submit_status": int,
+    "url_style": str,
 }
 
 
@@ -179,6 +182,8 @@ class Handler(BaseHTTPRequestHandler):
             return self._admin_get(seg, query)
         if len(seg) == 3 and seg[1] == "pay":
             return self._pay(seg[0], seg[2], query)
+        if len(seg) == 4 and seg[1] == "pay":  # url_style "path": the token is the last segment
+            return self._pay(seg[0], seg[2], {**query, "pay_token": seg[3]})
         if len(seg) != 3 or seg[1] != "charges":
             return self._send(404, {"error": "no such route"})
         rail, reference = seg[0], seg[2]
@@ -279,7 +284,12 @@ class Handler(BaseHTTPRequestHandler):
         if charge.pay_token:
             host = self.headers.get("Host", "127.0.0.1")
             body["pay_token"] = charge.pay_token
-            body["redirect_url"] = f"http://{host}/{charge.rail}/pay/{charge.reference}?pay_token={charge.pay_token}"
+            if scenario.get("url_style") == "path":  # the token as a path segment, not `pay_token=`
+                body["redirect_url"] = f"http://{host}/{charge.rail}/pay/{charge.reference}/{charge.pay_token}"
+            else:
+                body["redirect_url"] = (
+                    f"http://{host}/{charge.rail}/pay/{charge.reference}?pay_token={charge.pay_token}"
+                )
         if status == "failed":
             body["failure_code"] = scenario.get("failure_code", "declined")
         return body

@@ -3,6 +3,8 @@ here: what the web process writes, and what it refuses to write)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.charges_support import (
@@ -318,3 +320,26 @@ def test_callback_refusals_answer_in_the_common_error_format(acme):
         "/rails/sandbox_push/callback", {"reference": "x" * (17 * 1024)}, content_type="application/json"
     )
     assert big.status_code == 413 and error_of(big)["code"] == "body_too_large"
+
+
+def test_no_payable_url_or_pay_token_reaches_the_request_log_whatever_the_url_looks_like(acme, rails):
+    # This rail carries the token as a path segment: nothing in the URL says "token".
+    rails.scenario(amount=3006, url_style="path")
+    intent = acme.confirm(acme.intent(amount=3006, rail="sandbox_redirect")["id"])
+    stored = charge_of(intent["id"])
+    url, token = intent["redirect_url"], stored["pay_token"]
+    assert url.endswith("/" + token) and "pay_token=" not in url  # handed out, as the rail wrote it
+    # A poll's answer carries the same two fields.
+    from charges.rails import get_rail
+    from charges.services import rail_calls
+
+    assert rail_calls.status(stored["id"], get_rail("sandbox_redirect"), pay_token=token).status == "succeeded"
+    excerpts = [
+        r[0] for r in sql("SELECT response_excerpt FROM provider_requests WHERE charge_id = %s", [stored["id"]])
+    ]
+    assert len(excerpts) == 2
+    for excerpt in excerpts:
+        assert token not in excerpt and "/pay/" not in excerpt and "://" not in excerpt
+        recorded = json.loads(excerpt)  # the parsed answer, two fields replaced by name
+        assert recorded["pay_token"] == recorded["redirect_url"] == "[REDACTED]"
+        assert recorded["reference"] == stored["id"] and recorded["status"] in ("pending", "succeeded")

@@ -14,6 +14,7 @@ records nothing itself: the caller writes ``provider_requests`` before and after
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ import httpx
 from charges.rails.config import RailConfig
 from charges.states import RailStatus
 from vpay.errors import ConfigurationError, PermanentError, TransientError
+from vpay.logging import redact, redact_value
 
 MAX_BODY_BYTES = 64 * 1024
 _ANSWER_STATUSES = {"pending", "succeeded", "failed"}
@@ -145,7 +147,8 @@ class HttpRailAdapter:
         except httpx.TransportError as exc:
             raise _error(RailUnavailable, f"rail {self.rail.code}: no answer ({type(exc).__name__})", None) from exc
         text = raw.decode("utf-8", errors="replace")
-        excerpt = text[:500]
+        body = _json(text)
+        excerpt = answer_excerpt(body, text)
         if code >= 500:
             raise _error(RailUnavailable, f"rail {self.rail.code}: HTTP {code}", code, excerpt)
         if code in (401, 403):
@@ -159,14 +162,51 @@ class HttpRailAdapter:
             return RailAnswer(RailStatus.NOT_FOUND, code, body_excerpt=excerpt)
         if code >= 300:
             raise _error(RailRejected, f"rail {self.rail.code}: HTTP {code}", code, excerpt)
-        return _parse(self.rail.code, code, text, excerpt)
+        return _parse(self.rail.code, code, body, excerpt)
 
 
-def _parse(code: str, http_status: int, text: str, excerpt: str) -> RailAnswer:
+def _json(text: str) -> object:
     try:
-        body = json.loads(text)
+        return json.loads(text)
     except ValueError:
-        body = None
+        return _UNREADABLE
+
+
+_UNREADABLE = object()  # a body that is not JSON (``None`` is JSON's null)
+EXCERPT_CHARS = 500
+# An answer's fields that let whoever holds them pay the payer's order. The URL need not
+# spell its token as ``pay_token=`` (a path segment, ``?session=``), so no pattern over
+# text can be trusted to find it: these go by name, whatever their value looks like.
+_PAYABLE_FIELDS = frozenset({"pay_token", "redirect_url"})
+_URL = re.compile(r"(?i)\b[a-z][a-z0-9+.-]*://\S+")
+REDACTED = "[REDACTED]"
+
+
+def answer_excerpt(body: object, text: str) -> str:
+    """What ``provider_requests.response_excerpt`` may keep of an answer.
+
+    Built from the parsed body, never from the raw text: ``pay_token`` and ``redirect_url``
+    replaced by name, credential-named keys by :func:`vpay.logging.redact_value`, and any
+    other string that holds a URL replaced too (a rail may nest its payable link under a
+    name of its own). An answer that is not JSON (a proxy's HTML error page) keeps its
+    text with every URL removed and credentials scrubbed.
+    """
+    if body is _UNREADABLE:
+        return redact(_URL.sub(REDACTED, text))[:EXCERPT_CHARS]
+    return json.dumps(_scrub(body), separators=(",", ":"), ensure_ascii=False)[:EXCERPT_CHARS]
+
+
+def _scrub(value: object) -> object:
+    if isinstance(value, dict):
+        return {k: REDACTED if k in _PAYABLE_FIELDS else _scrub(v) for k, v in redact_value(value).items()}
+    if isinstance(value, list):
+        return [_scrub(v) for v in value]
+    if isinstance(value, str) and "://" in value:
+        return REDACTED
+    return value
+
+
+def _parse(code: str, http_status: int, body: object, excerpt: str) -> RailAnswer:
     if not isinstance(body, dict) or body.get("status") not in _ANSWER_STATUSES:
         # A 2xx we cannot read is not an answer we may act on, and asking again will not
         # change how it is written: permanent.
