@@ -15,6 +15,7 @@ verified it, by fingerprint), and answers according to the path's *mode*:
 ``drop``    close the connection without answering (reset)
 ``endless`` 200, then an endless body
 ``redirect`` 302 to ``/elsewhere``
+``utf16``   ``status`` (default 200) with "OK" in UTF-16 (a body with NUL bytes)
 =========  ==================================================================
 
 A path's mode comes from ``POST /__admin/mode`` (``{"path": "/hooks/a", "mode": "status",
@@ -182,6 +183,15 @@ class Handler(BaseHTTPRequestHandler):
                     self.wfile.write(chunk)
             except OSError:
                 return None  # the client stopped reading and closed: what a bounded reader does
+        if name == "utf16":
+            # A .NET-style "OK" in UTF-16: NUL bytes in the body, which Postgres text refuses.
+            body = "OK".encode("utf-16-le")
+            self.send_response(int(mode.get("status", 200)))
+            self.send_header("Content-Type", "text/plain; charset=utf-16")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return None
         if name == "redirect":
             self.send_response(302)
             self.send_header("Location", "/elsewhere")

@@ -202,6 +202,22 @@ def test_a_receiver_that_drops_the_connection_is_no_response_with_a_null_status(
     assert "RemoteProtocolError" in row.error or "ReadError" in row.error  # the cause chain, not just the URL
 
 
+def test_an_answer_with_nul_bytes_is_recorded_not_retried(receiver):
+    # "OK" in UTF-16 (a .NET receiver): the excerpt holds NULs, which Postgres text refuses.
+    # Unsanitised, the outcome could never be recorded and the delivery would be re-sent.
+    m = merchant()
+    endpoint(m, receiver.url("/hooks/utf16?mode=utf16"))
+    [event] = emit_events(m)
+    fanout.drain_once()
+    [d] = deliveries_of(event)
+    _, recorded, attempted = attempt(d.pk)
+    assert "\x00" in attempted.excerpt
+    assert not recorded.stale and recorded.delivery_state == DeliveryState.SUCCEEDED
+    row = DeliveryAttempt.objects.get(delivery=d)
+    assert (row.state, row.status_code, row.response_excerpt) == ("succeeded", 200, "O\ufffdK\ufffd")
+    assert len(receiver.received("/hooks/utf16")) == 1
+
+
 def test_a_stale_attempt_cannot_record_success(receiver):
     m = merchant()
     endpoint(m, receiver.url("/hooks/s"))
@@ -242,6 +258,39 @@ def test_an_expired_lease_cannot_record_even_if_nobody_took_over(receiver):
     d.refresh_from_db()
     assert d.state == DeliveryState.PENDING
     assert list(DeliveryAttempt.objects.filter(delivery=d).values_list("state", flat=True)) == ["stale"]
+
+
+@pytest.mark.parametrize("recoverer", ["scan", "deliver_job"])
+def test_a_lease_that_expires_on_the_last_rung_exhausts_the_delivery_with_one_alert(receiver, recoverer):
+    m = merchant()
+    endpoint(m, receiver.url("/hooks/dies?mode=status&status=500"))
+    [event] = emit_events(m)
+    fanout.drain_once()
+    [d] = deliveries_of(event)
+    attempt(d.pk)
+    attempt(d.pk)  # two failed rungs of three
+    last = delivery.begin_attempt(d.pk)
+    assert last.kind is delivery.Begin.CLAIMED
+    # The worker holding the last rung dies: its lease runs out with nothing recorded.
+    sql("UPDATE webhook_deliveries SET lease_expires_at = now() - interval '1 second' WHERE id = %s", [d.pk])
+    if recoverer == "scan":
+        assert scan.scan_once().exhausted == 1
+        assert scan.scan_once().exhausted == 0  # a second scan finds nothing to recover
+    else:
+        assert delivery.begin_attempt(d.pk).kind is delivery.Begin.GONE
+    assert delivery.begin_attempt(d.pk).kind is delivery.Begin.GONE
+    assert scan.scan_once().exhausted == 0
+    d.refresh_from_db()
+    assert (d.state, d.attempts, d.lease_token) == (DeliveryState.EXHAUSTED, 3, None)
+    assert d.completed_at is not None
+    states = list(DeliveryAttempt.objects.filter(delivery=d).order_by("number").values_list("state", flat=True))
+    assert states == ["failed", "failed", "abandoned"]
+    assert list(Alert.objects.values_list("key", "source")) == [
+        (f"webhook_delivery_exhausted:{d.pk}:0", "webhooks.delivery_exhausted")
+    ]
+    # The dead worker's late answer, should it ever arrive, is discarded and alerts nothing.
+    assert delivery.record(last.lease, delivery.perform(last.lease)).stale
+    assert Alert.objects.count() == 1
 
 
 def test_the_per_endpoint_cap_holds_back_only_that_endpoint(receiver, settings):

@@ -17,6 +17,10 @@ ERROR_MAX = 2000
 
 
 def _bounded(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, NUL-free: Postgres ``text`` refuses U+0000, and
+    an excerpt or error that cannot be stored would leave the attempt unrecorded (and the
+    delivery re-sent every time its lease expired)."""
+    text = text.replace("\x00", "\ufffd")
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
