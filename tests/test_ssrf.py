@@ -180,6 +180,39 @@ def test_a_resolution_failure_is_not_permanent():
     assert not info.value.permanent
 
 
+def test_a_resolution_slower_than_its_timeout_is_an_ordinary_failure_and_does_not_wait_for_it():
+    import threading
+
+    release = threading.Event()
+
+    def slow_nameserver(host, port):
+        # Answers only once the test lets it, i.e. after vet() has returned: if vet() waited
+        # for the answer, this would block for a minute and then resolve, and the test fail.
+        release.wait(60)
+        return ["93.184.216.34"]
+
+    try:
+        with pytest.raises(AddressRefused) as info:
+            vet("slow.example.test", 443, resolver=slow_nameserver, timeout=0.2)
+    finally:
+        release.set()
+    assert not info.value.permanent
+    assert "no answer within 0.2 s" in str(info.value)
+    # Within its time, the helper thread's answers (and errors) are the resolver's own.
+    assert vet("example.test", 443, resolver=resolver_of("93.184.216.34"), timeout=5) == [
+        ipaddress.ip_address("93.184.216.34")
+    ]
+    with pytest.raises(AddressRefused) as info:
+        vet("example.test", 443, resolver=resolver_of("10.0.0.5"), timeout=5)
+    assert info.value.permanent
+
+    def broken(host, port):
+        raise OSError("Name or service not known")
+
+    with pytest.raises(AddressRefused, match="Name or service not known"):
+        vet("nowhere.invalid", 443, resolver=broken, timeout=5)
+
+
 def test_the_system_resolver_answers_localhost_as_loopback():
     with pytest.raises(AddressRefused) as info:
         vet("localhost", 80)

@@ -14,7 +14,7 @@ from django.test import Client
 from merchants.services import create_merchant
 from webhooks.event_types import EventType
 from webhooks.events import emit
-from webhooks.models import DeliveryAttempt, DeliveryState, WebhookDelivery
+from webhooks.models import DeliveryAttempt, DeliveryState, Event, WebhookDelivery
 from webhooks.services import delivery, endpoints, fanout
 from webhooks.services.resend import resend_delivery
 
@@ -96,3 +96,28 @@ def test_the_console_shows_no_secret_and_resends_with_permission(receiver):
     d.refresh_from_db()
     assert d.state == DeliveryState.PENDING
     assert LogEntry.objects.filter(object_id=str(d.pk), user=staff).count() == 1
+
+
+def test_abandoned_events_are_re_driven_from_the_console_only_with_permission():
+    merchant, _ = create_merchant("Acme")
+    with transaction.atomic():
+        event = emit(merchant, EventType.PAYMENT_INTENT_SUCCEEDED, {"id": "pi_1", "object": "payment_intent"})
+    Event.objects.filter(pk=event.pk).update(fan_out="abandoned", fan_out_failures=5)
+    staff = User.objects.create_user("ops", password="pw", is_staff=True)
+    staff.user_permissions.add(Permission.objects.get(codename="view_event"))
+    client = Client()
+    client.force_login(staff)
+    action = {"action": "redrive_selected", "_selected_action": [event.pk]}
+    assert "redrive_selected" not in client.get("/admin/webhooks/event/").content.decode()
+    client.post("/admin/webhooks/event/", action)
+    assert Event.objects.get(pk=event.pk).fan_out == "abandoned"  # no permission: not offered
+    staff.user_permissions.add(Permission.objects.get(codename="redrive_event"))
+    assert "redrive_selected" in client.get("/admin/webhooks/event/").content.decode()
+    client.post("/admin/webhooks/event/", action)
+    event.refresh_from_db()
+    assert (event.fan_out, event.fan_out_failures, event.fan_out_redrives) == ("pending", 0, 1)
+    [entry] = LogEntry.objects.filter(object_id=event.pk, user=staff)
+    assert "Re-driven" in entry.change_message
+    client.post("/admin/webhooks/event/", action)  # pending: skipped, nothing written
+    assert LogEntry.objects.filter(object_id=event.pk).count() == 1
+    assert fanout.drain_once().fanned_out == 1

@@ -125,6 +125,67 @@ def test_an_event_that_fails_every_pass_is_abandoned_after_five_with_one_alert(r
     ]
 
 
+def test_transient_database_errors_never_count_toward_abandoning_an_event(receiver):
+    m = merchant()
+    endpoint(m, receiver.url("/a"))
+    [event] = emit_events(m)
+    # A real statement timeout (what a migration holding a lock produces): the delivery
+    # insert for this event sleeps past the session's statement_timeout.
+    sql(
+        "CREATE OR REPLACE FUNCTION test_slow_delivery() RETURNS trigger AS $$ BEGIN"
+        f" IF NEW.event_id = '{event.pk}' THEN PERFORM pg_sleep(2); END IF;"
+        " RETURN NEW; END $$ LANGUAGE plpgsql"
+    )
+    sql(
+        "CREATE TRIGGER test_slow_delivery BEFORE INSERT ON webhook_deliveries"
+        " FOR EACH ROW EXECUTE FUNCTION test_slow_delivery()"
+    )
+    sql("SET statement_timeout = '100ms'")
+    try:
+        passes = [fanout.drain_once() for _ in range(7)]
+    finally:
+        sql("RESET statement_timeout")
+        sql("DROP TRIGGER test_slow_delivery ON webhook_deliveries")
+    assert sql("SELECT fan_out, fan_out_failures FROM events WHERE id = %s", [event.pk]) == [("pending", 0)]
+    assert not Alert.objects.exists()
+    assert [(p.failed, p.transient, p.abandoned) for p in passes] == [(1, 1, 0)] * 7
+    assert fanout.drain_once().fanned_out == 1  # the database is healthy again: nothing was lost
+
+
+def test_an_abandoned_event_can_be_re_driven_and_alerts_again_if_abandoned_again(receiver):
+    from webhooks.services.redrive import redrive_event
+
+    m = merchant()
+    endpoint(m, receiver.url("/a"))
+    [event] = emit_events(m)
+    sql(
+        "CREATE OR REPLACE FUNCTION test_refuse_delivery() RETURNS trigger AS $$ BEGIN"
+        " RAISE EXCEPTION 'refused by test trigger'; END $$ LANGUAGE plpgsql"
+    )
+    sql(
+        "CREATE TRIGGER test_refuse_delivery BEFORE INSERT ON webhook_deliveries"
+        " FOR EACH ROW EXECUTE FUNCTION test_refuse_delivery()"
+    )
+    try:
+        for _ in range(5):
+            fanout.drain_once()
+        assert not redrive_event("evt_nope")
+        assert redrive_event(event.pk)
+        assert not redrive_event(event.pk)  # pending now: not re-drivable twice
+        assert sql("SELECT fan_out, fan_out_failures FROM events WHERE id = %s", [event.pk]) == [("pending", 0)]
+        for _ in range(5):
+            fanout.drain_once()  # still broken: abandoned again, and alerted again
+        assert redrive_event(event.pk)
+    finally:
+        sql("DROP TRIGGER test_refuse_delivery ON webhook_deliveries")
+    assert sorted(Alert.objects.values_list("key", flat=True)) == [
+        f"webhook_event_abandoned:{event.pk}",
+        f"webhook_event_abandoned:{event.pk}:1",
+    ]
+    assert fanout.drain_once().deliveries == 1  # fixed: the re-driven event fans out
+    assert Event.objects.get(pk=event.pk).fan_out == "fanned_out"
+
+
 def test_a_failure_counted_after_someone_else_fanned_the_event_out_is_neither_retry_nor_alert():
     m = merchant()
     [event] = emit_events(m)
@@ -200,6 +261,33 @@ def test_a_receiver_that_drops_the_connection_is_no_response_with_a_null_status(
     row = DeliveryAttempt.objects.get(delivery=d)
     assert row.state == AttemptState.NO_RESPONSE and row.status_code is None
     assert "RemoteProtocolError" in row.error or "ReadError" in row.error  # the cause chain, not just the URL
+
+
+def test_a_slow_nameserver_spends_the_attempts_budget_not_more(receiver, settings):
+    import threading
+
+    settings.VPAY_WEBHOOK_CONNECT_TIMEOUT = 0.3
+    settings.VPAY_WEBHOOK_ALLOW_CIDRS = LOOPBACK
+    release = threading.Event()
+
+    def slow_nameserver(host, port):
+        release.wait(60)  # answers only after perform() has given up on it (or a minute)
+        return ["127.0.0.1"]
+
+    m = merchant()
+    endpoint(m, f"http://hooks.example.test:{receiver.port}/hooks/dns")
+    [event] = emit_events(m)
+    fanout.drain_once()
+    [d] = deliveries_of(event)
+    begun = delivery.begin_attempt(d.pk)
+    try:
+        attempted = delivery.perform(begun.lease, resolver=slow_nameserver)
+    finally:
+        release.set()
+    assert attempted.attempt_state == AttemptState.NO_RESPONSE and attempted.status_code is None
+    assert "could not resolve" in attempted.error and "no answer within 0.3 s" in attempted.error
+    assert delivery.record(begun.lease, attempted).delivery_state == DeliveryState.PENDING  # the ladder, not refused
+    assert receiver.received("/hooks/dns") == []
 
 
 def test_an_answer_with_nul_bytes_is_recorded_not_retried(receiver):
@@ -291,6 +379,38 @@ def test_a_lease_that_expires_on_the_last_rung_exhausts_the_delivery_with_one_al
     # The dead worker's late answer, should it ever arrive, is discarded and alerts nothing.
     assert delivery.record(last.lease, delivery.perform(last.lease)).stale
     assert Alert.objects.count() == 1
+
+
+def test_deleting_an_endpoint_cancels_its_deliveries_with_a_reason_and_no_alert(receiver):
+    m = merchant()
+    ep, _ = endpoint(m, receiver.url("/hooks/gone?mode=status&status=500"))
+    events = emit_events(m, 5)
+    fanout.drain_once()
+    d1, d2, d3, d4, d5 = (WebhookDelivery.objects.get(event=e) for e in events)
+    attempt(d1.pk)  # one failed rung: pending, due again later
+    in_flight = delivery.begin_attempt(d2.pk)
+    answer = delivery.perform(in_flight.lease)  # sent; its answer is recorded after the delete
+    assert delivery.begin_attempt(d3.pk).kind is delivery.Begin.CLAIMED  # its worker dies
+    sql("DELETE FROM webhook_deliveries WHERE id = %s", [d5.pk])  # re-created below, "by a racing fan-out"
+    sent = len(receiver.received("/hooks/gone"))
+
+    assert endpoints.delete_endpoint(ep) == 2  # d1 and d4, in the delete's transaction
+    assert delivery.record(in_flight.lease, answer).delivery_state == DeliveryState.CANCELLED
+    sql("UPDATE webhook_deliveries SET lease_expires_at = now() - interval '1 second' WHERE id = %s", [d3.pk])
+    assert scan.scan_once().exhausted == 0
+    sql(
+        "INSERT INTO webhook_deliveries (id, event_id, endpoint_id, state, attempts, ladder_base, next_attempt_at,"
+        " created_at, updated_at, cancel_reason) VALUES (%s, %s, %s, 'pending', 0, 0, now(), now(), now(), '')",
+        [d5.pk, d5.event_id, ep.pk],
+    )
+    for d in (d1, d2, d3, d4, d5):
+        assert delivery.begin_attempt(d.pk).kind is delivery.Begin.GONE
+    rows = sql("SELECT state, cancel_reason, completed_at IS NOT NULL FROM webhook_deliveries ORDER BY id")
+    assert [(state, done) for state, _, done in rows] == [("cancelled", True)] * 5
+    assert all("endpoint was deleted" in reason for _, reason, _ in rows)
+    assert not Alert.objects.exists()  # the merchant chose this: nobody is paged
+    assert len(receiver.received("/hooks/gone")) == sent  # nothing was sent after the delete
+    assert delivery.begin_attempt(d1.pk).kind is delivery.Begin.GONE
 
 
 def test_the_per_endpoint_cap_holds_back_only_that_endpoint(receiver, settings):

@@ -16,6 +16,7 @@ from django.utils.text import Truncator
 from jobs.admin import ReadOnlyAdmin
 from webhooks.models import DeliveryAttempt, DeliveryState, Event, WebhookDelivery, WebhookEndpoint
 from webhooks.services import endpoints as endpoint_services
+from webhooks.services.redrive import redrive_event
 from webhooks.services.resend import resend_delivery
 
 EXCERPT = 80
@@ -28,12 +29,39 @@ class EventAdmin(ReadOnlyAdmin):
     search_fields = ("=id", "=merchant__id")
     search_help_text = "Exact event id or merchant id."
     ordering = ("-created_at",)
-    fields = ("id", "type", "merchant", "created_at", "fan_out", "fan_out_failures", "data_pretty")
+    fields = (
+        "id",
+        "type",
+        "merchant",
+        "created_at",
+        "fan_out",
+        "fan_out_failures",
+        "fan_out_redrives",
+        "data_pretty",
+    )
     readonly_fields = fields
+    actions = ["redrive_selected"]
 
     @admin.display(description="data (the rendered wire object)")
     def data_pretty(self, obj):
         return format_html('<pre class="vpay-pre">{}</pre>', json.dumps(obj.data, indent=2, sort_keys=True))
+
+    def has_redrive_permission(self, request):
+        opts = self.opts
+        return request.user.has_perm(f"{opts.app_label}.redrive_{opts.model_name}")
+
+    @admin.action(description="Re-drive selected abandoned events (fan them out again)", permissions=["redrive"])
+    def redrive_selected(self, request, queryset):
+        redriven = skipped = 0
+        for event_id in queryset.values_list("pk", flat=True):
+            if redrive_event(event_id, actor=request.user):
+                redriven += 1
+            else:
+                skipped += 1
+        if redriven:
+            messages.success(request, f"{redriven} event{'' if redriven == 1 else 's'} back to pending fan-out.")
+        if skipped:
+            messages.warning(request, f"{skipped} skipped: not abandoned.")
 
 
 @admin.register(WebhookEndpoint)
@@ -95,6 +123,7 @@ class WebhookDeliveryAdmin(ReadOnlyAdmin):
         "lease_expires_at",
         "payload_sha256",
         "last_status_code",
+        "cancel_reason",
         "created_at",
         "updated_at",
         "completed_at",

@@ -28,7 +28,7 @@ def emit(merchant: Merchant | str, type: EventType | str, obj: dict) -> Event:
         raise ValueError("an event's object is a rendered wire object with 'id' and 'object'")
     merchant_id = merchant if isinstance(merchant, str) else merchant.pk
     event = Event.objects.create(merchant_id=merchant_id, type=event_type, data=obj)
-    _wake_fan_out_at_commit()
+    wake_fan_out_at_commit()
     return event
 
 
@@ -45,7 +45,7 @@ def _wake_fan_out() -> None:
         logger.warning("could not wake the fan-out drain; it runs on its period", exc_info=True)
 
 
-def _wake_fan_out_at_commit() -> None:
+def wake_fan_out_at_commit() -> None:
     """Once per transaction, after it commits: a thousand events in one transaction wake
     the drain once, and an event that rolled back wakes nothing."""
     if not any(callback is _wake_fan_out for _, callback, _ in connection.run_on_commit):

@@ -13,7 +13,7 @@ ATTEMPTS = Counter(
 )
 DELIVERIES_FINISHED = Counter(
     "vpay_webhook_deliveries_finished_total",
-    "Deliveries that reached a terminal state (succeeded, exhausted, refused)",
+    "Deliveries that reached a terminal state (succeeded, exhausted, refused, cancelled)",
     ["state"],
 )
 EVENTS_FANNED_OUT = Counter("vpay_webhook_events_fanned_out_total", "Events fanned out into deliveries")

@@ -37,9 +37,12 @@ class Event(models.Model):
     created_at = models.DateTimeField(db_default=Now())
     fan_out = models.CharField(max_length=16, choices=FanOut.choices, db_default=FanOut.PENDING)
     fan_out_failures = models.SmallIntegerField(db_default=0)
+    # How often an operator re-drove it out of ``abandoned`` (each abandonment alerts once).
+    fan_out_redrives = models.IntegerField(db_default=0)
 
     class Meta:
         db_table = "events"
+        permissions = [("redrive_event", "Can re-drive abandoned events (fan them out again)")]
         constraints = [
             models.CheckConstraint(condition=Q(type__in=EventType.values), name="events_type_known"),
             models.CheckConstraint(condition=Q(fan_out__in=FanOut.values), name="events_fan_out_known"),
@@ -135,6 +138,9 @@ class DeliveryState(models.TextChoices):
     """The ladder ran out; alerted once. A human tells the merchant."""
     REFUSED = "refused"
     """The SSRF guard refused the address: permanent, recorded."""
+    CANCELLED = "cancelled"
+    """Its endpoint was deleted before it was delivered: ended without alerting (the
+    merchant chose this), ``cancel_reason`` says why. Not resendable: there is nowhere to send."""
 
 
 class WebhookDelivery(models.Model):
@@ -156,6 +162,8 @@ class WebhookDelivery(models.Model):
     created_at = models.DateTimeField(db_default=Now())
     updated_at = models.DateTimeField(db_default=Now())
     completed_at = models.DateTimeField(null=True, blank=True)
+    # Why a delivery was ``cancelled`` (empty otherwise).
+    cancel_reason = models.CharField(max_length=300, blank=True, db_default="")
 
     class Meta:
         db_table = "webhook_deliveries"

@@ -102,9 +102,26 @@ def count_fan_out_failure(event_id: str) -> int | None:
     return rows[0][0] if rows else None
 
 
-def mark_abandoned(event_id: str) -> bool:
-    """CAS ``pending → abandoned``; True only for the one caller that made the transition."""
-    return _rowcount("UPDATE events SET fan_out = 'abandoned' WHERE id = %s AND fan_out = 'pending'", [event_id]) == 1
+def mark_abandoned(event_id: str) -> int | None:
+    """CAS ``pending → abandoned``; for the one caller that made the transition, the
+    event's re-drive count (its alert key names it); None for everyone else."""
+    rows = _rows(
+        "UPDATE events SET fan_out = 'abandoned' WHERE id = %s AND fan_out = 'pending' RETURNING fan_out_redrives",
+        [event_id],
+    )
+    return rows[0][0] if rows else None
+
+
+def redrive_event(event_id: str) -> bool:
+    """CAS ``abandoned → pending`` with its failure count reset (an operator's re-drive)."""
+    return (
+        _rowcount(
+            "UPDATE events SET fan_out = 'pending', fan_out_failures = 0, fan_out_redrives = fan_out_redrives + 1"
+            " WHERE id = %s AND fan_out = 'abandoned'",
+            [event_id],
+        )
+        == 1
+    )
 
 
 # --- one delivery attempt ----------------------------------------------------------------
@@ -124,21 +141,60 @@ class DeliveryRow:
     lease_left: float | None  # seconds of the current lease left (<= 0: expired)
     lease_token: uuid.UUID | None
     payload_sha256: str | None
+    endpoint_deleted: bool
 
 
 def lock_delivery(delivery_id: int) -> DeliveryRow | None:
-    """The delivery, locked ``FOR UPDATE`` (MUST run in a transaction)."""
+    """The delivery, locked ``FOR UPDATE`` (MUST run in a transaction); the endpoint row
+    is read, not locked (the cap check locks it, after the delivery: one lock order)."""
     rows = _rows(
         """
-        SELECT id, endpoint_id, event_id, state, attempts, ladder_base,
-               EXTRACT(EPOCH FROM next_attempt_at - now())::float8,
-               EXTRACT(EPOCH FROM lease_expires_at - now())::float8,
-               lease_token, payload_sha256
-          FROM webhook_deliveries WHERE id = %s FOR UPDATE
+        SELECT d.id, d.endpoint_id, d.event_id, d.state, d.attempts, d.ladder_base,
+               EXTRACT(EPOCH FROM d.next_attempt_at - now())::float8,
+               EXTRACT(EPOCH FROM d.lease_expires_at - now())::float8,
+               d.lease_token, d.payload_sha256,
+               (SELECT e.deleted_at IS NOT NULL FROM webhook_endpoints e WHERE e.id = d.endpoint_id)
+          FROM webhook_deliveries d WHERE d.id = %s FOR UPDATE
         """,
         [delivery_id],
     )
     return DeliveryRow(*rows[0]) if rows else None
+
+
+CANCELLED_ENDPOINT_DELETED = "the endpoint was deleted before this delivery was made; nothing more is sent"
+
+
+def cancel_pending_for_endpoint(endpoint_id: str, reason: str = CANCELLED_ENDPOINT_DELETED) -> int:
+    """Every ``pending`` delivery of the endpoint → ``cancelled`` with ``reason`` (its
+    delete's transaction). ``delivering`` ones are left to their attempt; the next begin
+    cancels them. Returns how many were cancelled."""
+    return _rowcount(
+        "UPDATE webhook_deliveries SET state = 'cancelled', cancel_reason = %s, completed_at = now(),"
+        " updated_at = now() WHERE endpoint_id = %s AND state = 'pending'",
+        [_bounded(reason, 300), endpoint_id],
+    )
+
+
+def cancel_pending(delivery_id: int, reason: str = CANCELLED_ENDPOINT_DELETED) -> bool:
+    """CAS one delivery ``pending → cancelled`` (found pending for a deleted endpoint)."""
+    return (
+        _rowcount(
+            "UPDATE webhook_deliveries SET state = 'cancelled', cancel_reason = %s, completed_at = now(),"
+            " updated_at = now() WHERE id = %s AND state = 'pending'",
+            [_bounded(reason, 300), delivery_id],
+        )
+        == 1
+    )
+
+
+def endpoint_deleted_for(delivery_id: int) -> bool:
+    """Whether the delivery's endpoint has been deleted (as committed now)."""
+    rows = _rows(
+        "SELECT e.deleted_at IS NOT NULL FROM webhook_deliveries d JOIN webhook_endpoints e ON e.id = d.endpoint_id"
+        " WHERE d.id = %s",
+        [delivery_id],
+    )
+    return bool(rows and rows[0][0])
 
 
 def in_flight_for_endpoint(endpoint_id: str) -> int:
@@ -195,8 +251,9 @@ def start_attempt(delivery_id: int, lease_seconds: float) -> Lease:
 
 def recover_lease(row: DeliveryRow, next_state: str) -> None:
     """An expired lease, found under the delivery's lock: its attempt becomes ``abandoned``
-    and the delivery ``pending`` (due now: the failure was ours, not the receiver's) or
-    ``exhausted``. MUST run in the transaction that locked ``row``."""
+    and the delivery ``pending`` (due now: the failure was ours, not the receiver's),
+    ``exhausted``, or ``cancelled`` (its endpoint was deleted meanwhile). MUST run in the
+    transaction that locked ``row``."""
     _rowcount(
         "UPDATE webhook_delivery_attempts SET state = 'abandoned', finished_at = now(),"
         " error = 'lease expired before an answer was recorded (worker died or stalled)'"
@@ -206,9 +263,10 @@ def recover_lease(row: DeliveryRow, next_state: str) -> None:
     _rowcount(
         "UPDATE webhook_deliveries SET state = %s, lease_token = NULL, lease_expires_at = NULL,"
         " next_attempt_at = now(), updated_at = now(),"
-        " completed_at = CASE WHEN %s = 'exhausted' THEN now() END"
+        " completed_at = CASE WHEN %s <> 'pending' THEN now() END,"
+        " cancel_reason = CASE WHEN %s = 'cancelled' THEN %s ELSE cancel_reason END"
         " WHERE id = %s AND state = 'delivering' AND lease_token = %s",
-        [next_state, next_state, row.id, row.lease_token],
+        [next_state, next_state, next_state, CANCELLED_ENDPOINT_DELETED, row.id, row.lease_token],
     )
 
 
@@ -272,7 +330,8 @@ def record_outcome(
                                           ELSE next_attempt_at END,
                    payload_sha256 = COALESCE(payload_sha256, %(digest)s),
                    last_status_code = %(status)s, updated_at = now(),
-                   completed_at = CASE WHEN %(state)s <> 'pending' THEN now() END
+                   completed_at = CASE WHEN %(state)s <> 'pending' THEN now() END,
+                   cancel_reason = CASE WHEN %(state)s = 'cancelled' THEN %(reason)s ELSE cancel_reason END
              WHERE id = %(id)s AND state = 'delivering' AND lease_token = %(token)s
                AND lease_expires_at > now()
             """,
@@ -283,6 +342,7 @@ def record_outcome(
                 "status": status_code,
                 "id": lease.delivery_id,
                 "token": lease.token,
+                "reason": CANCELLED_ENDPOINT_DELETED,
             },
         )
         if moved:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -156,26 +157,62 @@ def system_resolver(host: str, port: int) -> list[str]:
     return [info[4][0] for info in infos]
 
 
+def resolve_within(resolver: Resolver, host: str, port: int, timeout: float) -> list[str]:
+    """``resolver(host, port)``, given at most ``timeout`` seconds; ``TimeoutError`` after.
+
+    ``getaddrinfo`` takes no timeout, and a nameserver the merchant controls can answer as
+    slowly as it likes (glibc waits about 5 s per try, per server). The lookup runs in a
+    daemon thread of its own (never a shared pool a slow nameserver could fill); past the
+    timeout the caller moves on and the thread ends when the resolver gives up.
+    """
+    if timeout <= 0:
+        raise TimeoutError("no time left to resolve")
+    outcome: dict[str, object] = {}
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            outcome["answers"] = resolver(host, port)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            outcome["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="vpay-resolve", daemon=True).start()
+    if not done.wait(timeout):
+        raise TimeoutError(f"no answer within {timeout:.1f} s")
+    if "error" in outcome:
+        raise outcome["error"]  # type: ignore[misc]
+    return outcome["answers"]  # type: ignore[return-value]
+
+
 def parse_cidrs(text: str) -> tuple[Network, ...]:
     """``VPAY_WEBHOOK_ALLOW_CIDRS``: comma-separated CIDRs (blank: none). ValueError on a bad one."""
     return tuple(ipaddress.ip_network(part.strip(), strict=False) for part in text.split(",") if part.strip())
 
 
 def vet(
-    host: str, port: int, *, allow: Sequence[Network] = (), resolver: Resolver = system_resolver
+    host: str,
+    port: int,
+    *,
+    allow: Sequence[Network] = (),
+    resolver: Resolver = system_resolver,
+    timeout: float | None = None,
 ) -> list[IPAddress]:
     """Resolve ``host`` once and return the addresses to connect to, or raise :class:`AddressRefused`.
 
     Every answered address must pass: one private answer among public ones refuses the
     delivery (an attacker controls which answer a client picks). An IP literal is judged
-    without resolving.
+    without resolving. ``timeout``: the resolution's share of the attempt's deadline; a
+    lookup that takes longer is an ordinary (non-permanent) failure.
     """
     literal = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     try:
         answers = [ipaddress.ip_address(literal)]
     except ValueError:
         try:
-            answers = [ipaddress.ip_address(a.split("%", 1)[0]) for a in resolver(host, port)]
+            raw = resolver(host, port) if timeout is None else resolve_within(resolver, host, port, timeout)
+            answers = [ipaddress.ip_address(a.split("%", 1)[0]) for a in raw]
         except (OSError, UnicodeError, ValueError) as exc:
             raise AddressRefused(f"could not resolve {host!r}: {exc}", permanent=False) from exc
     if not answers:

@@ -77,8 +77,14 @@ def begin_attempt(delivery_id: int) -> BeginResult:
             if row.lease_left is not None and row.lease_left > 0:
                 return BeginResult(Begin.BUSY, wait=row.lease_left)
             next_state = _recover(row)
-            if next_state == DeliveryState.EXHAUSTED:
+            if next_state != DeliveryState.PENDING:
                 return BeginResult(Begin.GONE)
+        elif row.endpoint_deleted:
+            # Created by a fan-out that raced the delete, or left by an attempt that was in
+            # flight during it: ended like the delete ended the others, without an alert.
+            if repository.cancel_pending(row.id):
+                metrics.DELIVERIES_FINISHED.labels(state=str(DeliveryState.CANCELLED)).inc()
+            return BeginResult(Begin.GONE)
         elif row.due_in > 0:
             return BeginResult(Begin.NOT_DUE, wait=row.due_in)
         if repository.in_flight_for_endpoint(row.endpoint_id) >= settings.VPAY_WEBHOOK_MAX_IN_FLIGHT:
@@ -90,9 +96,15 @@ def begin_attempt(delivery_id: int) -> BeginResult:
 
 
 def _recover(row: repository.DeliveryRow) -> str:
-    """An expired lease: the attempt is ``abandoned`` and counts as a failed try."""
+    """An expired lease: the attempt is ``abandoned`` and counts as a failed try (or, if
+    the endpoint was deleted meanwhile, the delivery is ``cancelled``: nothing to alert)."""
     rung = row.attempts - row.ladder_base
-    next_state = DeliveryState.PENDING if delivery_delay(rung, _schedule()) is not None else DeliveryState.EXHAUSTED
+    if row.endpoint_deleted:
+        next_state = DeliveryState.CANCELLED
+    elif delivery_delay(rung, _schedule()) is not None:
+        next_state = DeliveryState.PENDING
+    else:
+        next_state = DeliveryState.EXHAUSTED
     repository.recover_lease(row, next_state)
     metrics.ATTEMPTS_ABANDONED.inc()
     logger.warning(
@@ -140,7 +152,9 @@ def perform(lease: repository.Lease, *, resolver: ssrf.Resolver = ssrf.system_re
     delivery = WebhookDelivery.objects.select_related("event", "endpoint").get(pk=lease.delivery_id)
     endpoint: WebhookEndpoint = delivery.endpoint
     if endpoint.deleted_at is not None:
-        return Attempted(AttemptState.FAILED, error="the endpoint was deleted; nothing sent")
+        return Attempted(
+            AttemptState.FAILED, delivery_state=DeliveryState.CANCELLED, error="the endpoint was deleted; nothing sent"
+        )
     body = render_body(delivery.event)
     digest = hashlib.sha256(body).hexdigest()
     if delivery.payload_sha256 is not None and delivery.payload_sha256 != digest:
@@ -171,28 +185,50 @@ def perform(lease: repository.Lease, *, resolver: ssrf.Resolver = ssrf.system_re
         "Vpay-Event-Id": delivery.event_id,
         "Vpay-Delivery-Attempt": str(lease.number),
     }
+    # One budget for the whole attempt, resolution included: a merchant's slow nameserver
+    # must not hold a loop thread beyond VPAY_WEBHOOK_TIMEOUT.
+    started = time.monotonic()
+    deadline = started + settings.VPAY_WEBHOOK_TIMEOUT
     try:
         url = httpx.URL(endpoint.url)
         if url.scheme not in ("http", "https") or not url.host or (settings.LIVE_MODE and url.scheme != "https"):
             return Attempted(AttemptState.FAILED, error="the endpoint URL is not deliverable (https only in live mode)")
         port = url.port or (443 if url.scheme == "https" else 80)
-        addresses = ssrf.vet(url.host, port, allow=settings.VPAY_WEBHOOK_ALLOW_CIDRS, resolver=resolver)
+        addresses = ssrf.vet(
+            url.host,
+            port,
+            allow=settings.VPAY_WEBHOOK_ALLOW_CIDRS,
+            resolver=resolver,
+            timeout=min(settings.VPAY_WEBHOOK_CONNECT_TIMEOUT, settings.VPAY_WEBHOOK_TIMEOUT),
+        )
     except ssrf.AddressRefused as exc:
         if exc.permanent:
             return Attempted(
                 AttemptState.FAILED, delivery_state=DeliveryState.REFUSED, error=f"refused by the SSRF guard: {exc}"
             )
-        return Attempted(AttemptState.NO_RESPONSE, error=error_chain(exc, 1000), payload_sha256=digest)
+        return Attempted(
+            AttemptState.NO_RESPONSE,
+            error=error_chain(exc, 1000),
+            payload_sha256=digest,
+            duration_ms=int((time.monotonic() - started) * 1000),
+        )
     except httpx.InvalidURL as exc:
         return Attempted(AttemptState.FAILED, error=f"the endpoint URL is invalid: {exc}")
-    started = time.monotonic()
+    left = deadline - time.monotonic()
+    if left <= 0:
+        return Attempted(
+            AttemptState.NO_RESPONSE,
+            error="the attempt's total timeout elapsed while resolving the host; nothing sent",
+            payload_sha256=digest,
+            duration_ms=int((time.monotonic() - started) * 1000),
+        )
     answer = transport.post(
         str(url),
         body,
         headers,
         addresses=addresses,
         connect_timeout=settings.VPAY_WEBHOOK_CONNECT_TIMEOUT,
-        total_timeout=settings.VPAY_WEBHOOK_TIMEOUT,
+        total_timeout=left,
     )
     duration_ms = int((time.monotonic() - started) * 1000)
     result = attempt_result(answer.status_code)
@@ -223,6 +259,11 @@ def record(lease: repository.Lease, attempted: Attempted) -> repository.Recorded
         next_, delay = after_failure(lease.rung, _schedule())
         delivery_state = DeliveryState.EXHAUSTED if next_ is Next.EXHAUSTED else DeliveryState.PENDING
     with transaction.atomic():
+        if delivery_state not in (DeliveryState.SUCCEEDED, DeliveryState.CANCELLED) and (
+            repository.endpoint_deleted_for(lease.delivery_id)
+        ):
+            # Deleted while this attempt was in flight: no next rung, no exhaustion alert.
+            delivery_state, delay = DeliveryState.CANCELLED, None
         recorded = repository.record_outcome(
             lease,
             attempt_state=attempted.attempt_state,

@@ -7,6 +7,7 @@ The plain secret exists only in the return value of :func:`create_endpoint` and
 from __future__ import annotations
 
 import ipaddress
+import logging
 from collections.abc import Iterable
 
 import httpx
@@ -14,9 +15,11 @@ from django.conf import settings
 from django.db import transaction
 
 from merchants.models import Merchant
-from webhooks import repository, sealing, ssrf
+from webhooks import metrics, repository, sealing, ssrf
 from webhooks.event_types import EventType
 from webhooks.models import WebhookEndpoint, WebhookSecret
+
+logger = logging.getLogger("webhooks.endpoints")
 
 WILDCARD = "*"
 MAX_URL = 2048
@@ -109,10 +112,23 @@ def update_endpoint(
 
 
 @transaction.atomic
-def delete_endpoint(endpoint: WebhookEndpoint) -> None:
-    """Stop delivering to the endpoint. Its rows stay as evidence; its secrets are dropped."""
+def delete_endpoint(endpoint: WebhookEndpoint) -> int:
+    """Stop delivering to the endpoint. Its rows stay as evidence; its secrets are dropped.
+
+    Its ``pending`` deliveries end here, in the same transaction, as ``cancelled`` with a
+    reason: the merchant chose this, so no ladder runs out and nobody is alerted. Returns
+    how many were cancelled. (Deliveries are locked before the endpoint, the order every
+    attempt takes them in, so a delete and an attempt never deadlock.)"""
+    cancelled = repository.cancel_pending_for_endpoint(endpoint.pk)
     WebhookEndpoint.objects.filter(pk=endpoint.pk, deleted_at__isnull=True).update(deleted_at=_db_now())
     endpoint.secrets.all().delete()
+    if cancelled:
+        transaction.on_commit(lambda: metrics.DELIVERIES_FINISHED.labels(state="cancelled").inc(cancelled))
+        logger.info(
+            "endpoint deleted: its pending deliveries were cancelled",
+            extra={"endpoint_id": endpoint.pk, "cancelled": cancelled},
+        )
+    return cancelled
 
 
 @transaction.atomic

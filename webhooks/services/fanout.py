@@ -8,7 +8,12 @@ A replay of that transaction is absorbed by the unique index and the dedupe key;
 that matches nothing means another drain fanned it out, and ours rolls back (not a failure).
 
 A failing event is counted in a separate statement (its own transaction rolled back), and
-abandoned with one alert after ``FAN_OUT_MAX_PASSES`` failed passes.
+abandoned with one alert after ``FAN_OUT_MAX_PASSES`` failed passes. Only failures of the
+event count: an error ``vpay.errors.classify`` calls transient (a statement or lock
+timeout, a dropped connection: the database, not the event) is logged and retried by the
+next pass without counting, so a migration holding a lock cannot abandon a backlog.
+An abandoned event goes back to ``pending`` only by an operator's re-drive
+(``webhooks.services.redrive``).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from django.urls import reverse
 from jobs.alerts import Severity, raise_alert
 from jobs.kinds import JobKind
 from jobs.queue import JobRequest, enqueue_many
-from vpay.errors import error_chain
+from vpay.errors import Category, classify, error_chain
 from webhooks import metrics, repository
 from webhooks.decisions import FAN_OUT_MAX_PASSES, FanOut, fan_out_disposition
 from webhooks.services.delivery import dedupe_key
@@ -44,6 +49,7 @@ class Pass:
     fanned_out: int = 0
     deliveries: int = 0
     failed: int = 0
+    transient: int = 0  # failed with a transient (database-side) error: not counted
     abandoned: int = 0
 
     @property
@@ -87,6 +93,13 @@ def drain_once(page: int = PAGE) -> Pass:
             made = fan_out_event(event_id)
         except Exception as exc:  # noqa: BLE001 - one event's failure must not stop the page
             result.failed += 1
+            if classify(exc).category is Category.TRANSIENT:
+                result.transient += 1
+                logger.warning(
+                    "fan-out of an event hit a transient error; not counted, the next pass retries it",
+                    extra={"event_id": event_id, "error": error_chain(exc, 500)},
+                )
+                continue
             if _count_failure(event_id, exc):
                 result.abandoned += 1
             continue
@@ -97,6 +110,11 @@ def drain_once(page: int = PAGE) -> Pass:
     return result
 
 
+def abandoned_alert_key(event_id: str, redrives: int) -> str:
+    """One alert per abandonment: a re-driven event that is abandoned again alerts again."""
+    return f"webhook_event_abandoned:{event_id}" + (f":{redrives}" if redrives else "")
+
+
 def _count_failure(event_id: str, exc: Exception) -> bool:
     """Count the failure; returns True if this pass abandoned the event (and alerted)."""
     try:
@@ -105,10 +123,11 @@ def _count_failure(event_id: str, exc: Exception) -> bool:
         abandoned = False
         if disposition is FanOut.ABANDON:
             with transaction.atomic():
-                abandoned = repository.mark_abandoned(event_id)
+                redrives = repository.mark_abandoned(event_id)
+                abandoned = redrives is not None
                 if abandoned:  # only the pass that made the transition alerts
                     raise_alert(
-                        key=f"webhook_event_abandoned:{event_id}",
+                        key=abandoned_alert_key(event_id, redrives),
                         title=f"Event {event_id} abandoned: its fan-out failed on every pass",
                         source="webhooks.event_abandoned",
                         severity=Severity.ERROR,
