@@ -151,6 +151,16 @@ class _LoopState:
             return taken
 
 
+_running_concurrency: int | None = None
+
+
+def running_concurrency() -> int | None:
+    """How many loop threads the worker running in this process has; None where no worker
+    runs (the web process, a shell, tests that drive handlers directly). Handlers that must
+    leave threads for other work (one webhook endpoint's share) size themselves by it."""
+    return _running_concurrency
+
+
 def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
@@ -238,6 +248,8 @@ class Worker:
     def run(self) -> tuple[Report, bool]:
         """Run until drained (``burst``) or stopped. Returns the report and whether any
         loop thread was abandoned mid-job (the caller must then exit the process)."""
+        global _running_concurrency
+        _running_concurrency = self.concurrency
         self.boot()
         for i in range(self.concurrency):
             thread = threading.Thread(target=self._loop, name=f"vpay-loop-{i}", daemon=True)

@@ -429,6 +429,60 @@ def test_the_per_endpoint_cap_holds_back_only_that_endpoint(receiver, settings):
     assert WebhookDelivery.objects.get(pk=slow_2.pk).attempts == 0  # waiting costs no attempt
 
 
+def test_at_the_cap_a_job_waits_for_the_earliest_lease_and_a_freed_slot_wakes_the_longest_waiting(receiver, settings):
+    settings.VPAY_WEBHOOK_MAX_IN_FLIGHT = 1
+    m = merchant()
+    endpoint(m, receiver.url("/capped"))
+    events = emit_events(m, 3)
+    fanout.drain_once()
+    d1, d2, d3 = (WebhookDelivery.objects.get(event=e) for e in events)
+    first = delivery.begin_attempt(d1.pk)
+    assert first.kind is delivery.Begin.CLAIMED
+    [(lease_left,)] = sql(
+        "SELECT EXTRACT(EPOCH FROM lease_expires_at - now())::float8 FROM webhook_deliveries WHERE id = %s", [d1.pk]
+    )
+    waits = []
+    for d in (d2, d3):
+        begun = delivery.begin_attempt(d.pk)
+        assert begun.kind is delivery.Begin.AT_CAP
+        waits.append(begun.wait)
+    # Not a fixed second: until the earliest in-flight lease could free the slot (30 s
+    # here), plus up to a quarter of it as jitter.
+    assert all(lease_left - 1 <= w <= lease_left * 1.25 + 1 for w in waits), (lease_left, waits)
+    # Their jobs wait that long (as the deliver handler reschedules them)...
+    keys = [delivery.dedupe_key(d.pk) for d in (d2, d3)]
+    sql("UPDATE jobs SET run_at = now() + interval '60 seconds' WHERE dedupe_key = ANY(%s)", [keys])
+    # ...until the attempt holding the slot records: it hands the slot to the longest-waiting.
+    delivery.record(first.lease, delivery.perform(first.lease))
+    due = dict(sql("SELECT dedupe_key, run_at <= now() FROM jobs WHERE dedupe_key = ANY(%s)", [keys]))
+    assert due == {keys[0]: True, keys[1]: False}
+    assert delivery.begin_attempt(d2.pk).kind is delivery.Begin.CLAIMED
+
+
+def test_one_endpoint_holds_at_most_its_share_of_a_workers_threads(receiver, settings):
+    settings.VPAY_WEBHOOK_MAX_IN_FLIGHT = 8  # the global cap is not what stops it here
+    assert [delivery.worker_share(c) for c in (None, 1, 2, 3, 4, 8, 32)] == [None, 1, 1, 1, 2, 4, 16]
+    m = merchant()
+    ep, _ = endpoint(m, receiver.url("/shared"))
+    events = emit_events(m, 3)
+    fanout.drain_once()
+    d1, d2, d3 = (WebhookDelivery.objects.get(event=e) for e in events)
+    share = delivery.worker_share(4)
+    held = [delivery.begin_attempt(d.pk, share=share) for d in (d1, d2)]
+    assert [b.kind for b in held] == [delivery.Begin.CLAIMED] * 2
+    at_share = delivery.begin_attempt(d3.pk, share=share)
+    assert at_share.kind is delivery.Begin.AT_CAP and at_share.wait >= 1.0
+    assert delivery.SHARES.held(ep.pk) == 2
+    delivery.record(held[0].lease, delivery.perform(held[0].lease))  # record gives the slot back
+    delivery.release(held[0])  # and a second release (the handler's finally) is a no-op
+    assert delivery.SHARES.held(ep.pk) == 1
+    third = delivery.begin_attempt(d3.pk, share=share)
+    assert third.kind is delivery.Begin.CLAIMED
+    for begun in (held[1], third):
+        delivery.release(begun)
+    assert delivery.SHARES.held(ep.pk) == 0
+
+
 def test_an_endpoint_without_a_usable_secret_is_a_failed_attempt_never_an_unsigned_send(receiver):
     m = merchant()
     ep, _ = endpoint(m, receiver.url("/hooks/nosecret"))

@@ -286,7 +286,9 @@ VPAY_WEBHOOK_TIMEOUT = env.float("VPAY_WEBHOOK_TIMEOUT", default=15.0)
 # An attempt's lease: a worker that has not recorded its answer by then is presumed dead;
 # its attempt becomes `abandoned` and a late answer `stale`. At least twice the timeout.
 VPAY_WEBHOOK_LEASE_SECONDS = env.float("VPAY_WEBHOOK_LEASE_SECONDS", default=60.0)
-# Per-endpoint in-flight cap: a slow endpoint holds at most this many workers.
+# Per-endpoint in-flight cap across all workers (protects the receiver). Independently, a
+# worker lets one endpoint hold at most half its loop threads (webhooks.services.delivery
+# .worker_share), so a slow endpoint never starves a worker whatever this is set to.
 VPAY_WEBHOOK_MAX_IN_FLIGHT = env.int("VPAY_WEBHOOK_MAX_IN_FLIGHT", default=8)
 # The fan-out drain's period while idle (emit() also wakes it at commit).
 VPAY_WEBHOOK_FAN_OUT_IDLE = env.float("VPAY_WEBHOOK_FAN_OUT_IDLE", default=5.0)

@@ -12,6 +12,7 @@ from jobs.kinds import JobKind
 from jobs.outcome import Outcome
 from jobs.retry import RetryPolicy
 from jobs.schema import PayloadSchema
+from jobs.worker import running_concurrency
 from webhooks.services import delivery, fanout, scan
 
 logger = logging.getLogger("webhooks.handlers")
@@ -53,7 +54,7 @@ def _deliver_timeout() -> float:
 )
 def deliver(ctx: JobContext) -> Outcome:
     """One attempt of one delivery (unfenced: it calls the network; every write is a CAS)."""
-    begun = delivery.begin_attempt(ctx.payload["delivery_id"])
+    begun = delivery.begin_attempt(ctx.payload["delivery_id"], share=delivery.worker_share(running_concurrency()))
     if begun.kind is delivery.Begin.GONE:
         return Outcome.done()
     if begun.kind is not delivery.Begin.CLAIMED:
@@ -61,7 +62,10 @@ def deliver(ctx: JobContext) -> Outcome:
         # again later. Not a failure, and no attempt of the job is spent.
         return Outcome.reschedule_in(max(begun.wait, 0.0) + 0.05, begun.kind.value)
     assert begun.lease is not None
-    recorded = delivery.record(begun.lease, delivery.perform(begun.lease))
+    try:
+        recorded = delivery.record(begun.lease, delivery.perform(begun.lease))
+    finally:
+        delivery.release(begun)
     if recorded.stale:
         return Outcome.reschedule_in(0, "stale attempt: look at the delivery again")
     if recorded.delivery_state == delivery.DeliveryState.PENDING:

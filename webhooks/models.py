@@ -189,6 +189,12 @@ class WebhookDelivery(models.Model):
             models.Index(
                 fields=["next_attempt_at"], name="webhook_deliveries_due", condition=Q(state=DeliveryState.PENDING)
             ),
+            # A freed slot's hand-off: the endpoint's longest-waiting due delivery.
+            models.Index(
+                fields=["endpoint", "next_attempt_at"],
+                name="webhook_deliveries_ep_due",
+                condition=Q(state=DeliveryState.PENDING),
+            ),
             # The per-endpoint in-flight count and the expired-lease scan.
             models.Index(
                 fields=["endpoint", "lease_expires_at"],

@@ -197,15 +197,31 @@ def endpoint_deleted_for(delivery_id: int) -> bool:
     return bool(rows and rows[0][0])
 
 
-def in_flight_for_endpoint(endpoint_id: str) -> int:
+def in_flight_for_endpoint(endpoint_id: str) -> tuple[int, float | None]:
     """Attempts holding a live lease on this endpoint, counted under the endpoint's row lock
-    so two workers cannot both take the last slot. MUST run in a transaction."""
+    so two workers cannot both take the last slot, and the seconds until the earliest of
+    those leases expires (the latest a slot can stay taken; None: no live lease). MUST run
+    in a transaction."""
     _rows("SELECT 1 FROM webhook_endpoints WHERE id = %s FOR NO KEY UPDATE", [endpoint_id])
-    return _rows(
-        "SELECT count(*) FROM webhook_deliveries"
+    count, earliest = _rows(
+        "SELECT count(*), EXTRACT(EPOCH FROM min(lease_expires_at) - now())::float8 FROM webhook_deliveries"
         " WHERE endpoint_id = %s AND state = 'delivering' AND lease_expires_at > now()",
         [endpoint_id],
-    )[0][0]
+    )[0]
+    return count, earliest
+
+
+def waiting_deliveries(endpoint_id: str, limit: int) -> list[int]:
+    """The endpoint's due ``pending`` deliveries, longest-waiting first (the ones a freed
+    slot should go to). Served by ``webhook_deliveries_ep_due``."""
+    return [
+        r[0]
+        for r in _rows(
+            "SELECT id FROM webhook_deliveries WHERE endpoint_id = %s AND state = 'pending'"
+            " AND next_attempt_at <= now() ORDER BY next_attempt_at, id LIMIT %s",
+            [endpoint_id, limit],
+        )
+    ]
 
 
 @dataclass(frozen=True)
@@ -218,6 +234,7 @@ class Lease:
     rung: int  # its place on the current ladder (after a resend the ladder starts over)
     token: uuid.UUID
     timestamp: int  # the signature's t: the database clock, in whole seconds
+    endpoint_id: str = ""
 
 
 def start_attempt(delivery_id: int, lease_seconds: float) -> Lease:
@@ -231,11 +248,12 @@ def start_attempt(delivery_id: int, lease_seconds: float) -> Lease:
                SET state = 'delivering', attempts = attempts + 1, lease_token = %s,
                    lease_expires_at = now() + make_interval(secs => %s), updated_at = now()
              WHERE id = %s AND state = 'pending'
-         RETURNING attempts, attempts - ladder_base, floor(EXTRACT(EPOCH FROM clock_timestamp()))::bigint
+         RETURNING attempts, attempts - ladder_base, floor(EXTRACT(EPOCH FROM clock_timestamp()))::bigint,
+                   endpoint_id
             """,
             [token, lease_seconds, delivery_id],
         )
-        number, rung, timestamp = cursor.fetchone()
+        number, rung, timestamp, endpoint_id = cursor.fetchone()
         cursor.execute(
             """
             INSERT INTO webhook_delivery_attempts
@@ -246,7 +264,7 @@ def start_attempt(delivery_id: int, lease_seconds: float) -> Lease:
             [delivery_id, number, token],
         )
         attempt_id = cursor.fetchone()[0]
-    return Lease(delivery_id, attempt_id, number, rung, token, timestamp)
+    return Lease(delivery_id, attempt_id, number, rung, token, timestamp, endpoint_id)
 
 
 def recover_lease(row: DeliveryRow, next_state: str) -> None:

@@ -25,15 +25,18 @@ import hashlib
 import json
 import logging
 import random
+import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 import httpx
 from django.conf import settings
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.urls import reverse
 
 from jobs.alerts import Severity, admin_path, raise_alert
+from jobs.queue import pull_forward
 from vpay.errors import error_chain
 from webhooks import metrics, repository, sealing, ssrf
 from webhooks.decisions import AttemptResult, Next, after_failure, attempt_result, delivery_delay
@@ -44,12 +47,69 @@ from webhooks.signing import HEADER, signature_header
 logger = logging.getLogger("webhooks.delivery")
 
 DEDUPE_PREFIX = "webhook_deliver:"
-AT_CAP_WAIT = 1.0  # seconds before a job that found its endpoint at the cap looks again
+# A job that found its endpoint at the cap waits until the earliest in-flight lease could
+# free a slot (the latest a slot can stay taken), plus up to this fraction of it as jitter,
+# and never less than AT_CAP_MIN_WAIT. It is normally woken much sooner: every recorded
+# attempt hands its slot to the endpoint's longest-waiting due delivery (pulls its job
+# forward). So 20k deliveries queued behind one slow endpoint wake about once per lease
+# each, and once per freed slot between them, instead of once a second each.
+AT_CAP_MIN_WAIT = 1.0
+AT_CAP_JITTER = 0.25
+HAND_OFF_CANDIDATES = 3  # a candidate whose job is running right now cannot be pulled forward
 
 
 def dedupe_key(delivery_id: int) -> str:
     """The deliver job's dedupe key: one live job per delivery, however often it is enqueued."""
     return f"{DEDUPE_PREFIX}{delivery_id}"
+
+
+def worker_share(concurrency: int | None) -> int | None:
+    """How many of one worker's loop threads a single endpoint may hold: half (at least
+    one), so one slow endpoint, however high its cap, always leaves the other half of
+    every worker to everyone else. None outside a worker (no threads to protect)."""
+    return None if concurrency is None else max(1, concurrency // 2)
+
+
+class EndpointShares:
+    """This process's attempts in flight, per endpoint (the per-worker share; the global
+    cap is counted in the database)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: Counter[str] = Counter()
+        self._leases: dict[object, str] = {}  # lease token -> endpoint, for release_lease()
+
+    def acquire(self, endpoint_id: str, share: int) -> bool:
+        with self._lock:
+            if self._held[endpoint_id] >= share:
+                return False
+            self._held[endpoint_id] += 1
+            return True
+
+    def release(self, endpoint_id: str) -> None:
+        with self._lock:
+            self._held[endpoint_id] -= 1
+            if self._held[endpoint_id] <= 0:
+                del self._held[endpoint_id]
+
+    def bind(self, token: object, endpoint_id: str) -> None:
+        """The slot just acquired for ``endpoint_id`` is held by the attempt with ``token``."""
+        with self._lock:
+            self._leases[token] = endpoint_id
+
+    def release_lease(self, token: object) -> None:
+        """Give back the slot held by the attempt with ``token``; a no-op the second time."""
+        with self._lock:
+            endpoint_id = self._leases.pop(token, None)
+        if endpoint_id is not None:
+            self.release(endpoint_id)
+
+    def held(self, endpoint_id: str) -> int:
+        with self._lock:
+            return self._held[endpoint_id]
+
+
+SHARES = EndpointShares()
 
 
 class Begin(enum.Enum):
@@ -65,10 +125,30 @@ class BeginResult:
     kind: Begin
     lease: repository.Lease | None = None
     wait: float = 0.0
+    endpoint_id: str | None = None
 
 
-def begin_attempt(delivery_id: int) -> BeginResult:
-    """Step 1: claim the next attempt of ``delivery_id`` (see the module docstring)."""
+def release(begun: BeginResult) -> None:
+    """Give back the per-worker share slot a claimed attempt held. :func:`record` does it
+    (before handing the slot on); call this too where an attempt may end without a record
+    (an exception): the second release is a no-op."""
+    if begun.lease is not None:
+        SHARES.release_lease(begun.lease.token)
+
+
+def at_cap_wait(earliest_lease_left: float | None) -> float:
+    """Seconds an at-cap job waits: until the earliest in-flight lease could free a slot,
+    plus jitter (so the waiters of one endpoint do not all wake at the same instant)."""
+    base = max(earliest_lease_left or 0.0, AT_CAP_MIN_WAIT)
+    return base * (1.0 + AT_CAP_JITTER * random.random())
+
+
+def begin_attempt(delivery_id: int, *, share: int | None = None) -> BeginResult:
+    """Step 1: claim the next attempt of ``delivery_id`` (see the module docstring).
+
+    ``share``: the most attempts this process may have in flight to one endpoint (the
+    deliver job passes :func:`worker_share` of its worker); a CLAIMED result then holds a
+    slot of :data:`SHARES` until :func:`release`."""
     with transaction.atomic():
         row = repository.lock_delivery(delivery_id)
         if row is None or row.state not in (DeliveryState.PENDING, DeliveryState.DELIVERING):
@@ -87,12 +167,32 @@ def begin_attempt(delivery_id: int) -> BeginResult:
             return BeginResult(Begin.GONE)
         elif row.due_in > 0:
             return BeginResult(Begin.NOT_DUE, wait=row.due_in)
-        if repository.in_flight_for_endpoint(row.endpoint_id) >= settings.VPAY_WEBHOOK_MAX_IN_FLIGHT:
-            metrics.AT_CAP.inc()
-            return BeginResult(Begin.AT_CAP, wait=AT_CAP_WAIT * (0.5 + random.random()))
-        return BeginResult(
-            Begin.CLAIMED, lease=repository.start_attempt(delivery_id, settings.VPAY_WEBHOOK_LEASE_SECONDS)
-        )
+        held = share is not None and SHARES.acquire(row.endpoint_id, share)
+        try:
+            in_flight, earliest = repository.in_flight_for_endpoint(row.endpoint_id)
+            if (share is not None and not held) or in_flight >= settings.VPAY_WEBHOOK_MAX_IN_FLIGHT:
+                if held:
+                    SHARES.release(row.endpoint_id)
+                metrics.AT_CAP.inc()
+                return BeginResult(Begin.AT_CAP, wait=at_cap_wait(earliest), endpoint_id=row.endpoint_id)
+            lease = repository.start_attempt(delivery_id, settings.VPAY_WEBHOOK_LEASE_SECONDS)
+        except BaseException:
+            if held:
+                SHARES.release(row.endpoint_id)
+            raise
+        if held:
+            SHARES.bind(lease.token, row.endpoint_id)
+        return BeginResult(Begin.CLAIMED, lease=lease, endpoint_id=row.endpoint_id)
+
+
+def hand_off(endpoint_id: str) -> int | None:
+    """A slot of ``endpoint_id`` was just freed: pull the job of its longest-waiting due
+    delivery forward, so the slot is used now rather than when that job's at-cap wait ends.
+    Returns the delivery woken, if any. Best effort: the waiters' own timers are the backstop."""
+    for delivery_id in repository.waiting_deliveries(endpoint_id, HAND_OFF_CANDIDATES):
+        if pull_forward(dedupe_key(delivery_id)):
+            return delivery_id
+    return None
 
 
 def _recover(row: repository.DeliveryRow) -> str:
@@ -297,6 +397,12 @@ def record(lease: repository.Lease, attempted: Attempted) -> repository.Recorded
                     link=admin_path(delivery),
                     correlation_id=delivery.event_id,
                 )
+    SHARES.release_lease(lease.token)  # first: the woken waiter may be claimed by this worker
+    if not recorded.stale:
+        try:
+            hand_off(lease.endpoint_id)  # this attempt's slot is free: give it to a waiter now
+        except DatabaseError:
+            logger.warning("could not hand a freed slot on; the waiters' timers will", exc_info=True)
     metrics.ATTEMPTS.labels(outcome="stale" if recorded.stale else str(attempted.attempt_state)).inc()
     if attempted.duration_ms is not None:
         metrics.ATTEMPT_DURATION.observe(attempted.duration_ms / 1000)
