@@ -9,14 +9,14 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from api.framework import METADATA, Body, Field, error_response, not_found, paginate, respond, route
+from api.framework import METADATA, ApiError, Body, Field, error_response, not_found, paginate, respond, route
 from api.ids import ID_MAX_LENGTH
 from charges import repository
 from charges.models import Charge, CheckoutSession, PaymentIntent
 from charges.rails import get_rail
 from charges.services.confirm import confirm_intent
 from charges.services.intents import create_intent, create_session
-from charges.states import CHARGE_LIVE
+from charges.states import CHARGE_LIVE, IntentStatus
 from charges.wire import render_intent, render_session
 from jobs import queue
 
@@ -54,6 +54,10 @@ def payment_intents(request: HttpRequest) -> HttpResponse:
     queryset = PaymentIntent.objects.select_related("charge").filter(merchant=request.merchant)
     status = request.GET.get("status")
     if status:
+        if status not in IntentStatus.values:
+            raise ApiError(
+                400, "parameter_invalid", f"status must be one of: {', '.join(IntentStatus.values)}.", param="status"
+            )
         queryset = queryset.filter(status=status)
     customer = request.GET.get("customer")
     if customer:

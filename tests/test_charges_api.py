@@ -343,3 +343,12 @@ def test_no_payable_url_or_pay_token_reaches_the_request_log_whatever_the_url_lo
         recorded = json.loads(excerpt)  # the parsed answer, two fields replaced by name
         assert recorded["pay_token"] == recorded["redirect_url"] == "[REDACTED]"
         assert recorded["reference"] == stored["id"] and recorded["status"] in ("pending", "succeeded")
+
+
+def test_list_filters_by_status_and_refuses_an_unknown_one(acme):
+    confirmed = acme.confirm(acme.intent()["id"])["id"]
+    acme.intent()
+    listed = acme.call("GET", "/v1/payment_intents?status=processing").json()
+    assert [i["id"] for i in listed["data"]] == [confirmed]
+    response = acme.call("GET", "/v1/payment_intents?status=bogus")
+    assert response.status_code == 400 and error_of(response)["param"] == "status"
