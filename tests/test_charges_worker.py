@@ -301,6 +301,8 @@ def test_a_rail_answering_503_forever_reaches_unresolved_at_the_horizon_and_a_la
     alerts = [json.loads(line) for line in worker.output().splitlines() if '"ALERT: Charge' in line]
     assert len(alerts) >= 3 and all(a["alert"] is True and a["details"]["charge_id"] == charge["id"] for a in alerts)
     assert len({a["alert_key"] for a in alerts}) == len(alerts)  # one line per alert, never twice
+    # Hundreds of logged rail failures, and the rail's key in none of them.
+    assert stack.rail.rails()["sandbox_push"]["api_key"] not in worker.output()
     # The rail recovers: a late success is the normal way an unresolved charge ends.
     stack.rail.scenario(amount=4010, error_polls=0)
     settled(intent["id"], "succeeded", timeout=15)
