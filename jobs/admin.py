@@ -16,7 +16,8 @@ from django.contrib import admin, messages
 from django.db.models import Case, CharField, DurationField, F, Value, When
 from django.db.models.expressions import ExpressionWrapper
 from django.template.response import TemplateResponse
-from django.utils.html import format_html
+from django.urls import reverse
+from django.utils.html import format_html, format_html_join
 from django.utils.text import Truncator
 
 from jobs import fence
@@ -168,9 +169,10 @@ class DeadLetterAdmin(ReadOnlyAdmin):
         )
         if not others:
             return "none"
-        return format_html(
-            "{}",
-            ", ".join(f"#{pk} ({state})" for pk, state in others),
+        return format_html_join(
+            ", ",
+            '<a href="{}">#{}</a> ({})',
+            ((reverse("admin:jobs_deadletter_change", args=[pk]), pk, state) for pk, state in others),
         )
 
     def get_readonly_fields(self, request, obj=None):

@@ -309,6 +309,10 @@ def test_the_detail_page_is_read_only_with_pretty_payload_full_error_and_history
     assert "second line of the traceback" in page  # the full error
     assert "Replayed " in page and "by olga" in page
     assert 'name="_save"' not in page  # nobody edits a dead letter
+    again = make_letter(job_id=letter.job_id)
+    page = client.get(reverse("admin:jobs_deadletter_change", args=[letter.pk])).content.decode()
+    link = reverse("admin:jobs_deadletter_change", args=[again.pk])
+    assert f'<a href="{link}">#{again.pk}</a> (pending_review)' in page  # the same job_id failed again
     assert "replay-this" not in page  # already replayed: no button
 
 
