@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -218,3 +220,92 @@ def test_nothing_listening_is_transient():
 
 def test_sandbox_rails_helper_matches_the_process_layout():
     assert sandbox_rails("http://h:1/")["sandbox_push"]["base_url"] == "http://h:1/push"
+
+
+# --- the hard deadline, against a local server that misbehaves on purpose ----------------
+
+
+class _Misbehaving:
+    """A raw TCP server on a thread: reads a request, then sends ``chunks`` of its answer
+    ``gap`` seconds apart (a status line and headers dripped a byte at a time, say)."""
+
+    def __init__(self, chunks: list[bytes], gap: float) -> None:
+        self.chunks, self.gap = chunks, gap
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.stop = threading.Event()
+        self.served: list[str] = []  # per connection: "complete", or "cut" (the client hung up)
+        self.sent = 0  # bytes of the answer sent on the last connection
+        self.answered = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        self.sock.settimeout(0.2)
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.recv(65536)
+                self.sent = 0
+                try:
+                    for chunk in self.chunks:
+                        if self.stop.wait(self.gap):
+                            return
+                        conn.sendall(chunk)
+                        self.sent += len(chunk)
+                    self.served.append("complete")
+                except OSError:
+                    self.served.append("cut")  # the client gave up and closed: what the deadline does
+                self.answered.set()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.sock.close()
+
+
+def test_a_rail_dripping_its_headers_cannot_hold_a_call_past_the_total_timeout():
+    # 200 header bytes, one every 20 ms: each read is far inside httpx's per-read timeout,
+    # and the whole answer would complete after about 4 s. The total is 0.5 s.
+    answer = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Pad: " + b"a" * 150 + b"\r\n"
+    body = b'{"status": "pending"}'
+    answer += b"Content-Length: %d\r\n\r\n" % len(body)
+    headers = len(answer)
+    answer += body
+    server = _Misbehaving([answer[i : i + 1] for i in range(len(answer))], gap=0.02)
+    try:
+        rail = RailConfig("drip", f"http://127.0.0.1:{server.port}", RailFlow.PUSH, "k")
+        a = HttpRailAdapter(rail, connect_timeout=0.5, total_timeout=0.5)
+        with pytest.raises(RailUnavailable, match="timed out"):
+            a.status(reference="ch_drip", pay_token=None)
+        # The caller hung up while the rail was still dripping its headers: it did not sit
+        # them out and notice the time only once the body came (which a per-read timeout,
+        # restarted by every byte, would have done).
+        assert server.answered.wait(10) and server.served == ["cut"]
+        assert server.sent < headers
+        # The same server answering at once is an answer: the deadline, not the server, ended it.
+        fast = _Misbehaving([answer], gap=0)
+        try:
+            rail = RailConfig("fast", f"http://127.0.0.1:{fast.port}", RailFlow.PUSH, "k")
+            got = HttpRailAdapter(rail, connect_timeout=0.5, total_timeout=0.5).status(reference="x", pay_token=None)
+            assert got.status is RailStatus.PENDING
+        finally:
+            fast.close()
+    finally:
+        server.close()
+
+
+def test_an_answer_that_is_not_json_is_recorded_without_its_urls():
+    page = b"<html>502 from the proxy; retry at https://psp.example/pay/abcDEF123 token=zz9</html>"
+    answer = b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: %d\r\n\r\n" % len(page) + page
+    server = _Misbehaving([answer], gap=0)
+    try:
+        rail = RailConfig("proxy", f"http://127.0.0.1:{server.port}", RailFlow.PUSH, "k")
+        with pytest.raises(RailUnavailable) as caught:
+            HttpRailAdapter(rail, connect_timeout=0.5, total_timeout=2).status(reference="x", pay_token=None)
+        excerpt = caught.value.body_excerpt
+        assert "502 from the proxy" in excerpt
+        assert "abcDEF123" not in excerpt and "zz9" not in excerpt and "://" not in excerpt
+    finally:
+        server.close()

@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import json
 import re
+import ssl
 import threading
 import time
+import typing
 from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import quote
 
+import httpcore
 import httpx
 
 from charges.rails.config import RailConfig
@@ -81,12 +84,107 @@ class RailAdapter(Protocol):
     def status(self, *, reference: str, pay_token: str | None) -> RailAnswer: ...
 
 
-class HttpRailAdapter:
-    """The rail protocol over httpx, with a connect timeout and a total timeout per request.
+# The deadline of the rail exchange this thread is in (``time.monotonic()``), or None.
+# httpx is synchronous here: a request's every socket operation runs on the calling thread,
+# whichever pooled connection it uses, so a thread-local is the request's own deadline.
+_exchange = threading.local()
 
-    httpx has no total timeout of its own: each phase gets the time left, and the body is
-    read in chunks against the same deadline (and a size cap), so a rail that drips its
-    answer still costs at most ``total_timeout`` plus one read.
+
+def _budget(timeout: float | None, exc: type[Exception]) -> float | None:
+    """``timeout`` cut to what is left of this thread's exchange; ``exc`` once nothing is."""
+    deadline = getattr(_exchange, "deadline", None)
+    if deadline is None:
+        return timeout
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise exc("the rail call's total timeout elapsed")
+    return left if timeout is None else min(timeout, left)
+
+
+class _DeadlineStream(httpcore.NetworkStream):
+    """A pooled connection whose every read and write gets only what is left of the
+    current exchange's deadline: a rail dripping its status line or headers one byte at a
+    time cannot stretch a call past it (httpx's read timeout is per read, and restarts)."""
+
+    def __init__(self, inner: httpcore.NetworkStream) -> None:
+        self._inner = inner
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._inner.read(max_bytes, _budget(timeout, httpcore.ReadTimeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._inner.write(buffer, _budget(timeout, httpcore.WriteTimeout))
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(
+        self, ssl_context: ssl.SSLContext, server_hostname: str | None = None, timeout: float | None = None
+    ) -> httpcore.NetworkStream:
+        inner = self._inner.start_tls(ssl_context, server_hostname, _budget(timeout, httpcore.ConnectTimeout))
+        return _DeadlineStream(inner)
+
+    def get_extra_info(self, info: str) -> typing.Any:
+        return self._inner.get_extra_info(info)
+
+
+class _DeadlineBackend(httpcore.NetworkBackend):
+    """httpcore's own socket backend, its connects and streams bounded by the deadline.
+    (Name resolution inside the connect is the resolver's, and is not interruptible.)"""
+
+    def __init__(self) -> None:
+        self._inner = httpcore.SyncBackend()
+
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: typing.Iterable[typing.Any] | None = None,
+    ) -> httpcore.NetworkStream:
+        stream = self._inner.connect_tcp(
+            host,
+            port,
+            timeout=_budget(timeout, httpcore.ConnectTimeout),
+            local_address=local_address,
+            socket_options=socket_options,
+        )
+        return _DeadlineStream(stream)
+
+    def connect_unix_socket(
+        self, path: str, timeout: float | None = None, socket_options: typing.Iterable[typing.Any] | None = None
+    ) -> httpcore.NetworkStream:  # pragma: no cover - rails are http(s) URLs
+        stream = self._inner.connect_unix_socket(
+            path, timeout=_budget(timeout, httpcore.ConnectTimeout), socket_options=socket_options
+        )
+        return _DeadlineStream(stream)
+
+    def sleep(self, seconds: float) -> None:  # pragma: no cover - only httpcore's retries (none)
+        time.sleep(seconds)
+
+
+def _bound_every_pool(client: httpx.Client) -> None:
+    """Dial through :class:`_DeadlineBackend` in every pool the client built (its own and
+    any proxy's from the environment), keeping httpx's transports, TLS and proxy handling."""
+    transports = [client._transport, *(t for t in client._mounts.values() if t is not None)]
+    for transport in transports:
+        pool = getattr(transport, "_pool", None)
+        if pool is None or not hasattr(pool, "_network_backend"):
+            # A future httpx/httpcore moved these: refuse to build an adapter without its bound.
+            raise RuntimeError("cannot bound the rail exchange: httpx's connection pool is not where expected")
+        pool._network_backend = _DeadlineBackend()
+
+
+class HttpRailAdapter:
+    """The rail protocol over httpx, with a connect timeout and a hard total deadline.
+
+    httpx has no total timeout of its own (its read timeout applies to each read, so a rail
+    trickling header bytes could hold a call open indefinitely). Every connect, write and
+    read on the connection is given only what is left of one deadline, ``total_timeout``
+    from the start of the call, so the whole exchange — pool wait, connect, TLS, request,
+    status line, headers, body — ends by then, give or take one socket operation's
+    scheduling. The crash-recovery window's startup check relies on it.
     """
 
     def __init__(self, rail: RailConfig, *, connect_timeout: float, total_timeout: float) -> None:
@@ -98,6 +196,7 @@ class HttpRailAdapter:
             headers={"Authorization": f"Bearer {rail.api_key}", "User-Agent": "vpay-rail-adapter"},
             limits=httpx.Limits(max_connections=64, max_keepalive_connections=16),
         )
+        _bound_every_pool(self._client)
 
     def __repr__(self) -> str:
         return f"HttpRailAdapter({self.rail!r})"
@@ -126,6 +225,7 @@ class HttpRailAdapter:
         deadline = time.monotonic() + self.total_timeout
         timeout = httpx.Timeout(self.total_timeout, connect=min(self.connect_timeout, self.total_timeout))
         url = self.rail.base_url + path
+        _exchange.deadline = deadline
         try:
             with self._client.stream(
                 method, url, json=json_body, params=params, headers=headers, timeout=timeout
@@ -146,6 +246,8 @@ class HttpRailAdapter:
             raise _error(RailUnavailable, f"rail {self.rail.code}: timed out ({type(exc).__name__})", None) from exc
         except httpx.TransportError as exc:
             raise _error(RailUnavailable, f"rail {self.rail.code}: no answer ({type(exc).__name__})", None) from exc
+        finally:
+            _exchange.deadline = None
         text = raw.decode("utf-8", errors="replace")
         body = _json(text)
         excerpt = answer_excerpt(body, text)
