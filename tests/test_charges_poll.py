@@ -208,3 +208,61 @@ def test_a_wait_that_finds_the_confirm_finished_runs_again_at_once(merchant):
     sql("UPDATE charges SET status = 'submitted' WHERE id = %s", [charge.id])  # the confirm commits
     outcome = polling._wait(row, 20.0, policy)
     assert outcome.delay == 0 and "confirm finished" in outcome.reason
+
+
+def polls() -> set[str]:
+    return {r[0] for r in sql("SELECT payload->>'charge_id' FROM jobs WHERE kind = 'poll_charge'")}
+
+
+def scan_only() -> None:
+    """Run the backstop alone: the polls it restored are pushed out of the worker's way."""
+    sql("UPDATE jobs SET run_at = now() + interval '1 hour' WHERE kind = 'poll_charge'")
+    sql("UPDATE jobs SET run_at = now() WHERE kind = 'scan_live_charges'")
+    assert Worker().run_once() == 1
+
+
+def test_the_backstop_carries_its_place_across_passes_and_reaches_every_live_charge(merchant, monkeypatch):
+    # Passes of two pages of two: seven lost polls take two passes, the second one at once.
+    monkeypatch.setattr(polling, "SCAN_PAGE", 2)
+    monkeypatch.setattr(polling, "SCAN_MAX_PAGES", 2)
+    lost = sorted(
+        (live_charge(merchant, status="submitted", amount=6300 + i, job=False) for i in range(7)), key=lambda c: c.id
+    )
+    enqueue(JobKind.SCAN_LIVE_CHARGES, {}, dedupe_key="singleton:scan_live_charges")
+    assert Worker().run_once() == 1
+    assert polls() == {c.id for c in lost[:4]}
+    due_in, reason = sql(
+        "SELECT extract(epoch FROM run_at - now())::float8, last_error FROM jobs WHERE kind = 'scan_live_charges'"
+    )[0]
+    assert due_in <= 0.1 and "continuing" in reason  # the rest of the table, at once
+    scan_only()
+    assert polls() == {c.id for c in lost}  # the second pass went on from the fourth
+    assert scalar("SELECT extract(epoch FROM run_at - now()) > 500 FROM jobs WHERE kind = 'scan_live_charges'")
+    # Having reached the end, the next pass starts again from the first id.
+    sql("DELETE FROM jobs WHERE dedupe_key = %s", [f"charge:poll:{lost[0].id}"])
+    scan_only()
+    assert lost[0].id in polls()
+
+
+def test_the_backstop_leaves_a_poll_awaiting_review_in_dead_letters_to_the_human(merchant):
+    from tests.ops_support import make_letter
+
+    charge = live_charge(merchant, status="submitted", job=False)
+    letter = make_letter(
+        kind="poll_charge",
+        payload={"charge_id": charge.id},
+        dedupe_key=f"charge:poll:{charge.id}",
+        cause="permanent",
+        error_category="permanent",
+    )
+    enqueue(JobKind.SCAN_LIVE_CHARGES, {}, dedupe_key="singleton:scan_live_charges")
+    assert Worker().run_once() == 1
+    assert charge.id not in polls()  # no poll -> dead letter -> backstop -> poll loop
+    # Once a human has dealt with the letter (here: discarded it), the backstop restores the poll.
+    sql(
+        "UPDATE dead_letters SET state = 'discarded', discarded_at = now(), discarded_by = 'ops',"
+        " discard_reason = 'rail fixed' WHERE id = %s",
+        [letter.pk],
+    )
+    scan_only()
+    assert charge.id in polls()

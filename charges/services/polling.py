@@ -37,7 +37,7 @@ CHARGE_PAYLOAD = PayloadSchema(required={"charge_id": "str"})
 # one, plus a few short statements. The lease (timeout + 30 s) sits well above both.
 RAIL_JOB_TIMEOUT_SECONDS = 90.0
 SCAN_PAGE = 500
-SCAN_MAX_PAGES = 200  # 100k live charges a pass; the next pass continues from the start
+SCAN_MAX_PAGES = 200  # 100k live charges a pass; the next pass continues where it stopped
 
 
 @registry.register(JobKind.POLL_CHARGE, schema=CHARGE_PAYLOAD, timeout_seconds=RAIL_JOB_TIMEOUT_SECONDS)
@@ -199,26 +199,37 @@ def _backstop_period() -> float:
 def scan_live_charges(ctx: JobContext) -> Outcome:
     """Backstop: every live charge has a poll job. A page of live charges at a time, each
     page one ``INSERT … ON CONFLICT DO NOTHING`` on the poll jobs' dedupe keys, so a charge
-    whose job is live (waiting or leased) costs nothing and one whose job was lost (a
-    dead letter, an operator's cancel) gets a new one, due now."""
-    after, restored, pages = "", 0, 0
-    while pages < SCAN_MAX_PAGES:
+    whose job is live (waiting or leased) costs nothing and one whose job was lost (an
+    operator's cancel, a letter discarded) gets a new one, due now. A charge whose poll is
+    a dead letter awaiting review is the human's (``repository.live_page``).
+
+    A pass scans at most ``SCAN_MAX_PAGES`` pages. Where it stops is stored, and the next
+    pass (due at once) continues from there; only the end of the table starts the next
+    pass from the beginning after the backstop period. Ids are random, so restarting at
+    the first id every time would leave the same tail of live charges unscanned for as
+    long as more than a pass's worth were live."""
+    after, restored, pages = repository.backstop_cursor(), 0, 0
+    while True:
         page = repository.live_page(after, SCAN_PAGE)
-        if not page:
-            break
-        restored += queue.enqueue_many(
-            JobRequest(
-                JobKind.POLL_CHARGE,
-                {"charge_id": charge_id},
-                dedupe_key=repository.poll_dedupe_key(charge_id),
-                tenant=merchant_id,
+        if page:
+            restored += queue.enqueue_many(
+                JobRequest(
+                    JobKind.POLL_CHARGE,
+                    {"charge_id": charge_id},
+                    dedupe_key=repository.poll_dedupe_key(charge_id),
+                    tenant=merchant_id,
+                )
+                for charge_id, merchant_id in page
             )
-            for charge_id, merchant_id in page
-        )
-        after, pages = page[-1][0], pages + 1
+            after, pages = page[-1][0], pages + 1
         if len(page) < SCAN_PAGE:
+            outcome, after = Outcome.reschedule_in(_backstop_period()), ""
+            break
+        if pages >= SCAN_MAX_PAGES:
+            outcome = Outcome.reschedule_in(0, f"{pages} pages scanned; continuing after the last")
             break
         ctx.heartbeat()
+    repository.save_backstop_cursor(after)
     if restored:
         logger.warning("backstop re-enqueued polls for live charges that had none", extra={"count": restored})
-    return Outcome.reschedule_in(_backstop_period())
+    return outcome
