@@ -1,8 +1,10 @@
 """``python manage.py demo_charge``: take one payment through a development rail, end to end.
 
-Development only (refused in live mode): creates (or reuses) a demo merchant, an intent on
-the rail, confirms it as the API would, then watches the worker settle it and prints the
-events it produced. Needs the worker and the sandbox rail running (``make run`` starts both).
+Development only (refused in live mode): uses the development merchant ``make run``
+creates (whose webhook endpoint is the sandbox receiver, so the settlement webhook arrives
+there, signed), or creates it; makes an intent on the rail, confirms it as the API would,
+then watches the worker settle it and prints the events it produced. Needs the worker and
+the sandbox rail running (``make run`` starts both).
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from merchants.models import Merchant
 from merchants.services import create_merchant
 from webhooks.models import Event
 
-DEMO_MERCHANT = "Demo merchant"
+# The merchant vpay.devstack creates, with the sandbox receiver as its endpoint.
+DEMO_MERCHANT = "Development merchant"
 
 
 class Command(BaseCommand):
@@ -61,5 +64,7 @@ class Command(BaseCommand):
         )
         for event in Event.objects.filter(merchant=merchant, data__id=intent.id).order_by("created_at"):
             self.stdout.write(f"event {event.id} {event.type}")
+        if merchant.webhook_endpoints.filter(deleted_at__isnull=True).exists():
+            self.stdout.write("the webhook for it goes to the sandbox receiver: GET /__admin/received there")
         if intent.status not in INTENT_TERMINAL:
             raise CommandError("not settled yet: is the worker running (make run)?")
