@@ -319,6 +319,10 @@ def test_two_real_workers_racing_over_failing_jobs_send_one_alert_per_dead_lette
             timeout=90,
             message=f"{total} alerts sent",
         )
+        # A worker still booting when SIGTERM arrives dies of it (-15) instead of draining:
+        # signal only once both are running (a loaded machine can boot one late).
+        for worker in workers:
+            wait_for(lambda w=worker: '"worker started"' in w.output(), timeout=60, message="worker started")
         for worker in workers:
             worker.signal(signal.SIGTERM)
         assert [worker.wait(30) for worker in workers] == [0, 0]
