@@ -13,16 +13,14 @@ plain text at rest.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 from typing import NamedTuple
 
-from cryptography.fernet import Fernet, InvalidToken, MultiFernet
-from django.conf import settings
 from django.db import connection
 
 from jobs.context import JobContext
 from jobs.housekeeping import StepResult
+from vpay import sealing
 
 TTL_SQL = "interval '24 hours'"
 SWEEP_PAGE = 1000
@@ -33,19 +31,14 @@ class AnswerUnreadable(Exception):
     """A stored answer no configured key opens (the key was rotated away)."""
 
 
-@functools.cache
-def _fernet(keys: tuple[str, ...]) -> MultiFernet:
-    return MultiFernet([Fernet(k) for k in keys])
-
-
 def _seal(body: bytes) -> bytes:
-    return _fernet(tuple(settings.VPAY_SECRETS_KEYS)).encrypt(body)
+    return sealing.seal_bytes(body)
 
 
 def _open(sealed: bytes) -> bytes:
     try:
-        return _fernet(tuple(settings.VPAY_SECRETS_KEYS)).decrypt(sealed)
-    except InvalidToken:
+        return sealing.open_bytes(sealed)
+    except sealing.Unreadable:
         raise AnswerUnreadable("a stored idempotent answer cannot be opened with the configured keys") from None
 
 
