@@ -31,7 +31,7 @@ def charge_config_problems() -> list[str]:
         # the rail timeout: a window shorter than that would let a worker recover (resubmit,
         # or fail as a dead order) a charge whose confirm is still waiting for its answer.
         # The adapter makes the premise true: the whole exchange is cut at the total
-        # timeout (charges/rails/adapter.py, _DeadlineBackend), connect included, so
+        # timeout (charges/rails/adapter.py, _DeadlineBackend over vpay.http_deadline), connect included, so
         # connect + total is a bound with room to spare.
         total = settings.VPAY_RAIL_TIMEOUT_SECONDS + settings.VPAY_RAIL_CONNECT_TIMEOUT_SECONDS
         if policy.not_found_window <= total:

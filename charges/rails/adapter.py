@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import re
-import ssl
 import threading
 import time
 import typing
@@ -29,6 +28,7 @@ import httpx
 from charges.rails.config import RailConfig
 from charges.states import RailStatus
 from vpay.errors import ConfigurationError, PermanentError, TransientError
+from vpay.http_deadline import DeadlineStream, remaining
 from vpay.logging import redact, redact_value
 
 MAX_BODY_BYTES = 64 * 1024
@@ -88,44 +88,23 @@ class RailAdapter(Protocol):
 # httpx is synchronous here: a request's every socket operation runs on the calling thread,
 # whichever pooled connection it uses, so a thread-local is the request's own deadline.
 _exchange = threading.local()
+_WHAT = "the rail call"
+
+
+def _current_deadline() -> float | None:
+    return getattr(_exchange, "deadline", None)
 
 
 def _budget(timeout: float | None, exc: type[Exception]) -> float | None:
     """``timeout`` cut to what is left of this thread's exchange; ``exc`` once nothing is."""
-    deadline = getattr(_exchange, "deadline", None)
-    if deadline is None:
-        return timeout
-    left = deadline - time.monotonic()
-    if left <= 0:
-        raise exc("the rail call's total timeout elapsed")
-    return left if timeout is None else min(timeout, left)
+    return remaining(_current_deadline(), timeout, exc, _WHAT)
 
 
-class _DeadlineStream(httpcore.NetworkStream):
+def _bounded(stream: httpcore.NetworkStream) -> httpcore.NetworkStream:
     """A pooled connection whose every read and write gets only what is left of the
     current exchange's deadline: a rail dripping its status line or headers one byte at a
     time cannot stretch a call past it (httpx's read timeout is per read, and restarts)."""
-
-    def __init__(self, inner: httpcore.NetworkStream) -> None:
-        self._inner = inner
-
-    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        return self._inner.read(max_bytes, _budget(timeout, httpcore.ReadTimeout))
-
-    def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        self._inner.write(buffer, _budget(timeout, httpcore.WriteTimeout))
-
-    def close(self) -> None:
-        self._inner.close()
-
-    def start_tls(
-        self, ssl_context: ssl.SSLContext, server_hostname: str | None = None, timeout: float | None = None
-    ) -> httpcore.NetworkStream:
-        inner = self._inner.start_tls(ssl_context, server_hostname, _budget(timeout, httpcore.ConnectTimeout))
-        return _DeadlineStream(inner)
-
-    def get_extra_info(self, info: str) -> typing.Any:
-        return self._inner.get_extra_info(info)
+    return DeadlineStream(stream, _current_deadline, _WHAT)
 
 
 class _DeadlineBackend(httpcore.NetworkBackend):
@@ -150,7 +129,7 @@ class _DeadlineBackend(httpcore.NetworkBackend):
             local_address=local_address,
             socket_options=socket_options,
         )
-        return _DeadlineStream(stream)
+        return _bounded(stream)
 
     def connect_unix_socket(
         self, path: str, timeout: float | None = None, socket_options: typing.Iterable[typing.Any] | None = None
@@ -158,7 +137,7 @@ class _DeadlineBackend(httpcore.NetworkBackend):
         stream = self._inner.connect_unix_socket(
             path, timeout=_budget(timeout, httpcore.ConnectTimeout), socket_options=socket_options
         )
-        return _DeadlineStream(stream)
+        return _bounded(stream)
 
     def sleep(self, seconds: float) -> None:  # pragma: no cover - only httpcore's retries (none)
         time.sleep(seconds)

@@ -27,44 +27,11 @@ from dataclasses import dataclass, field
 import httpcore
 import httpx
 
+from vpay.http_deadline import DeadlineStream
 from webhooks.ssrf import IPAddress
 
 USER_AGENT = "vpay-webhooks/1"
 EXCERPT_BYTES = 4096
-
-
-class _DeadlineStream(httpcore.NetworkStream):
-    """A network stream whose every operation is bounded by what is left of one deadline."""
-
-    def __init__(self, inner: httpcore.NetworkStream, deadline: float) -> None:
-        self._inner = inner
-        self._deadline = deadline
-
-    def _budget(self, timeout: float | None, exc: type[Exception]) -> float:
-        left = self._deadline - time.monotonic()
-        if left <= 0:
-            raise exc("the webhook attempt's total timeout elapsed")
-        return left if timeout is None else min(timeout, left)
-
-    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        return self._inner.read(max_bytes, self._budget(timeout, httpcore.ReadTimeout))
-
-    def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        self._inner.write(buffer, self._budget(timeout, httpcore.WriteTimeout))
-
-    def close(self) -> None:
-        self._inner.close()
-
-    def start_tls(
-        self, ssl_context: ssl.SSLContext, server_hostname: str | None = None, timeout: float | None = None
-    ) -> httpcore.NetworkStream:
-        # server_hostname is the URL's host (httpcore passes it): SNI and the certificate
-        # check are for the configured name, never for the pinned IP.
-        inner = self._inner.start_tls(ssl_context, server_hostname, self._budget(timeout, httpcore.ConnectTimeout))
-        return _DeadlineStream(inner, self._deadline)
-
-    def get_extra_info(self, info: str) -> typing.Any:
-        return self._inner.get_extra_info(info)
 
 
 class PinnedBackend(httpcore.NetworkBackend):
@@ -103,7 +70,7 @@ class PinnedBackend(httpcore.NetworkBackend):
                 errors.append(exc)
                 continue
             self.connected_to = (str(address), port)
-            return _DeadlineStream(stream, self.deadline)
+            return DeadlineStream(stream, lambda: self.deadline, "the webhook attempt")
         if errors:
             raise errors[-1]
         raise httpcore.ConnectTimeout("the webhook attempt's total timeout elapsed before connecting")
