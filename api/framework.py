@@ -63,6 +63,16 @@ def not_found(what: str, object_id: str) -> ApiError:
     return ApiError(404, "resource_missing", f"No such {what}: {object_id!r}.", param="id")
 
 
+def owned(request: HttpRequest, queryset: QuerySet, object_id: str, what: str) -> Model:
+    """The object ``object_id`` of ``queryset`` that belongs to the requesting merchant, or
+    the 404 of :func:`not_found`: the one place the merchant-isolation rule is applied to a
+    single-object lookup."""
+    found = queryset.filter(merchant=request.merchant, id=object_id).first()
+    if found is None:
+        raise not_found(what, object_id)
+    return found
+
+
 def respond(payload: dict, status: int = 200) -> JsonResponse:
     return JsonResponse(payload, status=status)
 

@@ -9,7 +9,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from api.framework import METADATA, ApiError, Body, Field, error_response, not_found, paginate, respond, route
+from api.framework import METADATA, ApiError, Body, Field, error_response, owned, paginate, respond, route
 from api.ids import ID_MAX_LENGTH
 from charges import repository
 from charges.models import Charge, CheckoutSession, PaymentIntent
@@ -41,10 +41,7 @@ CONFIRM = Body()  # no parameters; anything sent is an unknown-parameter 400
 
 
 def _intent(request: HttpRequest, intent_id: str) -> PaymentIntent:
-    found = PaymentIntent.objects.select_related("charge").filter(merchant=request.merchant, id=intent_id).first()
-    if found is None:
-        raise not_found("payment_intent", intent_id)
-    return found
+    return owned(request, PaymentIntent.objects.select_related("charge"), intent_id, "payment_intent")
 
 
 @route("GET", "POST")
@@ -85,9 +82,7 @@ def checkout_sessions(request: HttpRequest) -> HttpResponse:
 
 @route("GET")
 def checkout_session(request: HttpRequest, session_id: str) -> HttpResponse:
-    found = CheckoutSession.objects.select_related("intent").filter(merchant=request.merchant, id=session_id).first()
-    if found is None:
-        raise not_found("checkout.session", session_id)
+    found = owned(request, CheckoutSession.objects.select_related("intent"), session_id, "checkout.session")
     return respond(render_session(found))
 
 

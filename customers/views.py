@@ -2,7 +2,7 @@
 
 from django.http import HttpRequest, HttpResponse
 
-from api.framework import METADATA, Body, Field, not_found, paginate, respond, route
+from api.framework import METADATA, Body, Field, owned, paginate, respond, route
 from customers import services
 from customers.models import Customer
 from customers.wire import render_customer, render_deleted
@@ -24,10 +24,7 @@ WRITE = Body(**FIELDS)
 
 
 def _owned(request: HttpRequest, customer_id: str) -> Customer:
-    found = Customer.objects.filter(merchant=request.merchant, id=customer_id).first()
-    if found is None:
-        raise not_found("customer", customer_id)
-    return found
+    return owned(request, Customer.objects, customer_id, "customer")
 
 
 @route("GET", "POST")

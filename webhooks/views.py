@@ -2,7 +2,7 @@
 
 from django.http import HttpRequest, HttpResponse
 
-from api.framework import ApiError, Body, Field, not_found, paginate, respond, route
+from api.framework import ApiError, Body, Field, owned, paginate, respond, route
 from webhooks.event_types import EventType
 from webhooks.events import render_event
 from webhooks.models import Event, WebhookEndpoint
@@ -23,10 +23,7 @@ def events(request: HttpRequest) -> HttpResponse:
 
 @route("GET")
 def event(request: HttpRequest, event_id: str) -> HttpResponse:
-    found = Event.objects.filter(merchant=request.merchant, id=event_id).first()
-    if found is None:
-        raise not_found("event", event_id)
-    return respond(render_event(found))
+    return respond(render_event(owned(request, Event.objects, event_id, "event")))
 
 
 # --- /v1/webhook_endpoints --------------------------------------------------------------
@@ -69,10 +66,7 @@ def render_endpoint(endpoint: WebhookEndpoint, *, secret: str | None = None) -> 
 
 
 def _owned_endpoint(request: HttpRequest, endpoint_id: str) -> WebhookEndpoint:
-    found = WebhookEndpoint.objects.filter(merchant=request.merchant, id=endpoint_id, deleted_at__isnull=True).first()
-    if found is None:
-        raise not_found("webhook_endpoint", endpoint_id)
-    return found
+    return owned(request, WebhookEndpoint.objects.filter(deleted_at__isnull=True), endpoint_id, "webhook_endpoint")
 
 
 @route("GET", "POST")
