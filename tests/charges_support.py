@@ -7,25 +7,13 @@ import json
 from pathlib import Path
 
 from django.db import connection
-from django.test import Client
 
 from charges.rails import forget_configured_rails
-from merchants.services import create_merchant
+from tests.api_support import MerchantClient
 
 
-class Merchant:
-    """A test client that speaks for one merchant (Django's test client, real database)."""
-
-    def __init__(self, name: str) -> None:
-        self.merchant, self.key = create_merchant(name)
-        self.client = Client()
-
-    def call(self, method: str, path: str, body=None, *, key: str | None = None):
-        headers = {"HTTP_IDEMPOTENCY_KEY": key} if key else {}
-        data = json.dumps(body) if body is not None else ""
-        return self.client.generic(
-            method, path, data, content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {self.key}", **headers
-        )
+class Merchant(MerchantClient):
+    """A merchant's API client with the charges calls."""
 
     def intent(self, amount: int = 1000, rail: str = "sandbox_push", **extra) -> dict:
         response = self.call(

@@ -17,6 +17,7 @@ from api import idempotency
 from customers.models import Customer
 from merchants.models import ApiKey
 from merchants.services import create_merchant
+from tests.api_support import MerchantClient
 from webhooks.event_types import EventType
 from webhooks.events import emit, render_event
 from webhooks.models import Event
@@ -24,30 +25,14 @@ from webhooks.models import Event
 pytestmark = pytest.mark.django_db
 
 
-class Api:
-    """A test client that speaks for one merchant."""
-
-    def __init__(self, name: str) -> None:
-        self.merchant, self.key = create_merchant(name)
-        self.client = Client()
-
-    def call(self, method: str, path: str, body=None, *, key: str | None = None, raw: bytes | None = None, **headers):
-        if key is not None:
-            headers["HTTP_IDEMPOTENCY_KEY"] = key
-        data = raw if raw is not None else (json.dumps(body) if body is not None else "")
-        return self.client.generic(
-            method, path, data, content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {self.key}", **headers
-        )
-
-
 @pytest.fixture
 def acme():
-    return Api("Acme")
+    return MerchantClient("Acme")
 
 
 @pytest.fixture
 def globex():
-    return Api("Globex")
+    return MerchantClient("Globex")
 
 
 def error_of(response) -> dict:
@@ -213,7 +198,7 @@ def test_two_concurrent_requests_with_one_key_write_once_and_both_get_the_same_a
     """The first request's transaction stays open until the second has started, so the
     second finds no record, runs, and blocks on the key's unique index: it must roll its
     own write back and replay the first's answer."""
-    api = Api("Concurrent")
+    api = MerchantClient("Concurrent")
     written = threading.Event()
     results = {}
 

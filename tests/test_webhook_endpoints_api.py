@@ -7,35 +7,22 @@ import json
 
 import pytest
 from django.db import connection
-from django.test import Client
 
-from merchants.services import create_merchant
+from tests.api_support import MerchantClient
 from webhooks import repository, sealing
 from webhooks.models import WebhookEndpoint, WebhookSecret
 
 pytestmark = pytest.mark.django_db
 
 
-class Api:
-    def __init__(self, name: str) -> None:
-        self.merchant, self.key = create_merchant(name)
-        self.client = Client()
-
-    def call(self, method: str, path: str, body=None):
-        data = json.dumps(body) if body is not None else ""
-        return self.client.generic(
-            method, path, data, content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {self.key}"
-        )
-
-
 @pytest.fixture
 def acme():
-    return Api("Acme")
+    return MerchantClient("Acme")
 
 
 @pytest.fixture
 def globex():
-    return Api("Globex")
+    return MerchantClient("Globex")
 
 
 def create(api, url="https://hooks.example.com/vpay", events=("*",)):

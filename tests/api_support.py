@@ -1,0 +1,26 @@
+"""A test client that speaks the /v1 API for one merchant (Django's test client, real database)."""
+
+from __future__ import annotations
+
+import json
+
+from django.test import Client
+
+from merchants.services import create_merchant
+
+
+class MerchantClient:
+    """A new merchant and its key; ``call`` sends JSON with ``Authorization: Bearer``."""
+
+    def __init__(self, name: str) -> None:
+        self.merchant, self.key = create_merchant(name)
+        self.client = Client()
+
+    def call(self, method: str, path: str, body=None, *, key: str | None = None, raw: bytes | None = None, **headers):
+        """``key`` is an Idempotency-Key; ``raw`` replaces the JSON body with these bytes."""
+        if key is not None:
+            headers["HTTP_IDEMPOTENCY_KEY"] = key
+        data = raw if raw is not None else (json.dumps(body) if body is not None else "")
+        return self.client.generic(
+            method, path, data, content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {self.key}", **headers
+        )
