@@ -239,6 +239,34 @@ def test_a_merchant_sees_only_its_own_objects(acme, globex):
     assert acme.call("GET", "/v1/events").json()["data"] == []
 
 
+def test_no_single_object_route_reaches_another_merchants_object(acme, globex):
+    """Every /v1 route that names an object answers another merchant's id with the same 404
+    as a missing one, and changes nothing."""
+    payment = {"amount": 500, "currency": "usd", "rail": "sandbox_push"}
+    intent = globex.call("POST", "/v1/payment_intents", payment).json()["id"]
+    session = globex.call("POST", "/v1/checkout/sessions", payment).json()["id"]
+    endpoint = globex.call(
+        "POST", "/v1/webhook_endpoints", {"url": "https://hooks.example.com/x", "enabled_events": ["*"]}
+    ).json()["id"]
+    routes = [
+        ("GET", f"/v1/payment_intents/{intent}", None),
+        ("POST", f"/v1/payment_intents/{intent}/confirm", None),
+        ("GET", f"/v1/checkout/sessions/{session}", None),
+        ("GET", f"/v1/webhook_endpoints/{endpoint}", None),
+        ("POST", f"/v1/webhook_endpoints/{endpoint}", {"enabled_events": ["customer.deleted"]}),
+        ("POST", f"/v1/webhook_endpoints/{endpoint}/rotate_secret", None),
+        ("DELETE", f"/v1/webhook_endpoints/{endpoint}", None),
+    ]
+    for method, path, body in routes:
+        response = acme.call(method, path, body)
+        assert response.status_code == 404, (method, path, response.content)
+        assert error_of(response)["code"] == "resource_missing"
+    assert globex.call("GET", f"/v1/payment_intents/{intent}").json()["status"] == "requires_confirmation"
+    theirs = globex.call("GET", f"/v1/webhook_endpoints/{endpoint}").json()
+    assert theirs["enabled_events"] == ["*"]
+    assert count("charges") == 0 and count("webhook_secrets") == 1
+
+
 def test_cursor_pagination_walks_every_row_once_newest_first(acme):
     ids = [acme.call("POST", "/v1/customers", {"name": f"c{i}"}).json()["id"] for i in range(7)]
     seen, after, pages = [], None, 0
