@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from contextlib import contextmanager
 
 from django.db import connection
 
@@ -94,3 +95,23 @@ def make_due(job_id: uuid.UUID | str | None = None) -> None:
         execute("UPDATE jobs SET run_at = now()")
     else:
         execute("UPDATE jobs SET run_at = now() WHERE job_id = %s", [str(job_id)])
+
+
+@contextmanager
+def failing_row(table: str, operation: str, row_id: str, message: str):
+    """A real trigger that makes ``operation`` (``UPDATE``/``DELETE``) on one row of ``table``
+    fail with ``message``: the database refuses that row, nothing in the code is faked."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "CREATE FUNCTION test_failing_row() RETURNS trigger LANGUAGE plpgsql AS"
+            f" $$ BEGIN RAISE EXCEPTION '{message}'; END $$"
+        )
+        cursor.execute(
+            f"CREATE TRIGGER test_failing_row BEFORE {operation} ON {table} FOR EACH ROW"
+            f" WHEN (OLD.id = '{row_id}') EXECUTE FUNCTION test_failing_row()"
+        )
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f"DROP TRIGGER test_failing_row ON {table}; DROP FUNCTION test_failing_row()")

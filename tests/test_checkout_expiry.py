@@ -16,7 +16,7 @@ from jobs import queue
 from jobs.kinds import JobKind
 from jobs.worker import Worker
 from merchants.services import create_merchant
-from tests.queue_support import scalar
+from tests.queue_support import failing_row, scalar
 from webhooks.models import Event
 
 pytestmark = pytest.mark.django_db(transaction=True)  # a transaction per session, as in production
@@ -113,20 +113,8 @@ def test_two_sweeps_at_once_expire_each_session_once_with_one_event(merchant):
 def test_one_failing_session_is_logged_by_id_and_the_rest_of_the_page_expires(merchant, caplog):
     ids = [session(merchant, hours_old=30 - i) for i in range(5)]
     poisoned = ids[1]
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "CREATE FUNCTION test_poison() RETURNS trigger LANGUAGE plpgsql AS"
-            " $$ BEGIN RAISE EXCEPTION 'poisoned session'; END $$"
-        )
-        cursor.execute(
-            "CREATE TRIGGER test_poison BEFORE UPDATE ON checkout_sessions FOR EACH ROW"
-            f" WHEN (OLD.id = '{poisoned}') EXECUTE FUNCTION test_poison()"
-        )
-    try:
+    with failing_row("checkout_sessions", "UPDATE", poisoned, "poisoned session"):
         run_sweep()
-    finally:
-        with connection.cursor() as cursor:
-            cursor.execute("DROP TRIGGER test_poison ON checkout_sessions; DROP FUNCTION test_poison()")
     got = states()
     assert got.pop(poisoned) == ("open", "unpaid")
     assert set(got.values()) == {("expired", "unpaid")}

@@ -18,7 +18,7 @@ from jobs import queue
 from jobs.kinds import JobKind
 from jobs.worker import Worker
 from merchants.services import create_merchant
-from tests.queue_support import rows, scalar
+from tests.queue_support import failing_row, rows, scalar
 from webhooks.models import Event
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the sweep commits per customer, as in production
@@ -116,20 +116,8 @@ def test_an_in_use_guard_keeps_a_customer_however_idle(merchant, monkeypatch):
 def test_one_poisoned_row_does_not_stop_the_page_and_the_rows_behind_it_are_erased(merchant, caplog):
     ids = [customer(merchant, 400 + i) for i in range(5)]  # oldest last: ids[4] is read first
     poisoned = ids[2]
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "CREATE FUNCTION test_poison() RETURNS trigger LANGUAGE plpgsql AS"
-            " $$ BEGIN RAISE EXCEPTION 'poisoned row'; END $$"
-        )
-        cursor.execute(
-            "CREATE TRIGGER test_poison BEFORE DELETE ON customers FOR EACH ROW"
-            f" WHEN (OLD.id = '{poisoned}') EXECUTE FUNCTION test_poison()"
-        )
-    try:
+    with failing_row("customers", "DELETE", poisoned, "poisoned row"):
         run_sweep()
-    finally:
-        with connection.cursor() as cursor:
-            cursor.execute("DROP TRIGGER test_poison ON customers; DROP FUNCTION test_poison()")
     assert list(Customer.objects.values_list("id", flat=True)) == [poisoned]
     assert Event.objects.count() == 4
     [failure] = [r for r in caplog.records if "failed and was skipped" in r.getMessage()]
