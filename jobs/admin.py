@@ -49,6 +49,29 @@ class ReadOnlyAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request, obj=None):
         return False
 
+    def _action_context(self, request, items, **extra):
+        """The context every action page needs to re-post the selection (``delete_selected``'s)."""
+        return {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
+            "selected_ids": [obj.pk for obj in items],
+            **extra,
+        }
+
+    def _act_with_reason(self, request, items, *, act, verb, noun, reason_required, template, **extra):
+        """An action that records a reason: the reason form (400 with ``reason_required`` when
+        a blank one was posted), then ``act(item, reason)`` for each item and one message each."""
+        reason = request.POST.get("reason", "")
+        error = ""
+        if request.POST.get("post") == "yes":
+            if ops.clean_reason(reason):
+                _result_messages(request, [act(item, reason) for item in items], verb, noun)
+                return None
+            error = reason_required
+        context = self._action_context(request, items, reason=reason, error=error, **extra)
+        return TemplateResponse(request, template, context, status=400 if error else 200)
+
 
 class CreatedWithinFilter(admin.SimpleListFilter):
     """Age buckets drawn on the database clock (Django's date filter uses the web host's)."""
@@ -200,15 +223,6 @@ class DeadLetterAdmin(ReadOnlyAdmin):
 
     # --- actions ------------------------------------------------------------------------
 
-    def _action_context(self, request, queryset, **extra):
-        return {
-            **self.admin_site.each_context(request),
-            "opts": self.model._meta,
-            "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
-            "selected_ids": [obj.pk for obj in queryset],
-            **extra,
-        }
-
     @admin.action(description="Replay selected dead letters…", permissions=["replay"])
     def replay_selected(self, request, queryset):
         letters = list(queryset.order_by("id"))
@@ -246,30 +260,20 @@ class DeadLetterAdmin(ReadOnlyAdmin):
     @admin.action(description="Discard selected dead letters…", permissions=["discard"])
     def discard_selected(self, request, queryset):
         letters = list(queryset.order_by("id"))
-        error = ""
-        reason = request.POST.get("reason", "")
-        if request.POST.get("post") == "yes":
-            if ops.clean_reason(reason):
-                results = [
-                    ops.dead_letter_discard(
-                        letter_id=letter.pk, actor=request.user.get_username(), reason=reason, user_id=request.user.pk
-                    )
-                    for letter in letters
-                ]
-                _result_messages(request, results, "Discarded")
-                return None
-            error = "A reason is required to discard: say why nobody needs to replay this."
-        context = self._action_context(
+        actor, user_id = request.user.get_username(), request.user.pk
+        return self._act_with_reason(
             request,
             letters,
+            act=lambda letter, reason: ops.dead_letter_discard(
+                letter_id=letter.pk, actor=actor, reason=reason, user_id=user_id
+            ),
+            verb="Discarded",
+            noun="dead letter",
+            reason_required="A reason is required to discard: say why nobody needs to replay this.",
+            template="admin/jobs/deadletter/discard_form.html",
             title="Discard dead letters",
             letters=letters,
             pending=sum(1 for letter in letters if letter.state == DeadLetterState.PENDING_REVIEW),
-            reason=reason,
-            error=error,
-        )
-        return TemplateResponse(
-            request, "admin/jobs/deadletter/discard_form.html", context, status=400 if error else 200
         )
 
 
@@ -324,30 +328,19 @@ class JobAdmin(ReadOnlyAdmin):
     @admin.action(description="Cancel selected jobs (into dead letters)…", permissions=["cancel"])
     def cancel_selected(self, request, queryset):
         jobs = list(queryset.order_by("id"))
-        error = ""
-        reason = request.POST.get("reason", "")
-        if request.POST.get("post") == "yes":
-            if ops.clean_reason(reason):
-                results = [
-                    ops.job_cancel(
-                        job_pk=job.pk, actor=request.user.get_username(), reason=reason, user_id=request.user.pk
-                    )
-                    for job in jobs
-                ]
-                _result_messages(request, results, "Cancelled", noun="job")
-                return None
-            error = "A reason is required to cancel: it is recorded on the dead letter."
-        context = {
-            **self.admin_site.each_context(request),
-            "opts": self.model._meta,
-            "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
-            "title": "Cancel jobs",
-            "jobs": jobs,
-            "leased": sum(1 for job in jobs if job.locked_at is not None),
-            "reason": reason,
-            "error": error,
-        }
-        return TemplateResponse(request, "admin/jobs/job/cancel_form.html", context, status=400 if error else 200)
+        actor, user_id = request.user.get_username(), request.user.pk
+        return self._act_with_reason(
+            request,
+            jobs,
+            act=lambda job, reason: ops.job_cancel(job_pk=job.pk, actor=actor, reason=reason, user_id=user_id),
+            verb="Cancelled",
+            noun="job",
+            reason_required="A reason is required to cancel: it is recorded on the dead letter.",
+            template="admin/jobs/job/cancel_form.html",
+            title="Cancel jobs",
+            jobs=jobs,
+            leased=sum(1 for job in jobs if job.locked_at is not None),
+        )
 
 
 @admin.register(ProcessedJob)
