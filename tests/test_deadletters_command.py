@@ -160,6 +160,18 @@ def test_dry_run_says_what_would_happen_and_writes_nothing(settings):
     assert count("jobs") == 0
 
 
+def test_a_discard_dry_run_names_the_letters_it_would_refuse_and_why():
+    pending, replayed, discarded = make_letter(), make_letter(), make_letter()
+    run("replay", str(replayed.pk))
+    run("discard", str(discarded.pk), "--reason", "closed")
+    out, _ = run("discard", str(pending.pk), str(replayed.pk), str(discarded.pk), "--reason", "x", "--dry-run")
+    assert f"would discard #{pending.pk}" in out
+    assert f"would refuse #{replayed.pk}: was already replayed" in out
+    assert f"would refuse #{discarded.pk}: is discarded" in out
+    assert out.splitlines()[-1] == "dry run: would discard 1, refuse 2; nothing written"
+    assert states() == {pending.pk: "pending_review", replayed.pk: "replayed", discarded.pk: "discarded"}
+
+
 def test_an_unknown_id_is_reported_and_fails_the_command():
     letter = make_letter()
     _, err, error = run_refused("replay", str(letter.pk), "999999")

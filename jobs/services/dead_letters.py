@@ -171,13 +171,23 @@ def clean_reason(reason: str | None) -> str:
     return (reason or "").strip()[:REASON_MAX]
 
 
+# Why a discard of a letter in this state does nothing (a missing state: no such letter).
+_DISCARD_REFUSAL = {
+    DeadLetterState.PENDING_REVIEW: None,
+    DeadLetterState.REPLAYED: Refusal.ALREADY_REPLAYED,
+    DeadLetterState.DISCARDED: Refusal.DISCARDED,
+}
+
+
+def discard_preview(ids: Iterable[int]) -> dict[int, Refusal | None]:
+    """For a dry run: each id and why its discard would be refused (None: discardable)."""
+    ids = list(ids)
+    states = dict(DeadLetter.objects.filter(pk__in=ids).values_list("pk", "state"))
+    return {i: _DISCARD_REFUSAL.get(states.get(i), Refusal.NOT_FOUND) for i in ids}
+
+
 def _not_pending(letter_id: int) -> Refusal:
-    state = DeadLetter.objects.filter(pk=letter_id).values_list("state", flat=True).first()
-    return {
-        None: Refusal.NOT_FOUND,
-        DeadLetterState.REPLAYED: Refusal.ALREADY_REPLAYED,
-        DeadLetterState.DISCARDED: Refusal.DISCARDED,
-    }.get(state, Refusal.NOT_FOUND)
+    return discard_preview([letter_id])[letter_id] or Refusal.NOT_FOUND
 
 
 def _actor(actor: str) -> str:

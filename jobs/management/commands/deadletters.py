@@ -163,7 +163,7 @@ class Command(BaseCommand):
             return
         ids.sort()
         if options["dry_run"]:
-            self._dry_run(verb, ids, force=options.get("force", False), reason=reason)
+            self._dry_run(verb, ids, force=options.get("force", False))
             return
         user = _user(options["user"]) if options["user"] else None
         actor = options["actor"].strip() or (user.get_username() if user else f"shell:{_login_name()}")
@@ -200,19 +200,8 @@ class Command(BaseCommand):
         self.stdout.write(f"{past} {len(done)}, refused {len(refused)}")
         return refused
 
-    def _dry_run(self, verb: str, ids: list[int], *, force: bool, reason: str) -> None:
-        if verb == "replay":
-            verdicts = ops.replay_preview(ids, force=force)
-        else:
-            states = {s.id: s.state for s in repository.letter_status(ids, ttl_seconds=0, margin_seconds=0)}
-            verdicts = {
-                i: None
-                if states.get(i) == DeadLetterState.PENDING_REVIEW
-                else ops.Refusal.ALREADY_REPLAYED
-                if states.get(i) == DeadLetterState.REPLAYED
-                else ops.Refusal.DISCARDED
-                for i in ids
-            }
+    def _dry_run(self, verb: str, ids: list[int], *, force: bool) -> None:
+        verdicts = ops.replay_preview(ids, force=force) if verb == "replay" else ops.discard_preview(ids)
         would = [i for i, refusal in verdicts.items() if refusal is None]
         for letter_id, refusal in verdicts.items():
             if refusal is None:
