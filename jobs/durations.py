@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 _UNITS = (("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
+# The same units, for reading a duration an operator typed (``12h``, ``7d``).
+SECONDS_PER_UNIT = dict(_UNITS)
 
 
 def humanize_seconds(seconds: float | None) -> str:

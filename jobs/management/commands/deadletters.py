@@ -16,12 +16,11 @@ from datetime import datetime
 from django.core.management.base import BaseCommand, CommandError
 
 from jobs import repository
-from jobs.durations import humanize_seconds
+from jobs.durations import SECONDS_PER_UNIT, humanize_seconds
 from jobs.models import DeadLetterState
 from jobs.services import dead_letters as ops
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 # A bar is worth drawing only for work that takes a moment.
 PROGRESS_MIN_ITEMS = 20
 
@@ -31,7 +30,7 @@ def parse_since(text: str) -> tuple[float | None, datetime | None]:
     or an ISO-8601 instant with a timezone. Returns (seconds, None) or (None, instant)."""
     match = _DURATION.match(text.strip())
     if match:
-        return float(match.group(1)) * _UNIT_SECONDS[match.group(2)], None
+        return float(match.group(1)) * SECONDS_PER_UNIT[match.group(2)], None
     try:
         instant = datetime.fromisoformat(text.strip())
     except ValueError:
