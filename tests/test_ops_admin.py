@@ -301,6 +301,22 @@ def test_the_change_list_shows_age_error_excerpt_and_filters_and_searches(client
     assert listed("?q=not-a-uuid") == set()
 
 
+def test_the_past_horizon_filter_lists_the_letters_a_replay_would_refuse_for_their_age(client, operator, settings):
+    settings.VPAY_PROCESSED_JOBS_TTL_SECONDS = 7 * 86400
+    old = make_letter(job_created_at=db_ago(days=8))
+    # Inside the margin: the TTL has not run out, but less than the margin of it is left.
+    within_margin = make_letter(job_created_at=db_ago(days=6, hours=23, minutes=30))
+    fresh = make_letter(job_created_at=db_ago(days=6))
+    listed = {letter.pk for letter in client.get(changelist_url() + "?created=past_horizon").context["cl"].result_list}
+    assert listed == {old.pk, within_margin.pk}
+    preview = ops.replay_preview([old.pk, within_margin.pk, fresh.pk])
+    assert preview == {
+        old.pk: ops.Refusal.PAST_FENCE_HORIZON,
+        within_margin.pk: ops.Refusal.PAST_FENCE_HORIZON,
+        fresh.pk: None,
+    }
+
+
 def test_the_detail_page_is_read_only_with_pretty_payload_full_error_and_history(client, operator):
     letter = make_letter(payload={"task": "tests.tasks.record", "args": ["a"], "kwargs": {"k": 1}})
     ops.dead_letter_replay(letter_id=letter.pk, actor="olga")
