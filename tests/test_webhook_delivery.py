@@ -4,6 +4,7 @@ test_webhook_worker.py."""
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 
@@ -37,6 +38,22 @@ def sql(query, params=None):
     with connection.cursor() as cursor:
         cursor.execute(query, params)
         return cursor.fetchall() if cursor.description else cursor.rowcount
+
+
+@contextlib.contextmanager
+def delivery_insert_trigger(name, body):
+    """A real database failure on ``webhook_deliveries`` inserts for the duration: a
+    ``BEFORE INSERT`` trigger running the PL/pgSQL ``body`` (it ends in ``RETURN NEW;``
+    or raises), dropped on exit."""
+    sql(f"CREATE OR REPLACE FUNCTION {name}() RETURNS trigger AS $$ BEGIN {body} END $$ LANGUAGE plpgsql")
+    sql(f"CREATE TRIGGER {name} BEFORE INSERT ON webhook_deliveries FOR EACH ROW EXECUTE FUNCTION {name}()")
+    try:
+        yield
+    finally:
+        sql(f"DROP TRIGGER {name} ON webhook_deliveries")
+
+
+REFUSE_EVERY_INSERT = "RAISE EXCEPTION 'refused by test trigger';"
 
 
 def merchant(name="Acme"):
@@ -100,23 +117,13 @@ def test_an_event_that_fails_every_pass_is_abandoned_after_five_with_one_alert(r
     endpoint(m, receiver.url("/a"))
     poison, healthy = emit_events(m, 2)
     # A real database failure for one event's deliveries: a trigger refuses its insert.
-    sql(
-        "CREATE OR REPLACE FUNCTION test_refuse_delivery() RETURNS trigger AS $$ BEGIN"
-        f" IF NEW.event_id = '{poison.pk}' THEN RAISE EXCEPTION 'refused by test trigger'; END IF;"
-        " RETURN NEW; END $$ LANGUAGE plpgsql"
-    )
-    sql(
-        "CREATE TRIGGER test_refuse_delivery BEFORE INSERT ON webhook_deliveries"
-        " FOR EACH ROW EXECUTE FUNCTION test_refuse_delivery()"
-    )
-    try:
+    refuse_poison = f"IF NEW.event_id = '{poison.pk}' THEN {REFUSE_EVERY_INSERT} END IF; RETURN NEW;"
+    with delivery_insert_trigger("test_refuse_delivery", refuse_poison):
         first = fanout.drain_once()
         assert (first.fanned_out, first.failed) == (1, 1)  # the healthy one is not held back
         for _ in range(4):
             fanout.drain_once()
         assert fanout.drain_once().seen == 0  # abandoned: no longer read
-    finally:
-        sql("DROP TRIGGER test_refuse_delivery ON webhook_deliveries")
     assert sql("SELECT fan_out, fan_out_failures FROM events WHERE id = %s", [poison.pk]) == [("abandoned", 5)]
     assert Event.objects.get(pk=healthy.pk).fan_out == "fanned_out"
     # One alert, raised by the pass that made the transition (jobs.alerts: logged and sent by the worker).
@@ -131,21 +138,13 @@ def test_transient_database_errors_never_count_toward_abandoning_an_event(receiv
     [event] = emit_events(m)
     # A real statement timeout (what a migration holding a lock produces): the delivery
     # insert for this event sleeps past the session's statement_timeout.
-    sql(
-        "CREATE OR REPLACE FUNCTION test_slow_delivery() RETURNS trigger AS $$ BEGIN"
-        f" IF NEW.event_id = '{event.pk}' THEN PERFORM pg_sleep(2); END IF;"
-        " RETURN NEW; END $$ LANGUAGE plpgsql"
-    )
-    sql(
-        "CREATE TRIGGER test_slow_delivery BEFORE INSERT ON webhook_deliveries"
-        " FOR EACH ROW EXECUTE FUNCTION test_slow_delivery()"
-    )
-    sql("SET statement_timeout = '100ms'")
-    try:
-        passes = [fanout.drain_once() for _ in range(7)]
-    finally:
-        sql("RESET statement_timeout")
-        sql("DROP TRIGGER test_slow_delivery ON webhook_deliveries")
+    slow_insert = f"IF NEW.event_id = '{event.pk}' THEN PERFORM pg_sleep(2); END IF; RETURN NEW;"
+    with delivery_insert_trigger("test_slow_delivery", slow_insert):
+        sql("SET statement_timeout = '100ms'")
+        try:
+            passes = [fanout.drain_once() for _ in range(7)]
+        finally:
+            sql("RESET statement_timeout")
     assert sql("SELECT fan_out, fan_out_failures FROM events WHERE id = %s", [event.pk]) == [("pending", 0)]
     assert not Alert.objects.exists()
     assert [(p.failed, p.transient, p.abandoned) for p in passes] == [(1, 1, 0)] * 7
@@ -158,15 +157,7 @@ def test_an_abandoned_event_can_be_re_driven_and_alerts_again_if_abandoned_again
     m = merchant()
     endpoint(m, receiver.url("/a"))
     [event] = emit_events(m)
-    sql(
-        "CREATE OR REPLACE FUNCTION test_refuse_delivery() RETURNS trigger AS $$ BEGIN"
-        " RAISE EXCEPTION 'refused by test trigger'; END $$ LANGUAGE plpgsql"
-    )
-    sql(
-        "CREATE TRIGGER test_refuse_delivery BEFORE INSERT ON webhook_deliveries"
-        " FOR EACH ROW EXECUTE FUNCTION test_refuse_delivery()"
-    )
-    try:
+    with delivery_insert_trigger("test_refuse_delivery", REFUSE_EVERY_INSERT):
         for _ in range(5):
             fanout.drain_once()
         assert not redrive_event("evt_nope")
@@ -176,8 +167,6 @@ def test_an_abandoned_event_can_be_re_driven_and_alerts_again_if_abandoned_again
         for _ in range(5):
             fanout.drain_once()  # still broken: abandoned again, and alerted again
         assert redrive_event(event.pk)
-    finally:
-        sql("DROP TRIGGER test_refuse_delivery ON webhook_deliveries")
     assert sorted(Alert.objects.values_list("key", flat=True)) == [
         f"webhook_event_abandoned:{event.pk}",
         f"webhook_event_abandoned:{event.pk}:1",
@@ -556,18 +545,8 @@ def test_the_drain_runs_again_at_once_only_after_a_pass_that_made_progress(recei
     assert fan_out(None).delay == 0.0  # progress: look again now
     assert fan_out(None).delay == 5.0  # the follow-up pass found nothing
     [poison] = emit_events(m, 1)
-    sql(
-        "CREATE OR REPLACE FUNCTION test_refuse_delivery() RETURNS trigger AS $$ BEGIN"
-        " RAISE EXCEPTION 'refused by test trigger'; END $$ LANGUAGE plpgsql"
-    )
-    sql(
-        "CREATE TRIGGER test_refuse_delivery BEFORE INSERT ON webhook_deliveries"
-        " FOR EACH ROW EXECUTE FUNCTION test_refuse_delivery()"
-    )
-    try:
+    with delivery_insert_trigger("test_refuse_delivery", REFUSE_EVERY_INSERT):
         assert fan_out(None).delay == 5.0  # only failures: no hot loop
-    finally:
-        sql("DROP TRIGGER test_refuse_delivery ON webhook_deliveries")
     assert Event.objects.get(pk=poison.pk).fan_out_failures == 1
 
 
