@@ -151,16 +151,6 @@ class _LoopState:
             return taken
 
 
-_running_concurrency: int | None = None
-
-
-def running_concurrency() -> int | None:
-    """How many loop threads the worker running in this process has; None where no worker
-    runs (the web process, a shell, tests that drive handlers directly). Handlers that must
-    leave threads for other work (one webhook endpoint's share) size themselves by it."""
-    return _running_concurrency
-
-
 def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
@@ -248,8 +238,6 @@ class Worker:
     def run(self) -> tuple[Report, bool]:
         """Run until drained (``burst``) or stopped. Returns the report and whether any
         loop thread was abandoned mid-job (the caller must then exit the process)."""
-        global _running_concurrency
-        _running_concurrency = self.concurrency
         self.boot()
         for i in range(self.concurrency):
             thread = threading.Thread(target=self._loop, name=f"vpay-loop-{i}", daemon=True)
@@ -521,7 +509,7 @@ class Worker:
             del connection.run_on_commit[callbacks_before:]
 
         job_state = JobState(job.attempts, job.max_attempts, job.deferrals, spec.max_deferrals)
-        ctx = JobContext(job, spec.timeout_seconds, loop_fenced=True)
+        ctx = JobContext(job, spec.timeout_seconds, loop_fenced=True, worker_concurrency=self.concurrency)
         state.current = (job, ctx)
         try:
             with connection.execute_wrapper(savepoint_before_first_query):
@@ -577,7 +565,7 @@ class Worker:
             self._finish_duplicate(state, job)
             return
         job_state = JobState(job.attempts, job.max_attempts, job.deferrals, job_spec.max_deferrals)
-        ctx = JobContext(job, job_spec.timeout_seconds, loop_fenced=True)
+        ctx = JobContext(job, job_spec.timeout_seconds, loop_fenced=True, worker_concurrency=self.concurrency)
         state.current = (job, ctx)
         try:
             with transaction.atomic():
@@ -674,7 +662,7 @@ class Worker:
         if poison is not None:
             return self._poison(job, poison)
         job_state = JobState(job.attempts, job.max_attempts, job.deferrals, spec.max_deferrals)
-        ctx = JobContext(job, spec.timeout_seconds)
+        ctx = JobContext(job, spec.timeout_seconds, worker_concurrency=self.concurrency)
         state.current = (job, ctx)
         try:
             outcome = spec.handler(ctx)

@@ -12,7 +12,6 @@ from jobs.kinds import JobKind
 from jobs.outcome import Outcome
 from jobs.retry import RetryPolicy
 from jobs.schema import PayloadSchema
-from jobs.worker import running_concurrency
 from webhooks.services import delivery, fanout, scan
 
 logger = logging.getLogger("webhooks.handlers")
@@ -54,7 +53,7 @@ def _deliver_timeout() -> float:
 )
 def deliver(ctx: JobContext) -> Outcome:
     """One attempt of one delivery (unfenced: it calls the network; every write is a CAS)."""
-    begun = delivery.begin_attempt(ctx.payload["delivery_id"], share=delivery.worker_share(running_concurrency()))
+    begun = delivery.begin_attempt(ctx.payload["delivery_id"], share=delivery.worker_share(ctx.worker_concurrency))
     if begun.kind is delivery.Begin.GONE:
         return Outcome.done()
     if begun.kind is not delivery.Begin.CLAIMED:
