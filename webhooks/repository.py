@@ -124,6 +124,17 @@ def redrive_event(event_id: str) -> bool:
     )
 
 
+def reopen_delivery(delivery_id: int, states: list[str]) -> str | None:
+    """CAS ``<one of states> → pending`` with a fresh ladder (``ladder_base`` = the attempts
+    so far), due now; the delivery's endpoint id, or None if it was in none of ``states``."""
+    rows = _rows(
+        "UPDATE webhook_deliveries SET state = 'pending', ladder_base = attempts, next_attempt_at = now(),"
+        " completed_at = NULL, updated_at = now() WHERE id = %s AND state = ANY(%s) RETURNING endpoint_id",
+        [delivery_id, states],
+    )
+    return rows[0][0] if rows else None
+
+
 # --- one delivery attempt ----------------------------------------------------------------
 
 

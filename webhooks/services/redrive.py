@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import logging
 
-from django.contrib.admin.models import CHANGE, LogEntry
-from django.contrib.contenttypes.models import ContentType
 from django.db import transaction
 
+from vpay.admin_log import log_change
 from webhooks import repository
 from webhooks.events import wake_fan_out_at_commit
 from webhooks.models import Event
@@ -26,15 +25,7 @@ def redrive_event(event_id: str, *, actor=None) -> bool:
     with transaction.atomic():
         if not repository.redrive_event(event_id):
             return False
-        if actor is not None and getattr(actor, "pk", None) is not None:
-            LogEntry.objects.create(
-                user_id=actor.pk,
-                content_type_id=ContentType.objects.get_for_model(Event).pk,
-                object_id=event_id,
-                object_repr=f"event {event_id}",
-                action_flag=CHANGE,
-                change_message="Re-driven: fan-out failures reset, back to pending.",
-            )
+        log_change(actor, Event, event_id, f"event {event_id}", "Re-driven: fan-out failures reset, back to pending.")
         wake_fan_out_at_commit()
     logger.info("abandoned event re-driven", extra={"event_id": event_id, "actor": str(actor or "")})
     return True

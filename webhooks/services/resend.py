@@ -11,12 +11,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from django.contrib.admin.models import CHANGE, LogEntry
-from django.contrib.contenttypes.models import ContentType
-from django.db import connection, transaction
+from django.db import transaction
 
 from jobs.kinds import JobKind
 from jobs.queue import enqueue
+from vpay.admin_log import log_change
+from webhooks import repository
 from webhooks.models import DeliveryState, WebhookDelivery
 from webhooks.services.delivery import dedupe_key
 
@@ -28,26 +28,15 @@ TERMINAL = (DeliveryState.EXHAUSTED, DeliveryState.REFUSED)
 def resend_delivery(delivery_id: int, *, actor=None, states: Iterable[str] = TERMINAL) -> bool:
     """CAS ``<one of states> → pending`` with a fresh ladder; False if it was in none of them."""
     with transaction.atomic():
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "UPDATE webhook_deliveries SET state = 'pending', ladder_base = attempts, next_attempt_at = now(),"
-                " completed_at = NULL, updated_at = now() WHERE id = %s AND state = ANY(%s) RETURNING endpoint_id",
-                [delivery_id, [str(s) for s in states]],
-            )
-            row = cursor.fetchone()
-        if row is None:
+        endpoint_id = repository.reopen_delivery(delivery_id, [str(s) for s in states])
+        if endpoint_id is None:
             return False
         enqueue(
-            JobKind.WEBHOOK_DELIVER, {"delivery_id": delivery_id}, dedupe_key=dedupe_key(delivery_id), tenant=row[0]
+            JobKind.WEBHOOK_DELIVER,
+            {"delivery_id": delivery_id},
+            dedupe_key=dedupe_key(delivery_id),
+            tenant=endpoint_id,
         )
-        if actor is not None and getattr(actor, "pk", None) is not None:
-            LogEntry.objects.create(
-                user_id=actor.pk,
-                content_type_id=ContentType.objects.get_for_model(WebhookDelivery).pk,
-                object_id=str(delivery_id),
-                object_repr=f"delivery {delivery_id}",
-                action_flag=CHANGE,
-                change_message="Resent (fresh retry ladder).",
-            )
+        log_change(actor, WebhookDelivery, delivery_id, f"delivery {delivery_id}", "Resent (fresh retry ladder).")
     logger.info("webhook delivery resent", extra={"delivery_id": delivery_id, "actor": str(actor or "")})
     return True
