@@ -78,6 +78,18 @@ def test_rotation_keeps_the_old_secret_signing_for_the_overlap(acme):
     assert [sealing.open_sealed(s) for s in repository.active_sealed_secrets(created["id"])] == [third["secret"]]
 
 
+def test_a_rotation_that_lost_the_race_to_a_delete_leaves_no_secret(acme):
+    from webhooks.services import endpoints
+
+    created = create(acme)
+    seen_before_the_delete = WebhookEndpoint.objects.get(pk=created["id"])  # the rotation read it live
+    assert acme.call("DELETE", f"/v1/webhook_endpoints/{created['id']}").status_code == 200
+    with pytest.raises(endpoints.EndpointDeleted):
+        endpoints.rotate_secret(seen_before_the_delete)
+    assert not WebhookSecret.objects.filter(endpoint_id=created["id"]).exists()
+    assert acme.call("POST", f"/v1/webhook_endpoints/{created['id']}/rotate_secret").status_code == 404
+
+
 def test_update_and_delete(acme):
     created = create(acme)
     updated = acme.call(

@@ -101,5 +101,9 @@ def rotate_webhook_secret(request: HttpRequest, endpoint_id: str) -> HttpRespons
     ``overlap_seconds`` (default ``VPAY_WEBHOOK_SECRET_OVERLAP``, 24 h); 0 retires it now."""
     endpoint = _owned_endpoint(request, endpoint_id)
     fields = ROTATE.parse(request)
-    secret = endpoints.rotate_secret(endpoint, overlap_seconds=fields.get("overlap_seconds"))
+    try:
+        secret = endpoints.rotate_secret(endpoint, overlap_seconds=fields.get("overlap_seconds"))
+    except endpoints.EndpointDeleted:
+        _owned_endpoint(request, endpoint_id)  # deleted meanwhile: this is now its 404
+        raise
     return respond(render_endpoint(endpoint, secret=secret))

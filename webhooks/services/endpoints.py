@@ -131,13 +131,25 @@ def delete_endpoint(endpoint: WebhookEndpoint) -> int:
     return cancelled
 
 
+class EndpointDeleted(Exception):
+    """The endpoint was deleted (perhaps by a request that committed meanwhile)."""
+
+
 @transaction.atomic
 def rotate_secret(endpoint: WebhookEndpoint, *, overlap_seconds: float | None = None) -> str:
     """A new secret (returned once). The current one keeps signing for the overlap window
-    (``VPAY_WEBHOOK_SECRET_OVERLAP``, 24 h by default), computed by the database; 0 ends it now."""
+    (``VPAY_WEBHOOK_SECRET_OVERLAP``, 24 h by default), computed by the database; 0 ends it now.
+
+    :class:`EndpointDeleted` if the endpoint is deleted: the endpoint row is locked first, so
+    a rotation racing a delete either finishes before it (and the delete drops the new
+    secret) or sees it, and never leaves a live secret on a deleted endpoint."""
     overlap = settings.VPAY_WEBHOOK_SECRET_OVERLAP if overlap_seconds is None else overlap_seconds
     if overlap < 0:
         raise ValueError("the overlap cannot be negative")
+    if not list(
+        WebhookEndpoint.objects.select_for_update().filter(pk=endpoint.pk, deleted_at__isnull=True).values_list("pk")
+    ):
+        raise EndpointDeleted(endpoint.pk)
     repository.expire_current_secrets(endpoint.pk, overlap)
     secret = sealing.new_secret()
     WebhookSecret.objects.create(endpoint=endpoint, sealed=sealing.seal(secret))
