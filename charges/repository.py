@@ -33,12 +33,15 @@ from charges.states import (
     RailFlow,
     RailStatus,
 )
+from jobs.kinds import JobKind
 from vpay.logging import redact
+
+POLL_DEDUPE_PREFIX = "charge:poll:"  # also matched in SQL by the backstop (_LIVE_PAGE)
 
 
 def poll_dedupe_key(charge_id: str) -> str:
     """The poll job's dedupe key: one live poll per charge."""
-    return f"charge:poll:{charge_id}"
+    return POLL_DEDUPE_PREFIX + charge_id
 
 
 def resubmit_dedupe_key(charge_id: str) -> str:
@@ -263,20 +266,23 @@ def touch_customer(customer_id: str | None) -> None:
 # few); once the letter is replayed or discarded the charge is on the next page again.
 _LIVE_PAGE = """
 SELECT id, merchant_id FROM charges
- WHERE status IN ({live}) AND id > %s
-   AND ('charge:poll:' || id) NOT IN (
+ WHERE status IN ({live}) AND id > %(after)s
+   AND (%(prefix)s::text || id) NOT IN (
        SELECT d.dedupe_key FROM dead_letters d
-        WHERE d.state = 'pending_review' AND d.kind = 'poll_charge' AND d.dedupe_key IS NOT NULL
+        WHERE d.state = 'pending_review' AND d.kind = %(kind)s AND d.dedupe_key IS NOT NULL
    )
  ORDER BY id
- LIMIT %s
+ LIMIT %(limit)s
 """.format(live=", ".join(f"'{s}'" for s in sorted(CHARGE_LIVE)))
 
 
 def live_page(after: str, limit: int) -> list[tuple[str, str]]:
     """Live charges with ids after ``after`` whose poll is not awaiting a human's review."""
     with connection.cursor() as cursor:
-        cursor.execute(_LIVE_PAGE, [after, limit])
+        cursor.execute(
+            _LIVE_PAGE,
+            {"after": after, "limit": limit, "prefix": POLL_DEDUPE_PREFIX, "kind": JobKind.POLL_CHARGE.value},
+        )
         return cursor.fetchall()
 
 

@@ -42,9 +42,6 @@ from merchants.models import Merchant
 
 logger = logging.getLogger(__name__)
 
-SUBMIT_REJECTED = "rail_rejected"
-RAIL_CONFIGURATION = "rail_configuration_error"
-
 
 def confirm_intent(merchant: Merchant, intent_id: str) -> PaymentIntent:
     """Confirm the intent on its rail; returns it as it stands afterwards."""
@@ -106,7 +103,7 @@ def confirm_intent(merchant: Merchant, intent_id: str) -> PaymentIntent:
         return _reload(intent.id)
     except RailConfigurationError:
         with transaction.atomic():
-            transitions.fail_submitting(charge.id, intent.id, RAIL_CONFIGURATION, rail=rail.code)
+            transitions.fail_submitting(charge.id, intent.id, transitions.RAIL_CONFIGURATION, rail=rail.code)
             raise_alert(
                 key=f"rail_credentials_refused:{charge.id}",
                 title=f"Rail {rail.code} refused our credentials (401/403) on a submit",
@@ -118,7 +115,7 @@ def confirm_intent(merchant: Merchant, intent_id: str) -> PaymentIntent:
         return _reload(intent.id)
     except RailRejected:
         # The rail refused this charge for good (a 4xx other than auth): it has no charge.
-        transitions.fail_submitting(charge.id, intent.id, SUBMIT_REJECTED, rail=rail.code)
+        transitions.fail_submitting(charge.id, intent.id, transitions.SUBMIT_REJECTED, rail=rail.code)
         return _reload(intent.id)
 
     with transaction.atomic():

@@ -175,7 +175,7 @@ def resubmit_charge(ctx: JobContext) -> Outcome:
     try:
         request_id, answer = rail_calls.submit(row.id, rail, amount=row.amount, currency=row.currency)
     except RailRejected:
-        transitions.fail_submitting(row.id, row.intent_id, "rail_rejected", rail=row.rail)
+        transitions.fail_submitting(row.id, row.intent_id, transitions.SUBMIT_REJECTED, rail=row.rail)
         return Outcome.done()
     except RailError:
         raise  # transient: backoff; configuration: page

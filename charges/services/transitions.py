@@ -24,7 +24,10 @@ from webhooks.events import emit
 logger = logging.getLogger(__name__)
 
 _OPEN_INTENT = [IntentStatus.PROCESSING, IntentStatus.REQUIRES_ACTION]
+# Failure codes vpay itself gives a charge (a rail's own come from its answer).
 DEAD_ORDER = "redirect_never_delivered"
+SUBMIT_REJECTED = "rail_rejected"
+RAIL_CONFIGURATION = "rail_configuration_error"
 
 
 def _intent(intent_id: str) -> PaymentIntent:
