@@ -266,3 +266,20 @@ def test_the_backstop_leaves_a_poll_awaiting_review_in_dead_letters_to_the_human
     )
     scan_only()
     assert charge.id in polls()
+
+
+def test_a_resubmit_the_rail_refuses_for_good_fails_the_charge_and_the_intent_with_an_event(merchant, sandbox_rail):
+    # Never sent and older than the window: recovery resubmits, and the rail refuses it (422).
+    charge = live_charge(merchant, age=WINDOW + 5)
+    sandbox_rail.scenario(reference=charge.id, submit_status=422)
+    assert Worker().run_once() == 1
+    assert scalar("SELECT count(*) FROM jobs WHERE kind = 'resubmit_charge'") == 1
+    sql("UPDATE jobs SET run_at = now() + interval '1 hour' WHERE kind = 'poll_charge'")
+    assert Worker().run_once() == 1
+    got = charge_of(charge.intent_id)
+    assert (got["status"], got["failure_code"]) == ("failed", "rail_rejected")
+    assert scalar("SELECT status FROM payment_intents WHERE id = %s", [charge.intent_id]) == "failed"
+    assert [t for t, _ in events(charge.intent_id)] == ["payment_intent.payment_failed"]
+    posts = [r for r in sandbox_rail.requests(charge.id) if r["method"] == "POST"]
+    assert [r["status"] for r in posts] == [422]
+    assert scalar("SELECT count(*) FROM jobs WHERE kind = 'resubmit_charge'") == 0
