@@ -127,7 +127,7 @@ class _LoopState:
                 self.held[job.id] = (job.lease_token, Held.UNSTARTED)
 
     def start(self, job: ClaimedJob) -> bool:
-        """Mark ``job`` started; False when it was already handed back (see take_unstarted)."""
+        """Mark ``job`` started; False when it was already handed back (see take)."""
         with self.lock:
             if job.id not in self.held:
                 return False
