@@ -10,7 +10,6 @@ by PostgreSQL, never from the web process's clock.
 from __future__ import annotations
 
 import json
-from datetime import timedelta
 
 from django.contrib import admin, messages
 from django.db.models import Case, CharField, DurationField, F, Value, When
@@ -22,19 +21,11 @@ from django.utils.text import Truncator
 
 from jobs import fence
 from jobs.durations import humanize_seconds
-from jobs.models import Alert, DeadLetter, DeadLetterState, Job, ProcessedJob, TransactionNow
+from jobs.models import Alert, DeadLetter, DeadLetterState, Job, ProcessedJob, TransactionNow, db_ago
 from jobs.repository import queue_summary
 from jobs.services import dead_letters as ops
 
 EXCERPT = 80
-
-
-def _since(seconds: float):
-    """``now() - seconds`` as a SQL expression: the database clock draws the line."""
-    return ExpressionWrapper(
-        TransactionNow() - Value(timedelta(seconds=seconds), output_field=DurationField()),
-        output_field=DeadLetter._meta.get_field("created_at"),
-    )
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -92,11 +83,13 @@ class CreatedWithinFilter(admin.SimpleListFilter):
     def queryset(self, request, queryset):
         value = self.value()
         if value in self.WINDOWS:
-            return queryset.filter(created_at__gte=_since(self.WINDOWS[value]))
+            return queryset.filter(created_at__gte=db_ago(seconds=self.WINDOWS[value]))
         if value == "past_horizon":
             # The letter's own job_created_at; a replayed job's first enqueue may be older
             # still, which the replay itself checks (jobs.services.dead_letters).
-            return queryset.filter(job_created_at__lte=_since(fence.ttl_seconds() - ops.REPLAY_FENCE_MARGIN_SECONDS))
+            return queryset.filter(
+                job_created_at__lte=db_ago(seconds=fence.ttl_seconds() - ops.REPLAY_FENCE_MARGIN_SECONDS)
+            )
         return queryset
 
 

@@ -7,6 +7,7 @@ Successes are metrics, not rows: a finished job's row is deleted, and nothing bu
 from __future__ import annotations
 
 import uuid
+from datetime import timedelta
 
 from django.contrib.postgres.functions import RandomUUID
 from django.db import models
@@ -27,6 +28,15 @@ class TransactionNow(models.Func):
 
     template = "CURRENT_TIMESTAMP"
     output_field = models.DateTimeField()
+
+
+def db_ago(**delta) -> models.ExpressionWrapper:
+    """``now() - timedelta(**delta)`` as an expression PostgreSQL evaluates: ages and windows
+    are drawn on the database clock, never the web host's."""
+    return models.ExpressionWrapper(
+        TransactionNow() - models.Value(timedelta(**delta), output_field=models.DurationField()),
+        output_field=models.DateTimeField(),
+    )
 
 
 # The lookup a CHECK constraint below is written with.

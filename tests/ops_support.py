@@ -3,21 +3,10 @@
 from __future__ import annotations
 
 import uuid
-from datetime import timedelta
 
 from django.contrib.auth.models import Permission
-from django.db.models import DurationField, Value
-from django.db.models.expressions import ExpressionWrapper
 
-from jobs.models import DeadLetter, TransactionNow
-
-
-def db_ago(**delta) -> ExpressionWrapper:
-    """``now() - delta`` for PostgreSQL to evaluate: test rows are dated by the database clock."""
-    return ExpressionWrapper(
-        TransactionNow() - Value(timedelta(**delta), output_field=DurationField()),
-        output_field=DeadLetter._meta.get_field("created_at"),
-    )
+from jobs.models import DeadLetter, db_ago
 
 
 def make_letter(**fields) -> DeadLetter:
