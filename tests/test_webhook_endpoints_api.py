@@ -51,12 +51,14 @@ def test_create_returns_the_secret_once_and_stores_it_sealed(acme):
 
 
 def test_reprs_redact_secrets_and_show_a_count(acme):
-    created = create(acme)
+    created = create(acme, url="https://hooks.example.com/vpay/tok_path123?auth=tok_query456")
     endpoint = WebhookEndpoint.objects.get(pk=created["id"])
     row = WebhookSecret.objects.get(endpoint=endpoint)
     for text in (repr(endpoint), str(endpoint), repr(row), str(row)):
         assert created["secret"] not in text and row.sealed not in text
     assert "secrets=<1 redacted>" in repr(endpoint)
+    assert "url='https://hooks.example.com'" in repr(endpoint)
+    assert "tok_path123" not in repr(endpoint) and "tok_query456" not in repr(endpoint)
 
 
 def test_rotation_keeps_the_old_secret_signing_for_the_overlap(acme):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 from django.contrib.postgres.fields import ArrayField
 from django.db import DatabaseError, models
 from django.db.models import Q
@@ -101,7 +103,9 @@ class WebhookEndpoint(models.Model):
             count = str(self.secrets.count()) if not self._state.adding else "0"
         except DatabaseError:
             count = "?"
-        return f"<WebhookEndpoint {self.id} url={self.url!r} secrets=<{count} redacted>>"
+        # The origin only: merchants put tokens in paths and query strings.
+        origin = "{0.scheme}://{0.netloc}".format(urlsplit(self.url))
+        return f"<WebhookEndpoint {self.id} url={origin!r} secrets=<{count} redacted>>"
 
 
 class WebhookSecret(models.Model):
