@@ -8,12 +8,13 @@ from django.contrib.contenttypes.models import ContentType
 
 
 def log_change(actor, model, object_id, object_repr: str, message: str) -> None:
-    """Record ``message`` on the object's History page as done by ``actor`` (a user); a
-    no-op for an actor that is not a saved user (a command, a test)."""
-    if actor is None or getattr(actor, "pk", None) is None:
+    """Record ``message`` on the object's History page as done by ``actor`` (a user or a
+    user's id); a no-op for an actor that is not a saved user (a command, a test)."""
+    user_id = actor if isinstance(actor, int) else getattr(actor, "pk", None)
+    if user_id is None:
         return
     LogEntry.objects.create(
-        user_id=actor.pk,
+        user_id=user_id,
         content_type_id=ContentType.objects.get_for_model(model).pk,
         object_id=str(object_id),
         object_repr=object_repr[:200],

@@ -24,12 +24,11 @@ import enum
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from django.contrib.admin.models import CHANGE, LogEntry
-from django.contrib.contenttypes.models import ContentType
 from django.db import transaction
 
 from jobs import fence, registry, repository
 from jobs.models import DeadLetter, DeadLetterState, Job
+from vpay.admin_log import log_change
 
 # Time left on a fence row for a replay to be claimed and see it. An hour covers a queue
 # backlog or a worker restart; a replay that waits longer than that is an outage anyway.
@@ -132,7 +131,7 @@ def dead_letter_replay(*, letter_id: int, actor: str, force: bool = False, user_
             return Result(letter_id, False, Refusal.JOB_LIVE)
         if user_id is not None:
             message = f"Replayed as job {job_pk}" + (" (forced past the fence horizon)" if forced else "")
-            _log(user_id, DeadLetter, letter_id, f"dead letter {letter_id}", message)
+            log_change(user_id, DeadLetter, letter_id, f"dead letter {letter_id}", message)
     return Result(letter_id, True, created_id=job_pk)
 
 
@@ -145,7 +144,7 @@ def dead_letter_discard(*, letter_id: int, actor: str, reason: str, user_id: int
         if not repository.discard_dead_letter(letter_id, actor=_actor(actor), reason=reason):
             return Result(letter_id, False, _not_pending(letter_id))
         if user_id is not None:
-            _log(user_id, DeadLetter, letter_id, f"dead letter {letter_id}", f"Discarded: {reason}")
+            log_change(user_id, DeadLetter, letter_id, f"dead letter {letter_id}", f"Discarded: {reason}")
     return Result(letter_id, True)
 
 
@@ -161,8 +160,8 @@ def job_cancel(*, job_pk: int, actor: str, reason: str, user_id: int | None = No
             leased = repository.job_is_leased(job_pk)
             return Result(job_pk, False, Refusal.NOT_FOUND if leased is None else Refusal.JOB_RUNNING)
         if user_id is not None:
-            _log(user_id, Job, job_pk, f"job {job_pk}", f"Cancelled into dead letter {letter_id}: {reason}")
-            _log(user_id, DeadLetter, letter_id, f"dead letter {letter_id}", f"Created by cancelling job {job_pk}")
+            log_change(user_id, Job, job_pk, f"job {job_pk}", f"Cancelled into dead letter {letter_id}: {reason}")
+            log_change(user_id, DeadLetter, letter_id, f"dead letter {letter_id}", f"Created by cancelling job {job_pk}")
     return Result(job_pk, True, created_id=letter_id)
 
 
@@ -195,15 +194,3 @@ def _actor(actor: str) -> str:
     if not actor:
         raise ValueError("an operation needs an actor (who did it)")
     return actor[:150]
-
-
-def _log(user_id: int, model, object_id: int, object_repr: str, message: str) -> None:
-    """An admin log entry (the object's History page), in the caller's transaction."""
-    LogEntry.objects.create(
-        user_id=user_id,
-        content_type_id=ContentType.objects.get_for_model(model).pk,
-        object_id=str(object_id),
-        object_repr=object_repr[:200],
-        action_flag=CHANGE,
-        change_message=message[:2000],
-    )
