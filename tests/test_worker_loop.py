@@ -69,7 +69,11 @@ def test_a_transient_failure_retries_five_times_within_growing_backoff_ceilings_
     assert ceilings == [30, 60, 120, 240]
     for attempt, delay, ceiling in retries:
         # Each reschedule's run_at - now(), measured by PostgreSQL, is a full-jitter backoff.
-        assert -0.05 <= delay <= ceiling, (attempt, delay, ceiling)  # a wait near zero is read a statement after it was written
+        assert -0.05 <= delay <= ceiling, (
+            attempt,
+            delay,
+            ceiling,
+        )  # a wait near zero is read a statement after it was written
     letter = DeadLetter.objects.get(job_id=result.id)
     assert (letter.cause, letter.error_category, letter.attempts, letter.max_attempts) == (
         "exhausted",

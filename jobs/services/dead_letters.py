@@ -161,7 +161,9 @@ def job_cancel(*, job_pk: int, actor: str, reason: str, user_id: int | None = No
             return Result(job_pk, False, Refusal.NOT_FOUND if leased is None else Refusal.JOB_RUNNING)
         if user_id is not None:
             log_change(user_id, Job, job_pk, f"job {job_pk}", f"Cancelled into dead letter {letter_id}: {reason}")
-            log_change(user_id, DeadLetter, letter_id, f"dead letter {letter_id}", f"Created by cancelling job {job_pk}")
+            log_change(
+                user_id, DeadLetter, letter_id, f"dead letter {letter_id}", f"Created by cancelling job {job_pk}"
+            )
     return Result(job_pk, True, created_id=letter_id)
 
 
