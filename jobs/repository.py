@@ -13,11 +13,11 @@ import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-import psycopg
 from django.conf import settings
 from django.db import connection
 
 from jobs.models import LAST_ERROR_MAX
+from vpay.prepared import execute_prepared
 
 NOTIFY_CHANNEL = "vpay_jobs"
 
@@ -90,7 +90,7 @@ _RUN_AT = "(CASE WHEN {delay} > 0 THEN statement_timestamp() ELSE now() END + ma
 _INSERT_ONE = f"""
 INSERT INTO jobs (job_id, kind, queue, payload, priority, run_at, max_attempts,
                   dedupe_key, correlation_id, tenant)
-VALUES (%s, %s, %s, %s::jsonb, %s, {_RUN_AT.format(delay="%s")}, %s, %s, %s, %s)
+VALUES (%s, %s, %s, %s::jsonb, %s, {_RUN_AT.format(delay="%s::float8")}, %s, %s, %s, %s)
 {{on_conflict}}
 RETURNING id, CASE WHEN %s THEN pg_notify('{NOTIFY_CHANNEL}', queue) END
 """
@@ -98,24 +98,15 @@ _INSERT_ONE_FRESH = _INSERT_ONE.format(on_conflict="")
 _INSERT_ONE_MAY_CONFLICT = _INSERT_ONE.format(on_conflict="ON CONFLICT DO NOTHING")
 
 
-def insert_job(
-    *,
-    job_id: uuid.UUID,
-    kind: str,
-    queue: str,
-    payload: str,
-    priority: int,
-    delay: float,
-    max_attempts: int,
-    dedupe_key: str | None,
-    correlation_id: str,
-    tenant: str,
-    may_conflict: bool = True,
-) -> int | None:
-    """Insert one job (``payload`` is JSON text); ``None`` when its ``job_id`` or ``dedupe_key``
-    is already live. ``may_conflict=False`` promises a fresh job_id and no dedupe key."""
+def insert_job(row: tuple, *, may_conflict: bool = True) -> int | None:
+    """Insert one job; its ``id``, or ``None`` when its ``job_id`` or ``dedupe_key`` is live.
+
+    ``row`` is in :data:`BULK_COLUMNS` order with the payload as JSON text.
+    ``may_conflict=False`` promises a fresh job_id and no dedupe key.
+    """
+    job_id, kind, queue, payload, priority, delay, max_attempts, dedupe_key, correlation_id, tenant = row
     sql = _INSERT_ONE_MAY_CONFLICT if may_conflict or dedupe_key is not None else _INSERT_ONE_FRESH
-    params = [
+    params = (
         job_id,
         kind,
         queue,
@@ -128,30 +119,9 @@ def insert_job(
         correlation_id,
         tenant,
         delay <= 0,
-    ]
-    row = _execute_prepared(sql, params)
-    return row[0] if row else None
-
-
-def _execute_prepared(sql: str, params: list) -> tuple | None:
-    """Run a hot single-row statement as a server-side prepared statement; its first row.
-
-    Django's cursors bind parameters client-side and never prepare, so every call would
-    parse and plan the statement again: on a one-by-one enqueue that is about a third of
-    the time. A psycopg server-binding cursor on the same connection (so in the caller's
-    transaction) prepares it once per connection. When an execute wrapper is installed (a
-    fenced group's lazy savepoint, instrumentation) or queries are being logged, the
-    statement goes through Django's cursor instead, so they see it.
-    """
-    if connection.execute_wrappers or connection.queries_logged or not settings.VPAY_DB_PREPARED_STATEMENTS:
-        with connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            return cursor.fetchone()
-    connection.ensure_connection()
-    # wrap_database_errors: callers see Django's exceptions, exactly as from a Django cursor.
-    with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
-        cursor.execute(sql, params, prepare=True)
-        return cursor.fetchone()
+    )
+    first = execute_prepared(sql, params)
+    return int(first[0]) if first else None
 
 
 # One statement for any number of jobs. The rows travel as one JSON document of positional

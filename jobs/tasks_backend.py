@@ -60,15 +60,30 @@ class VpayTaskBackend(BaseTaskBackend):
     supports_priority = True
     supports_async_task = False
 
+    def __init__(self, alias: str, params: dict) -> None:
+        super().__init__(alias, params)
+        self._valid_tasks: dict[int, Task] = {}
+
+    def validate_task(self, task: Task) -> None:
+        # Every enqueue asks; the answer is fixed for a Task object (frozen) on this backend
+        # (its queues), so each object is checked once. The dict keeps the object alive, so
+        # its id cannot be reused by another while it is a key.
+        if self._valid_tasks.get(id(task)) is task:
+            return
+        super().validate_task(task)
+        if len(self._valid_tasks) >= 1024:
+            self._valid_tasks.clear()
+        self._valid_tasks[id(task)] = task
+
     def enqueue(self, task: Task, args, kwargs) -> TaskResult:
         self.validate_task(task)
         payload = {
             "task": task.module_path,
-            "args": normalize_json(list(args)),
-            "kwargs": normalize_json(dict(kwargs)),
+            "args": normalize_json(list(args)) if args else [],
+            "kwargs": normalize_json(dict(kwargs)) if kwargs else {},
             "backend": self.alias,
         }
-        delay = 0.0
+        delay = None
         if task.run_after is not None:
             # run_after is an instant on the caller's clock; turning it into a delay on the
             # same clock and letting Postgres add it to now() keeps "in ten minutes" true

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import uuid
 from datetime import timedelta
@@ -15,7 +16,7 @@ from jobs import queue, repository
 from jobs.kinds import JobKind
 from jobs.queue import EnqueueError, JobRequest
 from tests.conftest import database_url
-from tests.queue_support import claim, count, one, scalar, seconds_until_run, task_payload
+from tests.queue_support import claim, count, one, rows, scalar, seconds_until_run, task_payload
 
 NOOP = task_payload()
 
@@ -155,6 +156,41 @@ def test_enqueue__refuses_an_invalid_argument_with_an_enqueue_error_and_writes_n
     with pytest.raises(EnqueueError):
         queue.enqueue(kwargs.pop("kind"), kwargs.pop("payload"), **kwargs)
     assert count("jobs") == 0
+
+
+@pytest.mark.parametrize("override", list(INVALID.values()), ids=list(INVALID))
+def test_enqueue_many__refuses_an_invalid_request_anywhere_in_the_batch_and_writes_nothing(override):
+    fields = {"kind": JobKind.TASK, "payload": NOOP, **override}
+    requests = [JobRequest(JobKind.TASK, NOOP) for _ in range(4)]
+    requests.insert(2, JobRequest(fields.pop("kind"), fields.pop("payload"), **fields))
+    with pytest.raises(EnqueueError):
+        queue.enqueue_many(requests)
+    assert count("jobs") == 0
+
+
+def test_a_circular_payload_is_refused_on_both_paths():
+    args: list = []
+    args.append(args)
+    for enqueue in (
+        lambda: queue.enqueue(JobKind.TASK, {**NOOP, "args": args}),
+        lambda: queue.enqueue_many([JobRequest(JobKind.TASK, NOOP), JobRequest(JobKind.TASK, {**NOOP, "args": args})]),
+    ):
+        with pytest.raises(EnqueueError, match="not JSON-serializable"):
+            enqueue()
+    assert count("jobs") == 0
+
+
+def test_enqueue_many__stores_each_payload_exactly_as_given():
+    values = [
+        'tab\there, newline\nthere, back\\slash, quote" and ünïcödé 🙂',
+        {"nested": [1, -2.5, 10**20, True, False, None, {"deep": []}]},
+        1e-300,
+        "\\N",  # COPY's NULL marker, as data
+    ]
+    requests = [JobRequest(JobKind.TASK, task_payload("tests.tasks.record", value)) for value in values]
+    assert queue.enqueue_many(requests) == len(values)  # the COPY path: no key, id or delay
+    stored = [json.loads(row[0]) for row in rows("SELECT payload::text FROM jobs ORDER BY id")]
+    assert stored == [json.loads(json.dumps(task_payload("tests.tasks.record", value))) for value in values]
 
 
 def test_an_enqueue_error_is_a_value_error():

@@ -116,12 +116,11 @@ _db["OPTIONS"].update(
     }
 )
 # Server-side prepared statements for the queue's hot single-row statements (see
-# jobs.repository._execute_prepared). Turn off behind a transaction-pooling PgBouncer.
+# vpay.prepared). Turn off behind a transaction-pooling PgBouncer.
 VPAY_DB_PREPARED_STATEMENTS = env.bool("VPAY_DB_PREPARED_STATEMENTS", default=True)
-if VPAY_DB_PREPARED_STATEMENTS:
-    # psycopg prepares only on connections with a threshold; Django's own (client-side
-    # binding) cursors never prepare, so this affects only those statements.
-    _db["OPTIONS"]["prepare_threshold"] = 5
+# psycopg itself prepares nothing: it answers a rollback on a connection where it has
+# prepared something with DEALLOCATE ALL, which would drop vpay.prepared's statements too.
+_db["OPTIONS"]["prepare_threshold"] = None
 _db["CONN_MAX_AGE"] = env.int("VPAY_DB_CONN_MAX_AGE", default=60)
 _db["CONN_HEALTH_CHECKS"] = True
 _db["TEST"] = {"NAME": env.str("VPAY_TEST_DATABASE_NAME", default=f"test_{_db['NAME']}")}

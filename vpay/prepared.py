@@ -1,0 +1,145 @@
+"""Hot single-row statements as server-side prepared statements on Django's connection.
+
+Django binds parameters client-side and never prepares, so every call parses and plans
+the statement again; on a one-by-one enqueue that is about a third of the server's work.
+psycopg's ``prepare=True`` fixes the planning, but its Python layer (cursor, adapters, the
+wait loop) costs about as much again, and psycopg answers every rollback on a connection
+where it has prepared anything with ``DEALLOCATE ALL``. So :func:`execute_prepared`
+prepares the statement with libpq itself and runs it with ``PQexecPrepared`` (which
+releases the GIL while it waits), on the same connection and so in the caller's
+transaction, while psycopg prepares nothing (``prepare_threshold`` is left unset).
+
+It uses Django's cursor instead when an execute wrapper is installed (the worker's lazy
+savepoint, instrumentation), when queries are being logged (``DEBUG``,
+``assertNumQueries``), when ``VPAY_DB_PREPARED_STATEMENTS`` is off (a transaction-pooling
+PgBouncer), and between ``atomic()``'s start and its first statement (psycopg has not sent
+``BEGIN`` yet and must be the one to send it) or in a failed transaction (Django raises
+what it always raises there).
+
+Parameters are sent as text and typed by the server from the statement, so a parameter
+whose type its context does not fix needs a cast in the SQL (``%s::float8``). The first row
+comes back as text too (``None`` for NULL); a caller reads it with ``int(...)`` or the like,
+which accepts both paths' values.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Sequence
+
+import psycopg
+from django.conf import settings
+from django.db import DEFAULT_DB_ALIAS, connections
+from psycopg import errors as pg_errors
+from psycopg import pq
+
+_INTRANS = pq.TransactionStatus.INTRANS
+_IDLE = pq.TransactionStatus.IDLE
+_COMMAND_OK = pq.ExecStatus.COMMAND_OK
+_CONNECTION_OK = pq.ConnStatus.OK
+_RESULT_OK = (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK)
+_SQLSTATE = pq.DiagnosticField.SQLSTATE
+_NO_SUCH_STATEMENT = b"26000"  # invalid_sql_statement_name
+
+# (sql -> (statement name, the sql with $n placeholders)), built once per statement text.
+_STATEMENTS: dict[str, tuple[bytes, bytes]] = {}
+
+
+def execute_prepared(sql: str, params: Sequence) -> tuple | None:
+    """Run ``sql`` (``%s`` placeholders, no literal ``%``) with ``params``; its first row or ``None``."""
+    db = connections[DEFAULT_DB_ALIAS]  # once: every attribute read through the proxy costs a lookup
+    if not (db.execute_wrappers or db.queries_logged) and settings.VPAY_DB_PREPARED_STATEMENTS:
+        db.ensure_connection()
+        conn = db.connection
+        pgconn = conn.pgconn
+        status = pgconn.transaction_status
+        if status == _INTRANS or (status == _IDLE and conn.autocommit):
+            db.validate_thread_sharing()
+            db.validate_no_broken_transaction()
+            # wrap_database_errors: callers see Django's exceptions, as from a Django cursor.
+            with db.wrap_database_errors, conn.lock:
+                return _exec_libpq(db, pgconn, sql, params, own_transaction=status == _IDLE)
+    with db.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchone()
+
+
+def _exec_libpq(db, pgconn: pq.abc.PGconn, sql: str, params: Sequence, *, own_transaction: bool) -> tuple | None:
+    name, dollar_sql = _statement(sql)
+    prepared = _prepared_names(db, pgconn)
+    values = [_text(p) for p in params]
+    while True:
+        if name not in prepared:
+            _check(pgconn, pgconn.prepare(name, dollar_sql), _COMMAND_OK)
+            prepared.add(name)
+        result = pgconn.exec_prepared(name, values)
+        if result.status in _RESULT_OK or result.error_field(_SQLSTATE) != _NO_SUCH_STATEMENT:
+            break
+        # Deallocated under us (DEALLOCATE ALL, DISCARD ALL): prepare it again. In autocommit
+        # the failed call was its own transaction and did nothing, so it is simply retried; in
+        # the caller's transaction the failure has aborted it, and is raised.
+        prepared.discard(name)
+        if not own_transaction:
+            break
+        own_transaction = False  # once
+    _check(pgconn, result, *_RESULT_OK)
+    if not result.ntuples:
+        return None
+    return tuple(
+        None if value is None else value.decode() for value in (result.get_value(0, i) for i in range(result.nfields))
+    )
+
+
+def _statement(sql: str) -> tuple[bytes, bytes]:
+    known = _STATEMENTS.get(sql)
+    if known is None:
+        if "%%" in sql or "%(" in sql:
+            raise ValueError("execute_prepared takes %s placeholders only")
+        parts = sql.split("%s")
+        dollar = parts[0] + "".join(f"${i}{part}" for i, part in enumerate(parts[1:], start=1))
+        # Named by content: two processes, or two versions of a statement, never collide.
+        name = b"vpay_" + hashlib.sha256(sql.encode()).hexdigest()[:16].encode()
+        known = _STATEMENTS[sql] = (name, dollar.encode())
+    return known
+
+
+def _prepared_names(db, pgconn: pq.abc.PGconn) -> set[bytes]:
+    """The statements prepared on this libpq connection. Kept on Django's connection wrapper
+    (one per thread) and started afresh when Django has reconnected."""
+    entry = getattr(db, "_vpay_prepared", None)
+    if entry is None or entry[0] is not pgconn:
+        if pgconn.parameter_status(b"client_encoding") != b"UTF8":
+            raise psycopg.InterfaceError("execute_prepared needs client_encoding UTF8 (Django's default)")
+        entry = db._vpay_prepared = (pgconn, set())
+    return entry[1]
+
+
+def _check(pgconn: pq.abc.PGconn, result: pq.abc.PGresult, *ok: pq.ExecStatus) -> None:
+    if result.status in ok:
+        return
+    if pgconn.status != _CONNECTION_OK:
+        raise psycopg.OperationalError(f"the connection is lost: {pgconn.error_message.decode(errors='replace')}")
+    raise pg_errors.error_from_result(result, encoding="utf-8")
+
+
+# One encoder per parameter type, in PostgreSQL's text input format. Exact types, but for
+# str: an int subclass (an IntEnum, say) is refused rather than sent as what it may not mean.
+_TEXT = {
+    str: str.encode,
+    bool: lambda v: b"t" if v else b"f",
+    int: lambda v: b"%d" % v,
+    float: lambda v: repr(v).encode(),  # round-trips exactly; inf and nan are refused upstream
+    uuid.UUID: lambda v: v.hex.encode(),
+}
+
+
+def _text(value) -> bytes | None:
+    if value is None:
+        return None
+    try:
+        return _TEXT[type(value)](value)
+    except KeyError:
+        if isinstance(value, str):  # a str subclass (a TextChoices member) is its text
+            return str.encode(value)
+        raise TypeError(f"execute_prepared cannot send a {type(value).__name__}") from None
