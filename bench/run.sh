@@ -8,12 +8,14 @@
 #                                    minutes the first time to build the peers' venv)
 #   REPS=3 bench/run.sh             (three repetitions of everything; medians reported)
 #
-# Environment: REPS (default 1); PEERS_SRC (default ../shared/bench-peers, may be
+# Environment: REPS (default 1); PEERS (default "raw procrastinate django_tasks pgqueuer", the
+# parts of the peers' harness to run); RAW_SECONDS (default 10, per pgbench scenario); PEERS_SRC (default ../shared/bench-peers, may be
 # read-only); PEERS_DIR (the writable copy, default ${TMPDIR:-/tmp}/vpay-bench-peers; its
 # .venv is kept between runs while requirements.lock.txt is unchanged); PY (vpay's
 # python, default .venv/bin/python); VPAY_ARGS (extra arguments for bench_vpay.py);
 # VPAY_REF (measure that commit instead of the working tree, see below).
-# Databases used: bench_pgqueuer, bench_procrastinate (the peers' harness) and bench_vpay.
+# Databases used: bench_raw, bench_pgqueuer, bench_procrastinate, bench_djtasks (the peers'
+# harness) and bench_vpay.
 # The peers' libraries live only in the copy's .venv, never in vpay's requirements.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -78,12 +80,16 @@ fi
 } > "$OUT/machine_facts.txt" 2>&1
 
 # --- peers ---------------------------------------------------------------------------------
-echo "=== peers: pgqueuer procrastinate (REPS=$REPS) $(date -u +%T)"
-(cd "$PEERS_DIR" && rm -rf out && ONLY="pgqueuer procrastinate" REPS=$REPS ./run_all.sh)
+# pgqueuer last: its figures are the targets' yardstick, so it runs next to vpay's.
+PEERS=${PEERS:-raw procrastinate django_tasks pgqueuer}
+echo "=== peers: $PEERS (REPS=$REPS, RAW_SECONDS=${RAW_SECONDS:-10}) $(date -u +%T)"
+(cd "$PEERS_DIR" && rm -rf out && ONLY="$PEERS" REPS=$REPS RAW_SECONDS=${RAW_SECONDS:-10} ./run_all.sh)
 cp "$PEERS_DIR/requirements.lock.txt" "$PEERS_DIR/.venv/.lock"
 echo "loadavg after peers: $(cat /proc/loadavg)" >> "$OUT/machine_facts.txt"
 mkdir -p "$OUT/peers"
-cp "$PEERS_DIR"/out/*.jsonl "$PEERS_DIR"/out/tables.md "$OUT/peers/"
+cp "$PEERS_DIR"/out/*.jsonl "$OUT/peers/"
+cp "$PEERS_DIR"/out/tables.md "$OUT/peers/" 2>/dev/null || true
+[ -d "$PEERS_DIR/out/raw_limit" ] && cp -r "$PEERS_DIR/out/raw_limit" "$OUT/peers/"
 cp "$PEERS_DIR"/out/*.log "$OUT/peers/" 2>/dev/null || true
 
 # --- vpay ----------------------------------------------------------------------------------
