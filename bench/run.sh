@@ -9,7 +9,9 @@
 #   REPS=3 bench/run.sh             (three repetitions of everything; medians reported)
 #
 # Environment: REPS (default 1); PEERS (default "raw procrastinate django_tasks pgqueuer", the
-# parts of the peers' harness to run); RAW_SECONDS (default 10, per pgbench scenario); PEERS_SRC (default ../shared/bench-peers, may be
+# parts of the peers' harness to run); RAW_SECONDS (default 10, per pgbench scenario);
+# SIDE_BLOCKS (default 8: turns of bench/enqueue_side_by_side.py, after vpay's phase);
+# PEERS_SRC (default ../shared/bench-peers, may be
 # read-only); PEERS_DIR (the writable copy, default ${TMPDIR:-/tmp}/vpay-bench-peers; its
 # .venv is kept between runs while requirements.lock.txt is unchanged); PY (vpay's
 # python, default .venv/bin/python); VPAY_ARGS (extra arguments for bench_vpay.py);
@@ -112,6 +114,9 @@ fi
 echo "=== vpay (REPS=$REPS; $SOURCE) $(date -u +%T)"
 # shellcheck disable=SC2086
 VPAY_BENCH_OUT=$OUT VPAY_BENCH_SOURCE=$SOURCE timeout 3600 "$PY" "$SRC/bench/bench_vpay.py" --reps "$REPS" ${VPAY_ARGS:-}
+# The enqueue targets' ratios again, vpay and pgqueuer in alternating turns (drift taken out).
+echo "=== enqueue side by side with pgqueuer $(date -u +%T)"
+VPAY_BENCH_OUT=$OUT PEERS_DIR=$PEERS_DIR timeout 1800 "$PY" "$SRC/bench/enqueue_side_by_side.py" --blocks "${SIDE_BLOCKS:-8}"
 echo "loadavg at end: $(cat /proc/loadavg)" >> "$OUT/machine_facts.txt"
 { echo "## busiest processes at end"; ps -eo pcpu,pmem,etime,comm --sort=-pcpu | head -8; } >> "$OUT/machine_facts.txt"
 
