@@ -180,6 +180,26 @@ def test_a_circular_payload_is_refused_on_both_paths():
     assert count("jobs") == 0
 
 
+def test_the_batch_encoder_writes_exactly_what_the_one_by_one_encoder_writes():
+    from jobs.queue import _batch_encoder, _encode
+
+    circular: list = []
+    circular.append(circular)
+    encode = _batch_encoder()
+    for payload in (
+        NOOP,
+        {"ünï": "cödé 🙂", "tab": "\t", "nested": [{"a": None}, 1.5, -0.0, 10**30, True]},
+        {1: "int key", None: "none key", False: "bool key", 2.5: "float key"},
+        {},
+    ):
+        assert encode(payload, "task") == _encode(payload, "task")
+    for bad in ({"x": math.nan}, {"x": math.inf}, {"x": object()}, {(1, 2): "tuple key"}, {"c": circular}):
+        with pytest.raises(EnqueueError):
+            _encode(bad, "task")
+        with pytest.raises(EnqueueError):
+            _batch_encoder()(bad, "task")  # a refusal ends its batch: a fresh encoder each
+
+
 def test_enqueue_many__stores_each_payload_exactly_as_given():
     values = [
         'tab\there, newline\nthere, back\\slash, quote" and ünïcödé 🙂',

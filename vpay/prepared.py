@@ -7,7 +7,9 @@ wait loop) costs about as much again, and psycopg answers every rollback on a co
 where it has prepared anything with ``DEALLOCATE ALL``. So :func:`execute_prepared`
 prepares the statement with libpq itself and runs it with ``PQexecPrepared`` (which
 releases the GIL while it waits), on the same connection and so in the caller's
-transaction, while psycopg prepares nothing (``prepare_threshold`` is left unset).
+transaction, while psycopg prepares nothing (``prepare_threshold`` is ``None``). What is
+prepared is remembered per libpq connection, so a connection from Django's pool keeps its
+statements under whichever wrapper it next serves.
 
 It uses Django's cursor instead when an execute wrapper is installed (the worker's lazy
 savepoint, instrumentation), when queries are being logged (``DEBUG``,
@@ -25,6 +27,7 @@ which accepts both paths' values.
 from __future__ import annotations
 
 import hashlib
+import threading
 import uuid
 from collections.abc import Sequence
 
@@ -50,6 +53,7 @@ def execute_prepared(sql: str, params: Sequence) -> tuple | None:
     """Run ``sql`` (``%s`` placeholders, no literal ``%``) with ``params``; its first row or ``None``."""
     db = connections[DEFAULT_DB_ALIAS]  # once: every attribute read through the proxy costs a lookup
     if not (db.execute_wrappers or db.queries_logged) and settings.VPAY_DB_PREPARED_STATEMENTS:
+        db.close_if_health_check_failed()  # as Django's cursor() does first
         db.ensure_connection()
         conn = db.connection
         pgconn = conn.pgconn
@@ -59,15 +63,15 @@ def execute_prepared(sql: str, params: Sequence) -> tuple | None:
             db.validate_no_broken_transaction()
             # wrap_database_errors: callers see Django's exceptions, as from a Django cursor.
             with db.wrap_database_errors, conn.lock:
-                return _exec_libpq(db, pgconn, sql, params, own_transaction=status == _IDLE)
+                return _exec_libpq(pgconn, sql, params, own_transaction=status == _IDLE)
     with db.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.fetchone()
 
 
-def _exec_libpq(db, pgconn: pq.abc.PGconn, sql: str, params: Sequence, *, own_transaction: bool) -> tuple | None:
+def _exec_libpq(pgconn: pq.abc.PGconn, sql: str, params: Sequence, *, own_transaction: bool) -> tuple | None:
     name, dollar_sql = _statement(sql)
-    prepared = _prepared_names(db, pgconn)
+    prepared = _prepared_names(pgconn)
     values = [_text(p) for p in params]
     while True:
         if name not in prepared:
@@ -104,14 +108,25 @@ def _statement(sql: str) -> tuple[bytes, bytes]:
     return known
 
 
-def _prepared_names(db, pgconn: pq.abc.PGconn) -> set[bytes]:
-    """The statements prepared on this libpq connection. Kept on Django's connection wrapper
-    (one per thread) and started afresh when Django has reconnected."""
-    entry = getattr(db, "_vpay_prepared", None)
-    if entry is None or entry[0] is not pgconn:
-        if pgconn.parameter_status(b"client_encoding") != b"UTF8":
-            raise psycopg.InterfaceError("execute_prepared needs client_encoding UTF8 (Django's default)")
-        entry = db._vpay_prepared = (pgconn, set())
+# The statements prepared on each libpq connection, by connection: one from Django's pool
+# (OPTIONS["pool"]) comes back under another wrapper with its statements still prepared.
+# Holding the PGconn keeps its id from being reused; closed ones are dropped whenever a new
+# connection is registered.
+_PREPARED: dict[int, tuple[pq.abc.PGconn, set[bytes]]] = {}
+_PREPARED_LOCK = threading.Lock()
+
+
+def _prepared_names(pgconn: pq.abc.PGconn) -> set[bytes]:
+    entry = _PREPARED.get(id(pgconn))
+    if entry is not None and entry[0] is pgconn:
+        return entry[1]
+    if pgconn.parameter_status(b"client_encoding") != b"UTF8":
+        raise psycopg.InterfaceError("execute_prepared needs client_encoding UTF8 (Django's default)")
+    with _PREPARED_LOCK:
+        for key, (other, _) in list(_PREPARED.items()):
+            if other.status != _CONNECTION_OK:
+                del _PREPARED[key]
+        entry = _PREPARED[id(pgconn)] = (pgconn, set())
     return entry[1]
 
 
@@ -123,10 +138,19 @@ def _check(pgconn: pq.abc.PGconn, result: pq.abc.PGresult, *ok: pq.ExecStatus) -
     raise pg_errors.error_from_result(result, encoding="utf-8")
 
 
+def _str_text(value: str) -> bytes:
+    # libpq ends a text parameter at its first NUL: refuse it, as psycopg's dumper does,
+    # rather than send a truncated value.
+    if "\x00" in value:
+        raise psycopg.DataError("PostgreSQL text fields cannot contain NUL (0x00) bytes")
+    return value.encode()
+
+
 # One encoder per parameter type, in PostgreSQL's text input format. Exact types, but for
-# str: an int subclass (an IntEnum, say) is refused rather than sent as what it may not mean.
+# str and UUID subclasses: an int subclass (an IntEnum, say) is refused rather than sent as
+# what it may not mean.
 _TEXT = {
-    str: str.encode,
+    str: _str_text,
     bool: lambda v: b"t" if v else b"f",
     int: lambda v: b"%d" % v,
     float: lambda v: repr(v).encode(),  # round-trips exactly; inf and nan are refused upstream
@@ -141,5 +165,7 @@ def _text(value) -> bytes | None:
         return _TEXT[type(value)](value)
     except KeyError:
         if isinstance(value, str):  # a str subclass (a TextChoices member) is its text
-            return str.encode(value)
+            return _str_text(value)
+        if isinstance(value, uuid.UUID):
+            return value.hex.encode()
         raise TypeError(f"execute_prepared cannot send a {type(value).__name__}") from None
