@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# One command for every number in bench/RESULTS.md: the peers (pgqueuer, procrastinate) from
-# /work/shared/bench-peers, then vpay, in the same session, on the same PostgreSQL
-# (127.0.0.1:5432, role root, trust auth), with the same method. Sequential on purpose (a
-# 2-core box): nothing else heavy should run meanwhile; the load average is recorded.
+# One command for every number in bench/RESULTS.md: the peers (the raw PostgreSQL limit,
+# procrastinate, django-tasks-db, pgqueuer) from /work/shared/bench-peers, then vpay, then
+# vpay's and pgqueuer's enqueue in alternating turns, in the same session, on the same
+# PostgreSQL (127.0.0.1:5432, role root, trust auth), with the same method. Sequential on
+# purpose (a 2-core box): nothing else heavy should run meanwhile; the load average is recorded.
 #
-#   make bench                      (= bench/run.sh, REPS=1: about 10 minutes, plus a few
+#   make bench                      (= bench/run.sh, REPS=1: about 18 minutes, plus a few
 #                                    minutes the first time to build the peers' venv)
-#   REPS=3 bench/run.sh             (three repetitions of everything; medians reported)
+#   REPS=2 bench/run.sh             (two repetitions of everything, about 32 minutes)
 #
 # Environment: REPS (default 1); PEERS (default "raw procrastinate django_tasks pgqueuer", the
 # parts of the peers' harness to run); RAW_SECONDS (default 10, per pgbench scenario);
