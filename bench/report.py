@@ -175,8 +175,9 @@ def load_side(path: Path) -> dict:
 
 
 def judge(x, peer, factor: float, side: dict | None) -> str:
-    """The enqueue targets are judged on the interleaved turns when they ran (their per-block
-    ratio has the machine's drift taken out), else on the phases' medians."""
+    """Whether vpay's ``x`` is at least ``factor`` times the peer's. The enqueue targets are
+    judged on the interleaved turns when they ran (``side``: their per-block ratio has the
+    machine's drift taken out), the rest on the phases' medians."""
     if side:
         return "MET" if side["ratio_median"] >= factor else "not met"
     return "n/a" if x is None or peer is None else ("MET" if x >= factor * peer else "not met")
@@ -264,7 +265,7 @@ def comparison(v: Lib, pgq: Lib, pro: Lib, djt: Lib, side: dict) -> str:
     for variant in v.drain:
         d = v.med("drain", variant, "jobs_per_s_steady")
         di = v.med("drain", variant, "jobs_per_s_incl_startup")
-        met = "n/a" if d is None or pgq_d is None else ("MET" if d >= 1.5 * pgq_d else "not met")
+        met = judge(d, pgq_d, 1.5, None)
         rows.append(
             row(
                 f"drain 20,000, jobs/s steady — vpay `{variant}` vs pgqueuer `{PGQ_DRAIN}` vs procrastinate "

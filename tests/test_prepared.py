@@ -162,6 +162,18 @@ def test_a_lost_connection_is_an_operational_error_and_the_next_connection_prepa
 
 
 @pytest.mark.django_db(transaction=True)
+def test_at_a_new_request_a_dead_connection_is_replaced_as_djangos_cursor_would():
+    assert connection.health_check_enabled  # CONN_HEALTH_CHECKS
+    assert execute_prepared("SELECT %s::int", [1]) == ("1",)
+    pid = scalar("SELECT pg_backend_pid()")
+    with psycopg.connect(database_url(), autocommit=True) as other:
+        other.execute("SELECT pg_terminate_backend(%s)", [pid])
+    connection.health_check_done = False  # what Django resets when a request starts
+    assert execute_prepared("SELECT %s::int", [2]) == ("2",)
+    assert scalar("SELECT pg_backend_pid()") != pid
+
+
+@pytest.mark.django_db(transaction=True)
 def test_other_threads_run_while_it_waits_on_the_server():
     execute_prepared("SELECT pg_sleep(%s::float8)", [0.0])
     ticks = 0

@@ -63,6 +63,17 @@ def test_enqueue__refuses_a_queue_the_backend_does_not_declare_and_writes_nothin
     assert count("jobs") == 0
 
 
+def test_enqueue__checks_each_task_object_however_often_its_function_was_enqueued_before():
+    # The backend remembers Task objects that passed; a variant of a remembered task
+    # (using() makes a new object) is checked afresh, every time.
+    tasks.record.enqueue("ok")
+    tasks.record.enqueue("ok again")
+    for _ in range(2):
+        with pytest.raises(InvalidTaskError, match="Queue 'elsewhere' is not valid"):
+            tasks.record.using(queue_name="elsewhere").enqueue("x")
+    assert count("jobs") == 2
+
+
 def test_get_result__follows_a_task_from_ready_through_running_to_successful(effects):
     result = tasks.record.enqueue("lifecycle")
     assert tasks.record.get_result(result.id).status == TaskResultStatus.READY

@@ -52,12 +52,7 @@ class EventAdmin(ReadOnlyAdmin):
 
     @admin.action(description="Re-drive selected abandoned events (fan them out again)", permissions=["redrive"])
     def redrive_selected(self, request, queryset):
-        redriven = skipped = 0
-        for event_id in queryset.values_list("pk", flat=True):
-            if redrive_event(event_id, actor=request.user):
-                redriven += 1
-            else:
-                skipped += 1
+        redriven, skipped = _apply_each(queryset, lambda pk: redrive_event(pk, actor=request.user))
         if redriven:
             messages.success(request, f"{redriven} event{'' if redriven == 1 else 's'} back to pending fan-out.")
         if skipped:
@@ -144,13 +139,14 @@ class WebhookDeliveryAdmin(ReadOnlyAdmin):
     @admin.action(description="Resend selected deliveries (exhausted, refused or succeeded)", permissions=["resend"])
     def resend_selected(self, request, queryset):
         terminal = (DeliveryState.EXHAUSTED, DeliveryState.REFUSED, DeliveryState.SUCCEEDED)
-        resent = skipped = 0
-        for delivery_id in queryset.values_list("pk", flat=True):
-            if resend_delivery(delivery_id, actor=request.user, states=terminal):
-                resent += 1
-            else:
-                skipped += 1
+        resent, skipped = _apply_each(queryset, lambda pk: resend_delivery(pk, actor=request.user, states=terminal))
         if resent:
             messages.success(request, f"{resent} deliver{'y' if resent == 1 else 'ies'} queued to be sent again.")
         if skipped:
             messages.warning(request, f"{skipped} skipped: not exhausted, refused or succeeded (already on its way).")
+
+
+def _apply_each(queryset, act) -> tuple[int, int]:
+    """Run ``act(pk)`` on each selected row, each in its own service call; (done, skipped)."""
+    outcomes = [bool(act(pk)) for pk in queryset.values_list("pk", flat=True)]
+    return sum(outcomes), len(outcomes) - sum(outcomes)
