@@ -23,7 +23,7 @@ class SubmitEvidence(enum.StrEnum):
     """What ``provider_requests`` says about the charge's submit."""
 
     NEVER = "never"  # no submit row: we died before the POST was sent
-    UNANSWERED = "unanswered"  # sent, and no usable answer (status_code NULL, or a 5xx)
+    UNANSWERED = "unanswered"  # sent, and no usable answer (none at all, 5xx, 409, 429, an unreadable 2xx)
     ANSWERED = "answered"  # the rail answered the submit (we died before recording it)
 
 

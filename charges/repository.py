@@ -69,13 +69,13 @@ class ChargeRow:
     not_found_age: float | None  # seconds since first_not_found_at
     polls: int  # status requests made so far: the rung of the poll ladder
     submit_sent: bool  # a submit request row exists
-    submit_status_code: int | None  # the latest submit's answer (None: no answer)
+    submit_answered: bool  # the latest submit got a usable answer (a rail status was recorded)
 
     def evidence(self) -> Evidence:
         """The crash-recovery table's input."""
         if not self.submit_sent:
             submit = SubmitEvidence.NEVER
-        elif self.submit_status_code is None or self.submit_status_code >= 500:
+        elif not self.submit_answered:  # no answer, or none to act on (5xx, 409, 429, unreadable)
             submit = SubmitEvidence.UNANSWERED
         else:
             submit = SubmitEvidence.ANSWERED
@@ -90,10 +90,10 @@ SELECT c.id, c.merchant_id, c.intent_id, c.rail, c.flow, c.amount, c.currency, c
        extract(epoch FROM now() - c.created_at)::float8,
        extract(epoch FROM now() - c.first_not_found_at)::float8,
        (SELECT count(*) FROM provider_requests r WHERE r.charge_id = c.id AND r.operation = 'status'),
-       s.id IS NOT NULL, s.status_code
+       s.id IS NOT NULL, s.rail_status IS NOT NULL
   FROM charges c
   LEFT JOIN LATERAL (
-      SELECT r.id, r.status_code FROM provider_requests r
+      SELECT r.id, r.rail_status FROM provider_requests r
        WHERE r.charge_id = c.id AND r.operation = 'submit'
        ORDER BY r.id DESC LIMIT 1
   ) s ON true
@@ -122,7 +122,7 @@ def read_for_poll(charge_id: str) -> ChargeRow | None:
         not_found_age=r[11],
         polls=r[12],
         submit_sent=r[13],
-        submit_status_code=r[14],
+        submit_answered=r[14],
     )
 
 

@@ -22,12 +22,18 @@ the built-in amounts below. Fields (all optional):
 ``outcome`` ``"succeeded"``/``"failed"`` (default succeeded), ``failure_code``,
 ``after_polls`` N (the N-th counted poll answers the outcome, earlier ones pending;
 default 1), ``error_polls`` N (the first N polls answer 503; -1: forever),
+``error_status`` (what ``error_polls`` and ``error_submits`` answer instead of 503, e.g.
+429), ``retry_after`` (a ``Retry-After`` header sent with those answers, as written),
 ``not_found_polls`` N (then 404 for N polls), ``error_submits`` N (the first N submits
 answer 503 and are not recorded), ``drop_submits`` N (the first N submits are recorded
 but answered by closing the connection: the answer is lost), ``lose_submits`` N (the
 first N submits are dropped unrecorded: the rail never got them, so polls answer 404),
 ``submit_delay`` / ``poll_delay`` seconds (answer slowly), ``submit_status`` (answer
-submits with this HTTP status, e.g. 422), ``url_style`` ``"path"`` (the redirect URL
+submits with this HTTP status, e.g. 422; the rail keeps no charge), ``submit_records``
+(true: with ``submit_status``, the rail keeps the charge all the same, as a 409 "already in
+progress" does), ``submit_body`` (answer accepted submits with these raw bytes instead of
+the JSON answer, e.g. ``""`` or ``{"status": "weird"}``: the rail keeps the charge),
+``url_style`` ``"path"`` (the redirect URL
 carries the pay_token as its last path segment, ``/<rail>/pay/<reference>/<token>``,
 instead of ``?pay_token=``: a URL no key-name redaction can recognise).
 
@@ -75,6 +81,10 @@ SCENARIO_FIELDS = {
     "submit_delay": (int, float),
     "poll_delay": (int, float),
     "submit_status": int,
+    "submit_records": bool,
+    "submit_body": str,
+    "error_status": int,
+    "retry_after": str,
     "url_style": str,
 }
 
@@ -122,7 +132,7 @@ def poll_answer(charge: RailCharge, scenario: dict) -> tuple[int, str | None]:
     n = charge.polls
     errors = scenario.get("error_polls", 0)
     if errors < 0 or n <= errors:
-        return 503, None
+        return scenario.get("error_status", 503), None
     n -= errors
     not_found = scenario.get("not_found_polls", 0)
     if n <= not_found:
@@ -144,11 +154,13 @@ class Handler(BaseHTTPRequestHandler):
 
     # --- plumbing ----------------------------------------------------------------------
 
-    def _send(self, status: int, body: dict | None = None) -> None:
-        data = json.dumps(body if body is not None else {}).encode()
+    def _send(self, status: int, body: dict | None = None, *, raw: bytes | None = None, retry_after=None) -> None:
+        data = raw if raw is not None else json.dumps(body if body is not None else {}).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
+        if retry_after is not None:
+            self.send_header("Retry-After", retry_after)
         self.end_headers()
         self.wfile.write(data)
 
@@ -204,8 +216,10 @@ class Handler(BaseHTTPRequestHandler):
         delay = scenario.get("poll_delay", 0)
         if delay:
             time.sleep(delay)
+        if code == 404:
+            return self._send(404, {"error": "not found"})
         if code != 200:
-            return self._send(code, {"error": "not found" if code == 404 else "unavailable"})
+            return self._send(code, {"error": "unavailable"}, retry_after=scenario.get("retry_after"))
         return self._send(200, self._charge_body(charge, status, scenario))
 
     def do_POST(self):
@@ -249,32 +263,37 @@ class Handler(BaseHTTPRequestHandler):
             dropped = scenario.get("drop_submits", 0)
             forced_status = scenario.get("submit_status")
             if seen <= errors:
-                state.record({**entry, "status": 503})
+                state.record({**entry, "status": scenario.get("error_status", 503)})
                 action = "error"
             elif seen <= errors + lost:
                 state.record({**entry, "status": None, "answered": False, "lost": True})
                 action = "lose"
             else:
-                if forced_status and forced_status != 200:
-                    state.record({**entry, "status": forced_status})
-                    action = "status"
-                else:
+                refused = bool(forced_status and forced_status != 200)
+                if not refused or scenario.get("submit_records"):
                     charge = state.charges.get((rail, reference))
                     if charge is None:
                         token = secrets.token_urlsafe(16) if rail == "redirect" else None
                         charge = RailCharge(reference, rail, amount, body["currency"], token)
                         state.charges[(rail, reference)] = charge
+                if refused:
+                    state.record({**entry, "status": forced_status})
+                    action = "status"
+                else:
                     action = "drop" if seen <= errors + lost + dropped else "answer"
                     state.record({**entry, "status": None if action == "drop" else 200, "answered": action != "drop"})
         delay = scenario.get("submit_delay", 0)
         if delay:
             time.sleep(delay)
         if action == "error":
-            return self._send(503, {"error": "unavailable"})
+            status = scenario.get("error_status", 503)
+            return self._send(status, {"error": "unavailable"}, retry_after=scenario.get("retry_after"))
         if action in ("lose", "drop"):
             return self._drop()
         if action == "status":
-            return self._send(forced_status, {"error": "refused"})
+            return self._send(forced_status, {"error": "refused"}, retry_after=scenario.get("retry_after"))
+        if "submit_body" in scenario:
+            return self._send(200, raw=scenario["submit_body"].encode())
         return self._send(200, self._charge_body(charge, "pending", scenario))
 
     # --- pieces ------------------------------------------------------------------------
@@ -346,7 +365,11 @@ class Handler(BaseHTTPRequestHandler):
                 if name in ("reference", "amount"):
                     continue
                 expected = SCENARIO_FIELDS.get(name)
-                if expected is None or not isinstance(value, expected) or isinstance(value, bool):
+                if (
+                    expected is None
+                    or not isinstance(value, expected)
+                    or (isinstance(value, bool) and expected is not bool)
+                ):
                     return self._send(400, {"error": f"bad scenario field {name!r}"})
                 scenario[name] = value
             with state.lock:

@@ -200,6 +200,27 @@ def test_a_submit_the_rail_refuses_for_good_fails_the_intent_with_an_event(acme,
     assert [t for t, _ in events(intent["id"])] == ["payment_intent.payment_failed"]
 
 
+@pytest.mark.parametrize(
+    "scenario",
+    [
+        {"submit_body": ""},
+        {"submit_body": "<html>bad gateway</html>"},
+        {"submit_body": '{"status": "authorised"}'},
+        {"submit_status": 409, "submit_records": True},
+        {"submit_status": 429, "retry_after": "5"},
+        {"submit_status": 408},
+    ],
+)
+def test_a_submit_answer_that_is_no_refusal_leaves_the_charge_live_and_polled(acme, rails, scenario):
+    # The rail may hold the charge and the payer may approve it: telling the merchant
+    # "failed" here is how money moves on a charge we reported dead.
+    rails.scenario(amount=3003, **scenario)
+    intent = acme.confirm(acme.intent(amount=3003)["id"])
+    assert intent["status"] == "processing" and intent["charge"]["status"] == "submitting"
+    assert events(intent["id"]) == []
+    assert poll_job(intent["charge"]["id"]) is not None
+
+
 def test_an_idempotent_confirm_replays_its_answer_and_calls_the_rail_once(acme, rails):
     intent_id = acme.intent()["id"]
     first = acme.call("POST", f"/v1/payment_intents/{intent_id}/confirm", key="confirm-1")

@@ -10,6 +10,7 @@ the rows that crash leaves.
 
 from __future__ import annotations
 
+import itertools
 import json
 import signal
 import threading
@@ -272,6 +273,55 @@ def test_a_redirect_submit_that_never_arrived_fails_as_a_dead_order(stack):
     charge = settled(intent["id"], "failed")
     assert charge["failure_code"] == "redirect_never_delivered"
     assert not [r for r in stack.rail.requests(charge["id"]) if r["method"] == "GET"]
+
+
+def test_a_push_submit_answered_unreadably_is_polled_to_success_never_failed(stack):
+    # The rail took the charge and answered 200 with a body nobody can read.
+    stack.rail.scenario(amount=4013, submit_body="")
+    stack.worker()
+    intent = stack.acme.confirm(stack.acme.intent(amount=4013)["id"])
+    assert intent["charge"]["status"] == "submitting"
+    charge = settled(intent["id"], "succeeded")
+    assert len([r for r in stack.rail.requests(charge["id"]) if r["method"] == "POST"]) == 1
+    assert event_types(intent["id"]) == ["payment_intent.succeeded"]
+
+
+def test_a_poll_answered_429_waits_for_retry_after_and_is_never_dead_lettered(stack):
+    stack.rail.scenario(amount=4014, error_polls=2, error_status=429, retry_after="3")
+    stack.worker()
+    intent = stack.acme.confirm(stack.acme.intent(amount=4014)["id"])
+    charge = settled(intent["id"], "succeeded", timeout=40)
+    assert scalar("SELECT count(*) FROM dead_letters") == 0
+    gets = sql(
+        "SELECT sent_at, status_code FROM provider_requests WHERE charge_id = %s AND operation = 'status' ORDER BY id",
+        [charge["id"]],
+    )
+    assert [code for _, code in gets] == [429, 429, 200]
+    # Each ask after a 429 came no sooner than the rail's Retry-After (the ladder here is
+    # 0.1 s, and an idle worker looks again within a second).
+    gaps = [(b[0] - a[0]).total_seconds() for a, b in itertools.pairwise(gets)]
+    assert min(gaps) >= 2.9, gaps
+
+
+def test_a_resubmit_the_rail_answers_429_is_no_dead_letter_and_the_poll_resubmits_later(stack):
+    # Never received (404s), then the resubmit is rate limited once: still no dead letter.
+    stack.rail.scenario(amount=4015, lose_submits=1, error_submits=0)
+    stack.worker()
+    intent = stack.acme.confirm(stack.acme.intent(amount=4015)["id"])
+    charge_id = intent["charge"]["id"]
+    stack.rail.scenario(reference=charge_id, lose_submits=1, submit_status=429)
+    wait_for(
+        lambda: len([r for r in stack.rail.requests(charge_id) if r["method"] == "POST" and r["status"] == 429]) >= 2,
+        30,
+        message="two rate-limited resubmits",
+    )
+    assert scalar("SELECT count(*) FROM dead_letters") == 0
+    # No resubmit sits on the queue's retry backoff (the road to a dead letter): each 429
+    # ended its job, and the poll asked for the next resubmit.
+    assert scalar("SELECT count(*) FROM jobs WHERE kind = 'resubmit_charge' AND last_error IS NOT NULL") == 0
+    stack.rail.scenario(reference=charge_id)  # the rail takes the next one
+    settled(intent["id"], "succeeded", timeout=30)
+    assert scalar("SELECT count(*) FROM dead_letters") == 0
 
 
 # --- the horizon ---------------------------------------------------------------------------

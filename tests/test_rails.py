@@ -212,6 +212,60 @@ def test_other_4xx_is_permanent(sandbox_rail):
     assert classify(caught.value).category is Category.PERMANENT
 
 
+@pytest.mark.parametrize("body", ["", "not json", "[]", "null", '{"status": "weird"}', '{"reference": "x"}'])
+def test_a_2xx_the_adapter_cannot_read_is_transient_never_a_refusal(sandbox_rail, body):
+    # The rail took the charge (it polls as succeeded): failing it on an unreadable
+    # answer would tell the merchant "failed" while the payer's money moves.
+    sandbox_rail.scenario(reference="ch_unread", submit_body=body)
+    a = adapter(sandbox_rail)
+    with pytest.raises(RailUnavailable, match="unreadable answer") as caught:
+        a.submit(reference="ch_unread", amount=1000, currency="usd")
+    assert caught.value.http_status == 200
+    assert classify(caught.value).category is Category.TRANSIENT
+    assert a.status(reference="ch_unread", pay_token=None).status is RailStatus.SUCCEEDED
+
+
+@pytest.mark.parametrize("status", [408, 409, 425, 429, 302])
+def test_statuses_that_refuse_nothing_for_good_are_transient(sandbox_rail, status):
+    sandbox_rail.scenario(
+        reference="ch_busy", submit_status=status, submit_records=True, error_polls=1, error_status=status
+    )
+    a = adapter(sandbox_rail)
+    with pytest.raises(RailUnavailable) as caught:
+        a.submit(reference="ch_busy", amount=1000, currency="usd")
+    assert caught.value.http_status == status
+    with pytest.raises(RailUnavailable):
+        a.status(reference="ch_busy", pay_token=None)
+    assert a.status(reference="ch_busy", pay_token=None).status is RailStatus.SUCCEEDED
+
+
+@pytest.mark.parametrize(
+    ("header", "seconds"),
+    [("7", 7.0), ("0", 0.0), (" 12 ", 12.0), ("-3", None), ("soon", None), ("99999999", 3600.0), (None, None)],
+)
+def test_retry_after_in_seconds_is_read_and_bounded(sandbox_rail, header, seconds):
+    fields = {"error_polls": 1, "error_status": 429}
+    if header is not None:
+        fields["retry_after"] = header
+    sandbox_rail.scenario(reference="ch_429", **fields)
+    a = adapter(sandbox_rail)
+    a.submit(reference="ch_429", amount=1000, currency="usd")
+    with pytest.raises(RailUnavailable) as caught:
+        a.status(reference="ch_429", pay_token=None)
+    assert caught.value.http_status == 429 and caught.value.retry_after == seconds
+
+
+def test_retry_after_as_a_date_is_measured_against_the_rails_own_date_header():
+    # No clock of ours is read: the rail's Date and its Retry-After are both the rail's.
+    from charges.rails.adapter import retry_after_seconds
+
+    date = "Tue, 01 Dec 2026 18:00:00 GMT"
+    assert retry_after_seconds("Tue, 01 Dec 2026 18:00:30 GMT", date) == 30.0
+    assert retry_after_seconds("Tue, 01 Dec 2026 17:59:00 GMT", date) == 0.0
+    assert retry_after_seconds("Tue, 01 Dec 2026 18:00:30 GMT", None) is None
+    assert retry_after_seconds("Tue, 01 Dec 2026 18:00:30 GMT", "garbage") is None
+
+
 def test_nothing_listening_is_transient():
     rail = RailConfig("gone", f"http://127.0.0.1:{free_port()}", RailFlow.PUSH, "k")
     with pytest.raises(RailUnavailable):

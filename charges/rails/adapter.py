@@ -6,9 +6,18 @@ both answer ``{status: pending|succeeded|failed, pay_token?, redirect_url?, fail
 a 404 on the GET means the rail does not know the reference.
 
 Failures are classified with ``vpay.errors``' vocabulary, so the worker and the web
-process agree on them: 5xx, timeouts and transport failures are transient; 401/403 are a
-configuration error (someone must be paged); every other 4xx is permanent. The adapter
-records nothing itself: the caller writes ``provider_requests`` before and after.
+process agree on them. Only a definitive refusal may end a charge, because anything short
+of one can hide a charge the rail took and a payer may still approve:
+
+* **refused for good** (``RailRejected``): a 4xx the protocol defines as a refusal, that is
+  every 4xx but those below; and, inside a readable answer, ``status: failed``;
+* **configuration** (``RailConfigurationError``): 401/403, our credentials; page someone;
+* **transient** (``RailUnavailable``), everything else: timeouts, transport failures, 5xx,
+  408, 409 (the rail is still processing that idempotency key), 425, 429, a 3xx (never
+  followed), and a 2xx the adapter cannot read (not JSON, too large, no known status).
+  ``Retry-After`` on such an answer is kept as ``retry_after`` (seconds, bounded).
+
+The adapter records nothing itself: the caller writes ``provider_requests`` before and after.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ import threading
 import time
 import typing
 from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
 from typing import Protocol
 from urllib.parse import quote
 
@@ -33,6 +43,12 @@ from vpay.logging import redact, redact_value
 
 MAX_BODY_BYTES = 64 * 1024
 _ANSWER_STATUSES = {"pending", "succeeded", "failed"}
+# 4xx answers that refuse nothing for good: a timeout, an idempotency key still being
+# processed, too early, too many requests. Asking again later is the protocol's answer.
+_TRANSIENT_4XX = frozenset({408, 409, 425, 429})
+# A rail's Retry-After is honoured up to this (one past-the-horizon rung): a rail cannot
+# park a charge's polling for days by asking for it.
+RETRY_AFTER_MAX_SECONDS = 3600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,10 +71,11 @@ class RailError(Exception):
 
     http_status: int | None = None
     body_excerpt: str = ""
+    retry_after: float | None = None  # seconds the rail asked us to wait (Retry-After), bounded
 
 
 class RailUnavailable(RailError, TransientError):
-    """Timeout, transport failure or 5xx: no usable answer; try again later."""
+    """No usable answer (timeout, transport, 5xx, 408/409/425/429, 3xx, unreadable 2xx): ask again later."""
 
 
 class RailConfigurationError(RailError, ConfigurationError):
@@ -66,14 +83,43 @@ class RailConfigurationError(RailError, ConfigurationError):
 
 
 class RailRejected(RailError, PermanentError):
-    """Any other 4xx (or an answer we cannot read): the rail refused the request for good."""
+    """Any other 4xx: the rail refused the request for good."""
 
 
-def _error(cls: type[RailError], message: str, http_status: int | None, excerpt: str = "") -> RailError:
+def _error(
+    cls: type[RailError],
+    message: str,
+    http_status: int | None,
+    excerpt: str = "",
+    retry_after: float | None = None,
+) -> RailError:
     exc = cls(message)
     exc.http_status = http_status
     exc.body_excerpt = excerpt
+    exc.retry_after = retry_after
     return exc
+
+
+def retry_after_seconds(value: str | None, rail_date: str | None) -> float | None:
+    """A ``Retry-After`` header as seconds in ``[0, RETRY_AFTER_MAX_SECONDS]``, or None.
+
+    The delay form is read as it is. The date form is measured against the answer's own
+    ``Date`` header, both instants of the rail's clock, so no clock of ours is compared
+    with one of theirs; without a readable ``Date`` it is ignored (the caller's own
+    schedule stands).
+    """
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return min(float(value), RETRY_AFTER_MAX_SECONDS)
+    if not rail_date:
+        return None
+    try:
+        wait = (parsedate_to_datetime(value) - parsedate_to_datetime(rail_date)).total_seconds()
+    except (TypeError, ValueError):
+        return None
+    return min(max(wait, 0.0), RETRY_AFTER_MAX_SECONDS)
 
 
 class RailAdapter(Protocol):
@@ -209,29 +255,27 @@ class HttpRailAdapter:
             with self._client.stream(
                 method, url, json=json_body, params=params, headers=headers, timeout=timeout
             ) as response:
-                raw = bytearray()
+                raw, oversized = bytearray(), False
                 for chunk in response.iter_bytes():
                     raw += chunk
                     if len(raw) > MAX_BODY_BYTES:
-                        raise _error(
-                            RailRejected,
-                            f"rail {self.rail.code}: answer larger than {MAX_BODY_BYTES} bytes",
-                            response.status_code,
-                        )
+                        oversized = True  # unreadable; its status still says what it is
+                        break
                     if time.monotonic() > deadline:
                         raise httpx.ReadTimeout("total timeout exceeded while reading the answer")
                 code = response.status_code
+                retry_after = retry_after_seconds(response.headers.get("Retry-After"), response.headers.get("Date"))
         except httpx.TimeoutException as exc:
             raise _error(RailUnavailable, f"rail {self.rail.code}: timed out ({type(exc).__name__})", None) from exc
         except httpx.TransportError as exc:
             raise _error(RailUnavailable, f"rail {self.rail.code}: no answer ({type(exc).__name__})", None) from exc
         finally:
             _exchange.deadline = None
-        text = raw.decode("utf-8", errors="replace")
-        body = _json(text)
-        excerpt = answer_excerpt(body, text)
-        if code >= 500:
-            raise _error(RailUnavailable, f"rail {self.rail.code}: HTTP {code}", code, excerpt)
+        text = "" if oversized else raw.decode("utf-8", errors="replace")
+        body = _UNREADABLE if oversized else _json(text)
+        excerpt = f"[answer larger than {MAX_BODY_BYTES} bytes]" if oversized else answer_excerpt(body, text)
+        if code >= 500 or code in _TRANSIENT_4XX or 300 <= code < 400:
+            raise _error(RailUnavailable, f"rail {self.rail.code}: HTTP {code}", code, excerpt, retry_after)
         if code in (401, 403):
             raise _error(
                 RailConfigurationError,
@@ -241,9 +285,9 @@ class HttpRailAdapter:
             )
         if code == 404 and not_found_is_answer:
             return RailAnswer(RailStatus.NOT_FOUND, code, body_excerpt=excerpt)
-        if code >= 300:
+        if code >= 400:
             raise _error(RailRejected, f"rail {self.rail.code}: HTTP {code}", code, excerpt)
-        return _parse(self.rail.code, code, body, excerpt)
+        return _parse(self.rail.code, code, body, excerpt, retry_after)
 
 
 def _json(text: str) -> object:
@@ -287,11 +331,13 @@ def _scrub(value: object) -> object:
     return value
 
 
-def _parse(code: str, http_status: int, body: object, excerpt: str) -> RailAnswer:
+def _parse(code: str, http_status: int, body: object, excerpt: str, retry_after: float | None) -> RailAnswer:
     if not isinstance(body, dict) or body.get("status") not in _ANSWER_STATUSES:
-        # A 2xx we cannot read is not an answer we may act on, and asking again will not
-        # change how it is written: permanent.
-        raise _error(RailRejected, f"rail {code}: unreadable answer to a {http_status}", http_status, excerpt)
+        # A 2xx we cannot read is no answer we may act on, and no refusal either: the rail
+        # may well have taken the charge. Transient, so the charge stays live and polled.
+        raise _error(
+            RailUnavailable, f"rail {code}: unreadable answer to a {http_status}", http_status, excerpt, retry_after
+        )
 
     def text_field(name: str) -> str | None:
         value = body.get(name)

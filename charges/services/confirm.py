@@ -95,7 +95,8 @@ def confirm_intent(merchant: Merchant, intent_id: str) -> PaymentIntent:
     try:
         request_id, answer = rail_calls.submit(charge.id, rail, amount=charge.amount, currency=charge.currency)
     except RailUnavailable:
-        # No answer (or a 5xx): the rail may or may not have the charge. It stays
+        # No answer we may act on (none, 5xx, 409, 429, an unreadable 200): the rail may
+        # or may not have the charge, and only a definitive refusal ends one. It stays
         # submitting with its unanswered request row; the worker recovers it after the
         # window (push: ask the rail, resubmit if it never got it; redirect: fail it, since
         # no URL was handed out). The merchant sees processing / charge submitting.
@@ -114,7 +115,7 @@ def confirm_intent(merchant: Merchant, intent_id: str) -> PaymentIntent:
             )
         return _reload(intent.id)
     except RailRejected:
-        # The rail refused this charge for good (a 4xx other than auth): it has no charge.
+        # The rail refused this charge for good (a refusing 4xx): it has no charge.
         transitions.fail_submitting(charge.id, intent.id, transitions.SUBMIT_REJECTED, rail=rail.code)
         return _reload(intent.id)
 

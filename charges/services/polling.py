@@ -16,7 +16,7 @@ from charges import repository
 from charges.ladder import past_the_horizon, poll_delay
 from charges.policy import RecoveryPolicy, from_settings
 from charges.rails import get_rail
-from charges.rails.adapter import RailConfigurationError, RailError, RailRejected, RailUnavailable
+from charges.rails.adapter import RailConfigurationError, RailRejected, RailUnavailable
 from charges.recovery import Step, recovery_step
 from charges.repository import ChargeRow
 from charges.services import rail_calls, transitions
@@ -87,12 +87,17 @@ def poll_charge(ctx: JobContext) -> Outcome:
     rail = get_rail(row.rail)
     if rail is None:
         raise ConfigurationError(f"charge {row.id}: rail {row.rail!r} is no longer configured")
+    retry_after = 0.0
     try:
         answer = rail_calls.status(row.id, rail, pay_token=row.pay_token)
         status, failure_code, pay_token = answer.status, answer.failure_code, answer.pay_token
     except RailUnavailable as exc:
+        # Never a dead letter, whatever the rail said (503, 429, an unreadable 200): the
+        # poll is the charge's liveness, and a poll parked for review would leave a live
+        # charge to a human. The ladder (and the rail's Retry-After) paces the next ask.
         logger.warning("rail did not answer a poll", extra={"charge_id": row.id, "error": error_chain(exc, 300)})
         status, failure_code, pay_token = RailStatus.UNAVAILABLE, None, None
+        retry_after = exc.retry_after or 0.0
     except (RailConfigurationError, RailRejected) as exc:
         if not past:
             raise  # configuration: paged and dead-lettered; permanent: dead-lettered
@@ -118,8 +123,9 @@ def poll_charge(ctx: JobContext) -> Outcome:
     if settlement is Settlement.MARK_SUBMITTED:
         repository.mark_submitted(row.id, pay_token=pay_token, redirect_url=None)
 
-    # 6. The next rung. row.polls counted the polls before this one.
-    return Outcome.reschedule_in(poll_delay(row.polls, policy), f"rail answered {status.value}")
+    # 6. The next rung (row.polls counted the polls before this one), or later if the rail
+    #    asked for that with Retry-After.
+    return Outcome.reschedule_in(max(poll_delay(row.polls, policy), retry_after), f"rail answered {status.value}")
 
 
 def _wait(row: ChargeRow, seconds: float, policy: RecoveryPolicy) -> Outcome:
@@ -164,8 +170,12 @@ def resubmit_then_escalate_if_late(row: ChargeRow, past: bool, policy: RecoveryP
 @registry.register(JobKind.RESUBMIT_CHARGE, schema=CHARGE_PAYLOAD, timeout_seconds=RAIL_JOB_TIMEOUT_SECONDS)
 def resubmit_charge(ctx: JobContext) -> Outcome:
     """Send a push charge's submit again, under the same reference (the rail's idempotency
-    key). A transient failure retries on the queue's backoff; should those run out, the
-    dead letter is visible and the poll comes back to the same recovery table."""
+    key). Only a definitive refusal fails the charge. A transient failure (no answer, 5xx,
+    409, 429, an unreadable 200) ends this job quietly: the charge stays ``submitting``
+    with the request row as evidence, and its poll, which owns the charge's liveness,
+    comes back to the same recovery table on its next rung (and resubmits again there if
+    the rail still does not know the charge). A dead letter here would be noise about a
+    live charge."""
     row = repository.read_for_poll(ctx.payload["charge_id"])
     if row is None or row.status != ChargeStatus.SUBMITTING or row.flow != RailFlow.PUSH:
         return Outcome.done()  # settled, escalated, or a redirect order (never resubmitted)
@@ -177,8 +187,10 @@ def resubmit_charge(ctx: JobContext) -> Outcome:
     except RailRejected:
         transitions.fail_submitting(row.id, row.intent_id, transitions.SUBMIT_REJECTED, rail=row.rail)
         return Outcome.done()
-    except RailError:
-        raise  # transient: backoff; configuration: page
+    except RailUnavailable as exc:
+        logger.warning("rail did not take a resubmit", extra={"charge_id": row.id, "error": error_chain(exc, 300)})
+        return Outcome.done()
+    # RailConfigurationError propagates: paged and dead-lettered.
     with transaction.atomic():
         rail_calls.record_submit_answer(request_id, answer)
         if repository.mark_submitted(row.id, pay_token=answer.pay_token, redirect_url=None):
