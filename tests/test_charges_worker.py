@@ -360,6 +360,24 @@ def test_a_rail_answering_503_forever_reaches_unresolved_at_the_horizon_and_a_la
     assert event_types(intent["id"]) == ["charge.unresolved", "payment_intent.succeeded"]
 
 
+def test_a_redirect_intent_leaves_requires_action_for_processing_when_its_charge_goes_unresolved(stack):
+    # DESIGN §8: requires_action -> processing | succeeded | failed. The payer never pays:
+    # past the horizon the URL is no action anyone should still be sent to take.
+    stack.set_policy(VPAY_CHARGE_HORIZON_SECONDS=2.0, VPAY_CHARGE_POLL_PAST_HORIZON_SECONDS=0.4)
+    stack.rail.scenario(amount=4016, after_polls=1_000_000)
+    stack.worker()
+    intent = stack.acme.confirm(stack.acme.intent(amount=4016, rail="sandbox_redirect")["id"])
+    assert intent["status"] == "requires_action" and intent["next_action"]["type"] == "redirect_to_url"
+    settled(intent["id"], "unresolved")
+    shown = stack.acme.call("GET", f"/v1/payment_intents/{intent['id']}").json()
+    assert (shown["status"], shown["next_action"], shown["charge"]["status"]) == ("processing", None, "unresolved")
+    assert event_types(intent["id"]) == ["charge.unresolved"]
+    # A late success still settles it.
+    stack.rail.scenario(amount=4016, after_polls=1)
+    settled(intent["id"], "succeeded", timeout=15)
+    assert intent_status(intent["id"]) == "succeeded"
+
+
 def test_a_submitting_charge_whose_rail_never_knows_it_is_escalated_at_the_horizon(stack):
     # 404 forever: the resubmit never lands either. Without the horizon above the
     # crash-recovery block this would cycle resubmit -> ladder -> resubmit, never alerting.

@@ -87,7 +87,8 @@ def _fail_intent(intent_id: str) -> None:
 
 
 def escalate_to_unresolved(row: ChargeRow, reason: str, *, alert_period: float) -> bool:
-    """Past the horizon with no terminal answer: ``unresolved`` and ``charge.unresolved``, once.
+    """Past the horizon with no terminal answer: ``unresolved`` and ``charge.unresolved``, once,
+    and an intent in ``requires_action`` back to ``processing``.
 
     Idempotent: on a charge already ``unresolved`` the guarded write matches nothing and
     nothing is written (``updated_at`` keeps naming the last real change), but the alert
@@ -102,6 +103,10 @@ def escalate_to_unresolved(row: ChargeRow, reason: str, *, alert_period: float) 
         moved = repository.escalate_charge(row.id)
         charge = Charge.objects.select_related("merchant").get(pk=row.id)
         if moved:
+            # A redirect intent still asking the payer to act is sent nowhere any more:
+            # past the horizon its charge is a human's, and the intent says processing
+            # like every intent whose charge is unresolved (DESIGN §8, docs/charges.md).
+            repository.intent_to(row.intent_id, IntentStatus.PROCESSING, [IntentStatus.REQUIRES_ACTION])
             emit(charge.merchant, EventType.CHARGE_UNRESOLVED, render_charge(charge, for_event=True))
         raise_alert(
             key=f"charge_unresolved:{row.id}:{period}",
