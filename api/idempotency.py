@@ -93,9 +93,16 @@ def sweep_expired_records(ctx: JobContext) -> StepResult:
     total = 0
     for _ in range(MAX_SWEEP_PAGES):
         with connection.cursor() as cursor:
+            # A page of the oldest expired records (index api_idempotency_created). The age
+            # guard is repeated on the outer DELETE on purpose: a key reused after 24 hours
+            # is re-stored in place (``store``'s ON CONFLICT DO UPDATE), and a DELETE that
+            # picked the row while it was expired waits for that update's commit and then
+            # re-checks only its own WHERE on the new row version, never the subquery's.
+            # Without the repeat it deletes the fresh record, and the retried request runs twice.
             cursor.execute(
                 "DELETE FROM api_idempotency_records WHERE id IN (SELECT id FROM api_idempotency_records"
-                f" WHERE created_at <= now() - {TTL_SQL} ORDER BY created_at LIMIT %s)",
+                f" WHERE created_at <= now() - {TTL_SQL} ORDER BY created_at LIMIT %s)"
+                f" AND created_at <= now() - {TTL_SQL}",
                 [SWEEP_PAGE],
             )
             deleted = cursor.rowcount

@@ -634,9 +634,14 @@ def fence_and_finish(
     return fenced, finished
 
 
+# A page of expired fence rows (index jobs_processed_expires_idx). Fences are never refreshed in place (ON CONFLICT DO
+# NOTHING), but the age guard is repeated on the outer DELETE all the same: it is the
+# only part a DELETE re-checks against a row version changed under it (as the idempotency
+# sweep learned, api/idempotency.py).
 _DELETE_EXPIRED_FENCES = """
 DELETE FROM processed_jobs
  WHERE job_id IN (SELECT job_id FROM processed_jobs WHERE expires_at < now() LIMIT %s)
+   AND expires_at < now()
 """
 
 
