@@ -45,12 +45,16 @@ def _bounded(text: str) -> str:
 
 
 def _bookkeeping(sql: str, params) -> list[tuple] | int:
-    """Run one queue-bookkeeping statement (claim, settle, release) with asynchronous commit.
+    """Run one pure lease-bookkeeping statement (claim, finish, release) with asynchronous commit.
 
     Losing such a commit to a database crash only hands the job out again, which every
     handler is built to absorb (at-least-once, fenced). And WAL is sequential: any later
     synchronous commit, such as a handler's effect, makes it durable too. Skipping the
     flush is worth most of a claim's cost. Sent as one round trip (simple protocol).
+
+    Never for evidence: a dead letter, or the error a retry records, goes through
+    :func:`_evidence`. A crash that took a dead letter back would leave the job leased,
+    and the reaper would rewrite it as ``lease_exhausted``, the real error gone.
 
     Inside a caller's transaction (a test, an admin action) it runs as a plain statement
     of that transaction: committing someone else's transaction is never ours to do.
@@ -58,9 +62,7 @@ def _bookkeeping(sql: str, params) -> list[tuple] | int:
     Returns the rows of a statement that returns rows, else its row count.
     """
     if connection.in_atomic_block or not connection.get_autocommit():
-        with connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            return cursor.fetchall() if cursor.description else cursor.rowcount
+        return _evidence(sql, params)
     with connection.cursor() as cursor:
         try:
             cursor.execute(f"BEGIN; SET LOCAL synchronous_commit TO off; {sql}; COMMIT", params)
@@ -73,6 +75,15 @@ def _bookkeeping(sql: str, params) -> list[tuple] | int:
             raise
         cursor.nextset()  # COMMIT
     return result
+
+
+def _evidence(sql: str, params) -> list[tuple] | int:
+    """Run one statement whose commit must be durable (the server's ``synchronous_commit``):
+    in autocommit its own transaction, else a statement of the caller's. Returns as
+    :func:`_bookkeeping` does."""
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall() if cursor.description else cursor.rowcount
 
 
 # --- enqueue --------------------------------------------------------------------------
@@ -372,9 +383,20 @@ UPDATE jobs
 """
 
 
-def reschedule(job_id: int, token: uuid.UUID, *, delay: float, attempts: str, add_deferral: bool, error: str) -> bool:
-    """Hand the job back to the queue to run after ``delay`` seconds (database clock)."""
-    count = _bookkeeping(
+def reschedule(
+    job_id: int,
+    token: uuid.UUID,
+    *,
+    delay: float,
+    attempts: str,
+    add_deferral: bool,
+    error: str,
+    durable: bool,
+) -> bool:
+    """Hand the job back to the queue to run after ``delay`` seconds (database clock).
+    ``durable`` for a failure's retry: its ``last_error`` is the evidence of the failure
+    (a reschedule or a deferral that is no failure is bookkeeping)."""
+    count = (_evidence if durable else _bookkeeping)(
         _RESCHEDULE,
         {
             "delay": delay,
@@ -445,8 +467,8 @@ SELECT id, {_NOTIFY_ALERT_JOBS} FROM letter
 
 def dead_letter(job_id: int, token: uuid.UUID, *, cause: str, category: str, error: str) -> int | None:
     """Move the job to ``dead_letters`` (and raise its alert); returns the dead letter's id,
-    None if the lease was lost."""
-    rows = _bookkeeping(
+    None if the lease was lost. Durable: a dead letter is evidence."""
+    rows = _evidence(
         _DEAD_LETTER,
         {
             "id": job_id,

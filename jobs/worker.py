@@ -709,6 +709,7 @@ class Worker:
                     attempts=settle.attempts.value,
                     add_deferral=settle.add_deferral,
                     error=settle.error,
+                    durable=settle.disposition is Disposition.RETRIED,
                 )
         except (DatabaseError, InterfaceError, psycopg.Error) as exc:
             self._settle_failed(state, job, exc)

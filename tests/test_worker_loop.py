@@ -222,7 +222,9 @@ def test_a_late_worker_whose_lease_was_reaped_matches_nothing_with_any_settle():
     # Every write guarded on A's token matches nothing...
     assert repository.finish_many([(late.id, late.lease_token)]) == set()
     assert (
-        repository.reschedule(late.id, late.lease_token, delay=0, attempts="keep", add_deferral=False, error="x")
+        repository.reschedule(
+            late.id, late.lease_token, delay=0, attempts="keep", add_deferral=False, error="x", durable=True
+        )
         is False
     )
     assert repository.dead_letter(late.id, late.lease_token, cause="permanent", category="permanent", error="x") is None
