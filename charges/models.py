@@ -24,6 +24,7 @@ from charges.states import (
     RailFlow,
     RailStatus,
 )
+from vpay.sealing import SealedTextField
 
 CHECKOUT_SESSION_LIFETIME = timedelta(hours=24)
 EXCERPT_MAX = 1000
@@ -94,8 +95,9 @@ class Charge(models.Model):
     amount = models.BigIntegerField()
     currency = models.CharField(max_length=3)
     status = models.CharField(max_length=16, choices=ChargeStatus.choices, db_default=ChargeStatus.SUBMITTING)
-    pay_token = models.TextField(null=True, blank=True)
-    redirect_url = models.TextField(null=True, blank=True)
+    # Sealed at rest (vpay.sealing): whoever holds either can pay the payer's order.
+    pay_token = SealedTextField(null=True, blank=True)
+    redirect_url = SealedTextField(null=True, blank=True)
     failure_code = models.CharField(max_length=64, null=True, blank=True)
     # Crash-recovery evidence: status requests answered 404 since the first (database clock).
     not_found_count = models.IntegerField(db_default=0)
@@ -183,7 +185,7 @@ class CheckoutSession(models.Model):
     payment_status = models.CharField(
         max_length=16, choices=CheckoutPaymentStatus.choices, db_default=CheckoutPaymentStatus.UNPAID
     )
-    client_secret = models.CharField(max_length=100)
+    client_secret = SealedTextField()  # sealed at rest (vpay.sealing), shown to the merchant in the clear
     success_url = models.URLField(max_length=2000, blank=True, db_default="")
     cancel_url = models.URLField(max_length=2000, blank=True, db_default="")
     created_at = models.DateTimeField(db_default=Now())

@@ -34,6 +34,7 @@ from charges.states import (
     RailStatus,
 )
 from jobs.kinds import JobKind
+from vpay import sealing
 from vpay.logging import redact
 
 POLL_DEDUPE_PREFIX = "charge:poll:"  # also matched in SQL by the backstop (_LIVE_PAGE)
@@ -116,7 +117,7 @@ def read_for_poll(charge_id: str) -> ChargeRow | None:
         amount=r[5],
         currency=r[6],
         status=ChargeStatus(r[7]),
-        pay_token=r[8],
+        pay_token=sealing.open_text(r[8]),  # sealed at rest (charges.models)
         not_found_count=r[9],
         age=r[10],
         not_found_age=r[11],

@@ -10,6 +10,7 @@ from django.db import connection
 
 from charges.rails import forget_configured_rails
 from tests.api_support import MerchantClient
+from vpay import sealing
 
 
 class Merchant(MerchantClient):
@@ -82,7 +83,8 @@ def charge_of(intent_id: str) -> dict | None:
     )
     if not rows:
         return None
-    r = rows[0]
+    r = list(rows[0])
+    r[3], r[4] = sealing.open_text(r[3]), sealing.open_text(r[4])  # sealed at rest
     keys = (
         "id",
         "status",

@@ -19,6 +19,7 @@ from jobs.queue import enqueue
 from jobs.worker import Worker
 from tests.charges_support import FAST_POLICY, apply_policy, charge_of, events, scalar, sql, use_rails
 from tests.conftest import database_url
+from vpay import sealing
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -181,9 +182,8 @@ def test_a_dead_order_check_that_loses_the_race_to_the_confirm_keeps_the_only_po
             assert time.monotonic() < deadline, "the poll never reached its guarded write"
             time.sleep(0.02)
         confirm.execute(
-            "UPDATE charges SET status = 'submitted', pay_token = 'tok', redirect_url = 'https://psp.example/pay/x'"
-            " WHERE id = %s",
-            [charge.id],
+            "UPDATE charges SET status = 'submitted', pay_token = %s, redirect_url = %s WHERE id = %s",
+            [sealing.seal_text("tok"), sealing.seal_text("https://psp.example/pay/x"), charge.id],
         )
         confirm.commit()
         worker.join(15)

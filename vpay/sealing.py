@@ -6,7 +6,9 @@ key first, re-seal, then drop the old key. Live mode requires the setting; in de
 a key is derived from ``SECRET_KEY`` so a fresh checkout works without configuration.
 
 Used for webhook signing secrets (``webhooks.sealing``); ``api.idempotency`` seals stored
-answers with the same keys. Errors name the problem, never the value.
+answers with the same keys, and :class:`SealedTextField` seals the payer's credentials
+(a checkout session's client secret, a charge's ``pay_token`` and redirect URL). Errors
+name the problem, never the value.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import hashlib
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from django.conf import settings
+from django.db import models
 
 
 class Unreadable(Exception):
@@ -75,3 +78,40 @@ def reseal_bytes(token: bytes) -> bytes:
 def is_sealed(data: bytes) -> bool:
     """Whether ``data`` looks like a Fernet token (version byte 0x80, base64 ``gAAAAA``)."""
     return data.startswith(b"gAAAAA")
+
+
+def seal_text(value: str | None) -> str | None:
+    """``value`` sealed, as text for a column (None stays None)."""
+    return None if value is None else seal_bytes(value.encode("utf-8")).decode("ascii")
+
+
+def open_text(token: str | None) -> str | None:
+    """The text inside a :func:`seal_text` token (None stays None), or :class:`Unreadable`."""
+    if token is None:
+        return None
+    try:
+        return open_bytes(token.encode("ascii")).decode("utf-8")
+    except (UnicodeError, ValueError):
+        raise Unreadable("a sealed value could not be decrypted with any configured VPAY_SECRETS_KEY") from None
+
+
+class SealedTextField(models.TextField):
+    """A text column holding a Fernet token: sealed on the way in, opened on the way out.
+
+    Sealing is randomized, so the column cannot be searched by value: every lookup but
+    ``isnull`` is refused (a filter by value would silently match nothing). Raw SQL that
+    reads the column gets the token and opens it with :func:`open_text`. A value sealed
+    under a key that is no longer configured raises :class:`Unreadable` when read.
+    """
+
+    def from_db_value(self, value, expression, connection):
+        return open_text(value)
+
+    def get_prep_value(self, value):
+        value = super().get_prep_value(value)
+        return seal_text(value) if isinstance(value, str) else value
+
+    def get_lookup(self, lookup_name):
+        if lookup_name != "isnull":
+            raise TypeError(f"{self.name} is sealed at rest and cannot be searched by value ({lookup_name!r})")
+        return super().get_lookup(lookup_name)
