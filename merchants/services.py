@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import hashlib
-import secrets
 
 from django.conf import settings
 from django.db import transaction
 
 from api.framework import AUTHENTICATION, ApiError
 from merchants.models import ApiKey, Merchant
+from vpay.tokens import new_token
 
 
 def _digest(key: str) -> str:
@@ -32,7 +32,7 @@ def create_merchant(name: str) -> tuple[Merchant, str]:
 
 def issue_key(merchant: Merchant) -> str:
     """A new secret key for ``merchant``; only its digest is kept."""
-    key = _key_prefix() + secrets.token_urlsafe(32)
+    key = new_token(_key_prefix(), bits=256)
     ApiKey.objects.create(merchant=merchant, digest=_digest(key), last4=key[-4:])
     return key
 

@@ -35,7 +35,8 @@ progress" does), ``submit_body`` (answer accepted submits with these raw bytes i
 the JSON answer, e.g. ``""`` or ``{"status": "weird"}``: the rail keeps the charge),
 ``url_style`` ``"path"`` (the redirect URL
 carries the pay_token as its last path segment, ``/<rail>/pay/<reference>/<token>``,
-instead of ``?pay_token=``: a URL no key-name redaction can recognise).
+instead of ``?pay_token=``: a URL no key-name redaction can recognise), ``echo_credentials``
+true (a 401 repeats the key it was presented, as some rails' error bodies do).
 
 Built-in amounts (minor units, ``amount % 1000``): 402 fails ``insufficient_funds``;
 503 answers 503 forever; 404 is unknown for three polls, then succeeds; everything else
@@ -86,6 +87,7 @@ SCENARIO_FIELDS = {
     "error_status": int,
     "retry_after": str,
     "url_style": str,
+    "echo_credentials": bool,
 }
 
 
@@ -201,9 +203,7 @@ class Handler(BaseHTTPRequestHandler):
         rail, reference = seg[0], seg[2]
         entry = {"method": "GET", "path": path, "rail": rail, "reference": reference, "answered": True}
         if not self._authorized():
-            with state.lock:
-                state.record({**entry, "status": 401})
-            return self._send(401, {"error": "unauthorized"})
+            return self._refuse(entry, reference, None)
         with state.lock:
             charge = state.charges.get((rail, reference))
             scenario = state.scenario(reference, charge.amount if charge else None)
@@ -240,9 +240,8 @@ class Handler(BaseHTTPRequestHandler):
             "answered": True,
         }
         if not self._authorized():
-            with state.lock:
-                state.record({**entry, "status": 401})
-            return self._send(401, {"error": "unauthorized"})
+            amount = body.get("amount") if body else None
+            return self._refuse(entry, (body or {}).get("reference"), amount if type(amount) is int else None)
         if (
             body is None
             or not isinstance(body.get("reference"), str)
@@ -297,6 +296,18 @@ class Handler(BaseHTTPRequestHandler):
         return self._send(200, self._charge_body(charge, "pending", scenario))
 
     # --- pieces ------------------------------------------------------------------------
+
+    def _refuse(self, entry: dict, reference: object, amount: int | None) -> None:
+        """A 401; with ``echo_credentials`` its body repeats the key presented."""
+        state = self.server.state
+        with state.lock:
+            state.record({**entry, "status": 401})
+            scenario = state.scenario(reference, amount) if isinstance(reference, str) else {}
+        body = {"error": "unauthorized"}
+        if scenario.get("echo_credentials"):
+            presented = self.headers.get("Authorization", "").removeprefix("Bearer ")
+            body["detail"] = f"no account has the key {presented}"
+        return self._send(401, body)
 
     def _charge_body(self, charge: RailCharge, status: str, scenario: dict) -> dict:
         body = {"status": status, "reference": charge.reference}

@@ -308,6 +308,33 @@ def test_a_rail_refusing_our_credentials_on_submit_fails_the_charge_and_pages(ac
     assert [t for t, _ in events(intent["id"])] == ["payment_intent.payment_failed"]
 
 
+@pytest.mark.parametrize(
+    "key",
+    ["sk_live_Ab3xY-9qZ_w-7kLmNoPqRs", "momo-Key-9f8e7d6c5b4a3210"],
+    ids=["shaped like our keys, with dashes", "an opaque rail key"],
+)
+def test_a_rail_echoing_our_key_in_its_401_leaves_no_part_of_it_in_the_request_log(
+    acme, settings, tmp_path, rails, caplog, key
+):
+    config = rails.rails()
+    config["sandbox_push"]["api_key"] = key  # the rail knows another key: it answers 401
+    use_rails(settings, tmp_path, config)
+    rails.scenario(amount=2601, echo_credentials=True)
+    with caplog.at_level("DEBUG"):
+        intent = acme.confirm(acme.intent(amount=2601)["id"])
+    assert intent["charge"]["failure_code"] == "rail_configuration_error"
+    (excerpt,) = [r[0] for r in sql("SELECT response_excerpt FROM provider_requests")]
+    assert "no account has the key [REDACTED]" in excerpt  # the echo arrived, and went
+    stored = " ".join(
+        r[0]
+        for table in ("provider_requests", "charges", "alerts", "payment_intents")
+        for r in sql(f"SELECT row_to_json(t)::text FROM {table} t")
+    )
+    for piece in [key, *key.split("-")]:
+        if len(piece) >= 4:
+            assert piece not in stored and piece not in caplog.text, piece
+
+
 def test_an_expired_checkout_sessions_intent_cannot_be_confirmed(acme):
     session = acme.call(
         "POST", "/v1/checkout/sessions", {"amount": 500, "currency": "usd", "rail": "sandbox_push"}

@@ -5,13 +5,14 @@ from __future__ import annotations
 import io
 import json
 import logging
+import string
 import sys
 
 import pytest
 from django.conf import settings
 
 from vpay.errors import error_chain
-from vpay.logging import JsonFormatter, RedactSecretsFilter, TextFormatter, redact
+from vpay.logging import JsonFormatter, RedactSecretsFilter, TextFormatter, redact, register_secret
 
 SECRETS = {
     "stripe key": ("charging with sk_live_51HxAbCdEf0123456789", "sk_live_51HxAbCdEf0123456789"),
@@ -51,6 +52,71 @@ def test_redact__scrubs_secrets_whose_key_has_a_prefix(text, secret):
     # The key=value rule is about keys named secret/password/token/api_key; a prefixed name
     # (client_secret, access_token) is the same secret. cs_secret_ is named in the module.
     assert secret not in redact(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "secret"),
+    [
+        ("key sk_test_Ab3-x9_Qz-7kLmNoPq in use", "sk_test_Ab3-x9_Qz-7kLmNoPq"),
+        ("key sk_live_-leading-dash-and-more", "sk_live_-leading-dash-and-more"),
+        ("paying with cs_secret_Zy-1_xW-2vUtSrQp", "cs_secret_Zy-1_xW-2vUtSrQp"),
+        ("signed with whsec_abc-def-ghi-jkl", "whsec_abc-def-ghi-jkl"),
+    ],
+    ids=["api key", "api key starting with -", "client secret", "webhook secret"],
+)
+def test_a_token_with_dashes_is_redacted_whole_not_up_to_its_first_dash(text, secret):
+    # token_urlsafe's alphabet has '-': a pattern stopping there left the key's tail.
+    scrubbed = redact(text)
+    for piece in secret.split("-"):
+        if len(piece) >= 4:
+            assert piece not in scrubbed, scrubbed
+    assert "[REDACTED]" in scrubbed
+
+
+def test_a_registered_secret_is_redacted_by_its_exact_value_whatever_its_shape():
+    # A rail's key has no shape a pattern could know.
+    register_secret("momo-Key-9f8e7d6c5b4a")
+    assert redact("POST refused: no account has the key momo-Key-9f8e7d6c5b4a") == (
+        "POST refused: no account has the key [REDACTED]"
+    )
+
+
+def test_the_alert_urls_exact_value_and_its_path_are_redacted(settings):
+    settings.ALERT_WEBHOOK_URL = "https://hooks.example.com/services/T0AB/B0CD/xYz-9q8W7e6R5t"
+    scrubbed = redact(
+        "alert POST to https://hooks.example.com/services/T0AB/B0CD/xYz-9q8W7e6R5t failed;"
+        " retrying /services/T0AB/B0CD/xYz-9q8W7e6R5t"
+    )
+    assert "xYz-9q8W7e6R5t" not in scrubbed and "[REDACTED]" in scrubbed
+
+
+def test_the_database_password_is_redacted_by_value_raw_and_percent_encoded(settings, monkeypatch):
+    monkeypatch.setitem(settings.DATABASES["default"], "PASSWORD", "pa-ss@word/42x")
+    scrubbed = redact('connection to "db" failed for pa-ss@word/42x (dsn postgresql://vpay:pa-ss%40word%2F42x@db/v)')
+    assert "pa-ss" not in scrubbed and "42x" not in scrubbed
+
+
+def test_a_short_registered_value_is_not_redacted_everywhere():
+    # A four-letter password would otherwise blank every word that contains it ("vpay").
+    register_secret("vpay")
+    assert redact("vpay.worker started") == "vpay.worker started"
+
+
+@pytest.mark.django_db
+def test_new_api_keys_and_checkout_client_secrets_are_letters_and_digits_redacted_whole():
+    from charges.services.intents import create_session
+    from merchants.services import create_merchant, issue_key
+
+    merchant, _ = create_merchant("Acme")
+    letters_and_digits = set(string.ascii_letters + string.digits)
+    for _ in range(20):
+        key = issue_key(merchant)
+        secret = create_session(merchant, {"amount": 1000, "currency": "usd", "rail": "sandbox_push"}).client_secret
+        assert set(key.removeprefix("sk_test_")) <= letters_and_digits, key
+        assert set(secret.removeprefix("cs_secret_")) <= letters_and_digits, secret
+        assert redact(f"key {key} and {secret} end") == "key sk_[REDACTED] and cs_secret_[REDACTED] end"
+    # As strong as before: 256 bits for a key (43 of 62), 192 for a client secret (33 of 62).
+    assert (len(key), len(secret)) == (len("sk_test_") + 43, len("cs_secret_") + 33)
 
 
 @pytest.mark.parametrize(

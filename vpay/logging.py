@@ -4,6 +4,11 @@ Production logs are one JSON object a line; development logs are readable text. 
 carry the record's structured fields (``extra={...}``), among them ``alert=True`` where a
 human must look. The redaction filter is the last line of defence: code never logs a
 secret on purpose, and anything shaped like one is scrubbed anyway.
+
+Redaction works twice over. First by exact value, for every secret this process knows
+(the settings' secrets, read afresh on each call, and the rails' keys, registered when
+they are loaded): a rail's key has no shape a pattern could know. Then by pattern, for
+secrets it does not know (a merchant's key, a client secret, a bearer token).
 """
 
 from __future__ import annotations
@@ -11,14 +16,17 @@ from __future__ import annotations
 import json
 import logging
 import re
+import threading
 from datetime import UTC, datetime
+from urllib.parse import quote, urlsplit
 
 # Attributes every LogRecord has; anything else on a record came from `extra=`.
 _STANDARD_ATTRS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
 
 _SECRET_PATTERNS = [
-    # API keys, webhook secrets, client secrets: sk_..., whsec_..., rk_..., cs_secret_...
-    (re.compile(r"\b(sk|rk|whsec|pk_live|sk_live|sk_test|cs_secret)_[A-Za-z0-9_]{6,}"), r"\1_[REDACTED]"),
+    # API keys, webhook secrets, client secrets: sk_..., whsec_..., rk_..., cs_secret_...,
+    # over the whole token_urlsafe alphabet (a key issued before keys were base62 has '-').
+    (re.compile(r"\b(sk|rk|whsec|pk_live|sk_live|sk_test|cs_secret)_[A-Za-z0-9_-]{6,}"), r"\1_[REDACTED]"),
     (re.compile(r"(?i)\b(bearer)\s+[A-Za-z0-9._~+/=-]{6,}"), r"\1 [REDACTED]"),
     # user:password@ in URLs (DATABASE_URL, rail base URLs with credentials).
     (re.compile(r"(?i)([a-z][a-z0-9+.-]*://[^/\s:@]*):[^@\s/]+@"), r"\1:[REDACTED]@"),
@@ -33,8 +41,57 @@ _SECRET_PATTERNS = [
 ]
 
 
+# A known value shorter than this is left to the patterns: replacing it everywhere would
+# blank ordinary words that contain it (a database password "vpay" in "vpay.worker").
+MIN_EXACT_LENGTH = 8
+REDACTED = "[REDACTED]"
+_registered: set[str] = set()
+_registered_lock = threading.Lock()
+
+
+def register_secret(value: str) -> None:
+    """Redact ``value`` by its exact value from now on (a rail's key, once loaded)."""
+    if isinstance(value, str) and len(value) >= MIN_EXACT_LENGTH:
+        with _registered_lock:
+            _registered.add(value)
+
+
+def _settings_secrets() -> list[str]:
+    """The secrets in the settings, read now (a test may have overridden them)."""
+    from django.conf import settings
+
+    if not settings.configured:
+        return []
+    found = [
+        getattr(settings, "SECRET_KEY", ""),
+        getattr(settings, "VPAY_METRICS_TOKEN", ""),
+        *getattr(settings, "VPAY_SECRETS_KEYS", []),
+        *(db.get("PASSWORD") or "" for db in getattr(settings, "DATABASES", {}).values()),
+    ]
+    alert_url = getattr(settings, "ALERT_WEBHOOK_URL", "")
+    if alert_url:
+        # The whole URL, and its path with query: an error may quote either (its token is
+        # often a path segment, which no pattern recognises).
+        parts = urlsplit(alert_url)
+        found += [alert_url, parts.path + (f"?{parts.query}" if parts.query else ""), parts.password or ""]
+    return found
+
+
+def _known_secrets() -> list[str]:
+    """Every known secret as it may be written (raw, percent-encoded), longest first, so a
+    secret that contains another is replaced whole."""
+    with _registered_lock:
+        values = set(_registered)
+    values.update(v for v in _settings_secrets() if isinstance(v, str))
+    forms = {form for v in values if len(v) >= MIN_EXACT_LENGTH for form in (v, quote(v, safe=""))}
+    return sorted(forms, key=len, reverse=True)
+
+
 def redact(text: str) -> str:
-    """Scrub anything shaped like a credential out of ``text``."""
+    """Scrub every known secret, and anything shaped like a credential, out of ``text``."""
+    for secret in _known_secrets():
+        if secret in text:
+            text = text.replace(secret, REDACTED)
     for pattern, replacement in _SECRET_PATTERNS:
         text = pattern.sub(replacement, text)
     return text
@@ -49,7 +106,7 @@ def redact_value(value):
         return redact(value)
     if isinstance(value, dict):
         return {
-            k: "[REDACTED]" if isinstance(k, str) and _SECRET_KEY_NAMES.search(k) else redact_value(v)
+            k: REDACTED if isinstance(k, str) and _SECRET_KEY_NAMES.search(k) else redact_value(v)
             for k, v in value.items()
         }
     if isinstance(value, list | tuple):

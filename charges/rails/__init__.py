@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 from charges.rails.config import RailConfig, RailConfigError, load_rails
+from vpay.logging import register_secret
 
 _lock = threading.Lock()
 _rails: dict[str, RailConfig] | None = None
@@ -23,6 +24,10 @@ def configured_rails() -> dict[str, RailConfig]:
                 sandbox_url=settings.VPAY_SANDBOX_RAIL_URL,
                 live_mode=settings.LIVE_MODE,
             )
+            # A rail may echo its key in an answer; no pattern knows its shape, so the log
+            # and excerpt redaction replaces it by value.
+            for rail in _rails.values():
+                register_secret(rail.api_key)
         return _rails
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import secrets
-
 from django.conf import settings
 from django.db import transaction
 
@@ -13,6 +11,7 @@ from charges.models import CheckoutSession, PaymentIntent
 from charges.rails import configured_rails
 from customers.models import Customer
 from merchants.models import Merchant
+from vpay.tokens import new_token
 
 
 def validate_payment(merchant: Merchant, fields: dict) -> Customer | None:
@@ -63,7 +62,7 @@ def create_session(merchant: Merchant, fields: dict) -> CheckoutSession:
             merchant=merchant,
             intent=intent,
             # The payer's page authenticates with it; shaped so the log redaction catches it.
-            client_secret="cs_secret_" + secrets.token_urlsafe(24),
+            client_secret=new_token("cs_secret_", bits=192),
             success_url=fields.get("success_url", ""),
             cancel_url=fields.get("cancel_url", ""),
         )
