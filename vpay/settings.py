@@ -243,6 +243,9 @@ LOGGING = {
 }
 
 ADMIN_URL = env.str("VPAY_ADMIN_URL", default="admin/")
+# Error reports (the VPAY_DEBUG technical 500 page) hide DATABASE_URL, ALERT_WEBHOOK_URL and
+# every string the log redaction would scrub (vpay/exception_filter.py).
+DEFAULT_EXCEPTION_REPORTER_FILTER = "vpay.exception_filter.SecretsExceptionReporterFilter"
 
 # --- Transport security (live mode behind TLS) ------------------------------------------
 SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = LIVE_MODE
