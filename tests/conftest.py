@@ -16,6 +16,14 @@ from django.db import connection
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def pytest_configure(config):
+    # Settings start nothing: without DATABASE_URL the tests, like manage.py, start the
+    # embedded development database themselves before pytest-django creates test_vpay.
+    from vpay.embedded_db import ensure_running_if_used
+
+    ensure_running_if_used()
+
+
 def database_url() -> str:
     """A URL for the database the tests are using (the test database), for subprocesses."""
     s = connection.settings_dict

@@ -1,6 +1,6 @@
 """``make run``: the whole stack on one machine, in the foreground.
 
-Starts the database (embedded unless ``DATABASE_URL`` is set), applies migrations, makes
+Starts the database (embedded unless ``DATABASE_URL`` is set; live mode requires it), applies migrations, makes
 sure an admin login exists (development only), then runs the worker and the web process
 as child processes. In development it also runs the sandbox webhook receiver
 (``sandbox.receiver``) with a development merchant whose endpoint points at it, so every
@@ -32,13 +32,22 @@ def _manage(*args: str) -> list[str]:
 
 def main() -> int:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "vpay.settings")
-    os.environ.setdefault("VPAY_DEBUG", "1")
     if os.environ.get("VPAY_LIVE_MODE", "").lower() not in ("1", "true", "yes", "on"):
-        # The dev receiver listens on loopback, which the SSRF guard otherwise refuses.
+        # Development only: live mode refuses VPAY_DEBUG, and the dev receiver listens on
+        # loopback, which the SSRF guard otherwise refuses.
+        os.environ.setdefault("VPAY_DEBUG", "1")
         os.environ.setdefault("VPAY_WEBHOOK_ALLOW_CIDRS", "127.0.0.1/32")
     import django
+    from django.core.exceptions import ImproperlyConfigured
 
-    django.setup()  # starts the embedded database when DATABASE_URL is unset
+    from vpay.embedded_db import ensure_running_if_used
+
+    try:
+        ensure_running_if_used()  # the embedded database when DATABASE_URL is unset
+    except ImproperlyConfigured as exc:
+        print(f"vpay: refusing to start: {exc}", file=sys.stderr)
+        return 1
+    django.setup()
     from django.conf import settings
 
     print("vpay: applying migrations", flush=True)

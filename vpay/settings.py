@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import environ
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -28,12 +29,13 @@ def env_secret(name: str, default: str = "") -> str:
 DEBUG = env.bool("VPAY_DEBUG", default=False)
 # Live mode is the production switch: it refuses dev-only conveniences (see each setting).
 LIVE_MODE = env.bool("VPAY_LIVE_MODE", default=False)
+if LIVE_MODE and DEBUG:
+    # Django's debug mode serves tracebacks, settings and request data to whoever asks.
+    raise ImproperlyConfigured("VPAY_DEBUG cannot be true in live mode")
 
 SECRET_KEY = env_secret("DJANGO_SECRET_KEY", default="")
 if not SECRET_KEY:
     if LIVE_MODE:
-        from django.core.exceptions import ImproperlyConfigured
-
         raise ImproperlyConfigured("DJANGO_SECRET_KEY must be set in live mode")
     SECRET_KEY = "dev-only-insecure-key-not-for-live-mode"  # noqa: S105
 
@@ -88,13 +90,20 @@ TEMPLATES = [
 ]
 
 # --- Database -------------------------------------------------------------------------
-# DATABASE_URL selects a real server; unset, the project starts its embedded PostgreSQL
-# (vpay/embedded_db.py) so a fresh machine needs no database installed.
+# DATABASE_URL selects a real server. Unset in development, it is the embedded PostgreSQL
+# (vpay/embedded_db.py) so a fresh machine needs no database installed; settings only name
+# it, and the entry points (manage.py, wsgi/asgi, vpay.devstack, the tests) start it. Live
+# mode refuses to start without it: an embedded server's data dies with its container.
 DATABASE_URL = env_secret("DATABASE_URL", default="")
-if not DATABASE_URL:
-    from vpay.embedded_db import ensure_running
+VPAY_EMBEDDED_DATABASE = not DATABASE_URL
+if VPAY_EMBEDDED_DATABASE:
+    if LIVE_MODE:
+        raise ImproperlyConfigured(
+            "DATABASE_URL must be set in live mode (the embedded PostgreSQL is for development only)"
+        )
+    from vpay.embedded_db import database_url as embedded_database_url
 
-    DATABASE_URL = ensure_running()
+    DATABASE_URL = embedded_database_url()
 
 DB_CONNECT_TIMEOUT = env.int("VPAY_DB_CONNECT_TIMEOUT", default=5)
 DB_STATEMENT_TIMEOUT_MS = env.int("VPAY_DB_STATEMENT_TIMEOUT_MS", default=30_000)
@@ -206,8 +215,6 @@ VPAY_CHECKOUT_BASE_URL = env.str("VPAY_CHECKOUT_BASE_URL", default="http://127.0
 # embed a token, so it is a secret (ALERT_WEBHOOK_URL_FILE works too) and never logged.
 ALERT_WEBHOOK_URL = env_secret("ALERT_WEBHOOK_URL", default="")
 if LIVE_MODE and ALERT_WEBHOOK_URL and not ALERT_WEBHOOK_URL.startswith("https://"):
-    from django.core.exceptions import ImproperlyConfigured
-
     raise ImproperlyConfigured("ALERT_WEBHOOK_URL must be an https:// URL in live mode")
 # The address operators reach this site at: alerts link to admin pages under it.
 VPAY_PUBLIC_URL = env.str("VPAY_PUBLIC_URL", default="http://127.0.0.1:8000")
@@ -265,16 +272,12 @@ from webhooks.ssrf import parse_cidrs  # noqa: E402
 VPAY_SECRETS_KEYS = parse_keys(env_secret("VPAY_SECRETS_KEY", default=""))
 if not VPAY_SECRETS_KEYS:
     if LIVE_MODE:
-        from django.core.exceptions import ImproperlyConfigured
-
         raise ImproperlyConfigured("VPAY_SECRETS_KEY must be set in live mode (it seals webhook signing secrets)")
     VPAY_SECRETS_KEYS = [derive_dev_key(SECRET_KEY)]
 # Dev/test only: networks webhook deliveries may reach although the SSRF guard refuses
 # them (e.g. 127.0.0.1/32 for a local receiver). Refused in live mode.
 VPAY_WEBHOOK_ALLOW_CIDRS = parse_cidrs(env.str("VPAY_WEBHOOK_ALLOW_CIDRS", default=""))
 if VPAY_WEBHOOK_ALLOW_CIDRS and LIVE_MODE:
-    from django.core.exceptions import ImproperlyConfigured
-
     raise ImproperlyConfigured("VPAY_WEBHOOK_ALLOW_CIDRS cannot be used in live mode: it switches the SSRF guard off")
 # The delivery ladder: the wait after each failed attempt; after the last, `exhausted`.
 VPAY_WEBHOOK_RETRY_SCHEDULE = parse_schedule(
