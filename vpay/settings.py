@@ -299,3 +299,15 @@ VPAY_WEBHOOK_MAX_IN_FLIGHT = env.int("VPAY_WEBHOOK_MAX_IN_FLIGHT", default=8)
 VPAY_WEBHOOK_FAN_OUT_IDLE = env.float("VPAY_WEBHOOK_FAN_OUT_IDLE", default=5.0)
 # The backstop scan's period: re-enqueues due deliveries that lost their job, recovers expired leases.
 VPAY_WEBHOOK_SCAN_PERIOD = env.float("VPAY_WEBHOOK_SCAN_PERIOD", default=60.0)
+
+# --- /metrics on the web process (vpay/metrics_access.py) --------------------------------
+# Who may read it: the bearer of this token (a secret; VPAY_METRICS_TOKEN_FILE works too)
+# and/or peers in these networks (the socket's address, never a forwarded header). Neither
+# set: open in development, 404 in live mode.
+VPAY_METRICS_TOKEN = env_secret("VPAY_METRICS_TOKEN", default="")
+if VPAY_METRICS_TOKEN and len(VPAY_METRICS_TOKEN) < 16:
+    raise ImproperlyConfigured("VPAY_METRICS_TOKEN must be at least 16 characters")
+try:
+    VPAY_METRICS_ALLOW_CIDRS = parse_cidrs(env.str("VPAY_METRICS_ALLOW_CIDRS", default=""))
+except ValueError as exc:
+    raise ImproperlyConfigured(f"VPAY_METRICS_ALLOW_CIDRS: {exc}") from None

@@ -2,9 +2,12 @@ from django.conf import settings
 from django.contrib import admin
 from django.urls import include, path
 
+from vpay.metrics_access import metrics_view
+
 urlpatterns = [
     path(settings.ADMIN_URL, admin.site.urls),
-    path("", include("django_prometheus.urls")),  # /metrics
+    # django-prometheus' export, behind VPAY_METRICS_TOKEN / VPAY_METRICS_ALLOW_CIDRS.
+    path("metrics", metrics_view, name="prometheus-django-metrics"),
     # The merchant API. Each app adds its own include; api.urls stays last (the JSON 404).
     path("v1/", include("webhooks.urls")),
     path("v1/", include("customers.urls")),
