@@ -1,8 +1,8 @@
 """``make run``: the whole stack on one machine, in the foreground.
 
-Starts the database (embedded unless ``DATABASE_URL`` is set; live mode requires it), applies migrations, makes
-sure an admin login exists (development only), then runs the worker and the web process
-as child processes. In development it also runs the sandbox webhook receiver
+Starts the database (embedded unless ``DATABASE_URL`` is set; live mode requires it),
+applies migrations, makes sure an admin login exists (development only), then runs the
+worker and the web process as child processes. In development it also runs the sandbox webhook receiver
 (``sandbox.receiver``) with a development merchant whose endpoint points at it, so every
 event emitted locally is delivered, signed, and verified there, and the sandbox rail
 (``sandbox.rail``) that the development rails point at (``python manage.py demo_charge``
