@@ -312,7 +312,7 @@ def test_a_stale_attempt_cannot_record_success(receiver):
     # The late worker now tries to record its success: discarded.
     assert delivery.record(late.lease, late_answer).stale
     rows = list(DeliveryAttempt.objects.filter(delivery=d).order_by("number").values_list("number", "state"))
-    assert rows == [(1, "stale"), (2, "succeeded")]
+    assert rows == [(1, "abandoned"), (2, "succeeded")]  # recovered first: abandoned it stays
     d.refresh_from_db()
     assert (d.state, d.attempts) == (DeliveryState.SUCCEEDED, 2)
     # Both requests reached the receiver with the same event id: the duplicate receivers dedupe.
@@ -516,7 +516,7 @@ def test_a_body_that_no_longer_matches_the_first_signed_digest_is_not_sent(recei
     attempt(d.pk)
     assert len(receiver.received()) == 1
     row = DeliveryAttempt.objects.get(delivery=d, number=2)
-    assert row.state == AttemptState.FAILED and "differs from the first signed attempt" in row.error
+    assert row.state == AttemptState.FAILED and "differs from the first sent attempt" in row.error
 
 
 # --- the backstop ----------------------------------------------------------------------

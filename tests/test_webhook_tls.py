@@ -92,7 +92,7 @@ def test_a_pinned_https_delivery_verifies_the_configured_hostname(tls_server):
         ssl_context=client_context(cert_path),
     )
     assert answer.status_code == 200, answer.error
-    assert answer.connected_to == ("127.0.0.1", port)
+    assert answer.connected_to == ("127.0.0.1", port) and answer.sent
     assert seen_sni == ["hooks.merchant.test"]
 
 
@@ -109,3 +109,4 @@ def test_a_certificate_for_another_name_fails_even_though_the_ip_is_the_vetted_o
     )
     assert answer.status_code is None
     assert "CERTIFICATE_VERIFY_FAILED" in str(answer.error) or "hostname" in str(answer.error).lower()
+    assert not answer.sent  # the handshake failed: not one byte of the request went out

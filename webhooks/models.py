@@ -160,7 +160,8 @@ class WebhookDelivery(models.Model):
     next_attempt_at = models.DateTimeField(db_default=Now())
     lease_token = models.UUIDField(null=True, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
-    # The digest of the first signed body; every later attempt must render the same bytes.
+    # The digest of the first body that may have left (see delivery.Attempted); every later
+    # attempt must render the same bytes.
     payload_sha256 = models.CharField(max_length=64, null=True, blank=True)
     last_status_code = models.IntegerField(null=True, blank=True)
     created_at = models.DateTimeField(db_default=Now())

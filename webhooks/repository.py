@@ -345,9 +345,10 @@ def record_outcome(
 ) -> Recorded:
     """Write one attempt's outcome, fenced on its lease: the delivery moves only if this
     lease is still the delivery's and has not expired. Otherwise the attempt is marked
-    ``stale`` and nothing else changes: a late answer never records success.
+    ``stale`` (if it is still ``in_flight``: an attempt the recovery already ``abandoned``
+    stays so) and nothing else changes: a late answer never records success.
 
-    ``payload_sha256`` is COALESCEd: the first signed attempt's digest stays.
+    ``payload_sha256`` is COALESCEd: the first digest of a body that may have left stays.
     """
     with transaction.atomic():
         moved = _rowcount(
@@ -389,9 +390,11 @@ def record_outcome(
             )
             return Recorded(False, delivery_state)
         heard = f"heard {status_code}" if status_code is not None else "no answer"
+        # Only an attempt nobody has ended yet becomes stale: one already abandoned by the
+        # recovery keeps that first terminal state and its record (the log line says the rest).
         _rowcount(
-            "UPDATE webhook_delivery_attempts SET state = 'stale', finished_at = COALESCE(finished_at, now()),"
-            " duration_ms = %s, error = %s WHERE id = %s AND state IN ('in_flight', 'abandoned')",
+            "UPDATE webhook_delivery_attempts SET state = 'stale', finished_at = now(),"
+            " duration_ms = %s, error = %s WHERE id = %s AND state = 'in_flight'",
             [
                 duration_ms,
                 _bounded(

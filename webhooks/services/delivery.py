@@ -6,7 +6,7 @@
    fresh lease token). It commits *before* anything is sent, so every request that ever
    left has a row.
 2. :func:`perform` — render the event once, hash it and compare the digest with the one
-   the first signed attempt stored, sign it with every active secret, vet the address
+   the first attempt that may have sent it stored, sign it with every active secret, vet the address
    (SSRF guard) and POST it over a connection pinned to the vetted address. Nothing here
    writes to the database; it never raises for the network.
 3. :func:`record` — one fenced transaction: the delivery moves only while this attempt's
@@ -235,7 +235,11 @@ class Attempted:
     status_code: int | None = None
     excerpt: str = ""
     error: str = ""
-    payload_sha256: str | None = None  # None: nothing was signed
+    # The digest of a body that may have reached the receiver; None when nothing left the
+    # process (unsigned, unresolved, refused, out of budget before the first byte): the
+    # first stored digest is what every later attempt is compared with, so it must be of
+    # a body a receiver may have seen.
+    payload_sha256: str | None = None
     duration_ms: int | None = None
     connected_to: tuple[str, int] | None = None
 
@@ -263,14 +267,14 @@ def perform(lease: repository.Lease, *, resolver: ssrf.Resolver = ssrf.system_re
         with transaction.atomic():
             raise_alert(
                 key=f"webhook_body_changed:{delivery.pk}",
-                title=f"Webhook delivery {delivery.pk}: the rendered body changed since its first signed attempt",
+                title=f"Webhook delivery {delivery.pk}: the rendered body changed since its first sent attempt",
                 source="webhooks.body_changed",
                 severity=Severity.ERROR,
                 details={"delivery_id": delivery.pk, "event_id": delivery.event_id, "endpoint_id": endpoint.pk},
                 link=admin_path(delivery),
                 correlation_id=delivery.event_id,
             )
-        return Attempted(AttemptState.FAILED, error="rendered body differs from the first signed attempt; not sent")
+        return Attempted(AttemptState.FAILED, error="rendered body differs from the first sent attempt; not sent")
     secrets = []
     for sealed in repository.active_sealed_secrets(endpoint.pk):
         try:
@@ -307,10 +311,7 @@ def perform(lease: repository.Lease, *, resolver: ssrf.Resolver = ssrf.system_re
                 AttemptState.FAILED, delivery_state=DeliveryState.REFUSED, error=f"refused by the SSRF guard: {exc}"
             )
         return Attempted(
-            AttemptState.NO_RESPONSE,
-            error=error_chain(exc, 1000),
-            payload_sha256=digest,
-            duration_ms=int((time.monotonic() - started) * 1000),
+            AttemptState.NO_RESPONSE, error=error_chain(exc, 1000), duration_ms=int((time.monotonic() - started) * 1000)
         )
     except httpx.InvalidURL as exc:
         return Attempted(AttemptState.FAILED, error=f"the endpoint URL is invalid: {exc}")
@@ -319,7 +320,6 @@ def perform(lease: repository.Lease, *, resolver: ssrf.Resolver = ssrf.system_re
         return Attempted(
             AttemptState.NO_RESPONSE,
             error="the attempt's total timeout elapsed while resolving the host; nothing sent",
-            payload_sha256=digest,
             duration_ms=int((time.monotonic() - started) * 1000),
         )
     answer = transport.post(
@@ -342,7 +342,7 @@ def perform(lease: repository.Lease, *, resolver: ssrf.Resolver = ssrf.system_re
         status_code=answer.status_code,
         excerpt=answer.excerpt,
         error=error_chain(answer.error, 1000) if answer.error is not None else "",
-        payload_sha256=digest,
+        payload_sha256=digest if answer.sent else None,
         duration_ms=duration_ms,
         connected_to=answer.connected_to,
     )
@@ -411,7 +411,9 @@ def record(lease: repository.Lease, attempted: Attempted) -> repository.Recorded
     if recorded.stale:
         logger.warning(
             "webhook attempt was stale: its lease expired first; answer discarded",
-            extra={"delivery_id": lease.delivery_id, "attempt": lease.number},
+            # The row may already be abandoned (and keeps that): this line is where what the
+            # late finisher heard is still told.
+            extra={"delivery_id": lease.delivery_id, "attempt": lease.number, "status_code": attempted.status_code},
         )
     return recorded
 

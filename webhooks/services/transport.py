@@ -13,7 +13,10 @@ Also here, because they are properties of the connection, not of the caller:
 * one deadline for the whole attempt: every socket read and write is given only what is
   left of it, so a receiver dripping one byte a second cannot stretch an attempt;
 * the answer's body is read up to ``excerpt_bytes`` and the connection is then closed, so
-  an endless body costs one buffer, never the worker.
+  an endless body costs one buffer, never the worker;
+* whether any of the request may have reached the receiver (:attr:`Answer.sent`): a
+  refused connection, a failed TLS handshake or a budget spent before the first write
+  sent nothing, and the delivery's digest is only ever of a body that may have left.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ class PinnedBackend(httpcore.NetworkBackend):
         self.addresses = list(addresses)
         self.deadline = deadline
         self.connected_to: tuple[str, int] | None = None
+        self.wrote = False  # set at the first write of the request (after any TLS handshake)
         self._inner = httpcore.SyncBackend()
 
     def connect_tcp(
@@ -70,7 +74,7 @@ class PinnedBackend(httpcore.NetworkBackend):
                 errors.append(exc)
                 continue
             self.connected_to = (str(address), port)
-            return DeadlineStream(stream, lambda: self.deadline, "the webhook attempt")
+            return _WriteWatch(DeadlineStream(stream, lambda: self.deadline, "the webhook attempt"), self)
         if errors:
             raise errors[-1]
         raise httpcore.ConnectTimeout("the webhook attempt's total timeout elapsed before connecting")
@@ -80,6 +84,35 @@ class PinnedBackend(httpcore.NetworkBackend):
 
     def sleep(self, seconds: float) -> None:  # pragma: no cover - only used by httpcore retries (0)
         time.sleep(seconds)
+
+
+class _WriteWatch(httpcore.NetworkStream):
+    """Tells its backend when the request's first byte is handed to the socket. The TLS
+    handshake runs on the socket itself, never through :meth:`write`, so a write is the
+    request (its head first), and a failed one may still have sent part of it."""
+
+    def __init__(self, inner: httpcore.NetworkStream, backend: PinnedBackend) -> None:
+        self._inner = inner
+        self._backend = backend
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._inner.read(max_bytes, timeout)
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        if buffer:
+            self._backend.wrote = True  # before the call: a write that fails may have sent some
+        self._inner.write(buffer, timeout)
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(
+        self, ssl_context: ssl.SSLContext, server_hostname: str | None = None, timeout: float | None = None
+    ) -> httpcore.NetworkStream:
+        return _WriteWatch(self._inner.start_tls(ssl_context, server_hostname, timeout), self._backend)
+
+    def get_extra_info(self, info: str) -> typing.Any:
+        return self._inner.get_extra_info(info)
 
 
 class _PinnedTransport(httpx.HTTPTransport):
@@ -111,13 +144,17 @@ def default_ssl_context() -> ssl.SSLContext:
 
 @dataclass
 class Answer:
-    """What came back: a status (None: nothing did), a bounded excerpt, and the error if any."""
+    """What came back: a status (None: nothing did), a bounded excerpt, and the error if any.
+
+    ``sent``: whether any of the request may have reached the receiver (False only when
+    not one byte of it was handed to a connected socket)."""
 
     status_code: int | None
     excerpt: str = ""
     error: BaseException | None = None
     connected_to: tuple[str, int] | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    sent: bool = True
 
 
 def post(
@@ -162,4 +199,4 @@ def post(
                 {k: v for k, v in list(response.headers.items())[:20]},
             )
     except (httpx.TransportError, httpx.InvalidURL, OSError, ssl.SSLError) as exc:
-        return Answer(None, error=exc, connected_to=backend.connected_to)
+        return Answer(None, error=exc, connected_to=backend.connected_to, sent=backend.wrote)
