@@ -14,14 +14,28 @@ What :meth:`VpayTaskBackend.get_result` reports, honestly:
   rows, so ``args``/``kwargs`` are empty and ``return_value`` is always ``None``;
 * ``FAILED`` once it is in ``dead_letters`` and has no fence row (the last error is in
   ``errors``);
-* after the fence row expires: :class:`TaskResultDoesNotExist`, as for an unknown id.
+* after the fence row expires: :class:`TaskResultDoesNotExist`, as for an unknown id;
+  likewise for a result whose task path no longer imports (a ``TaskResult`` needs its task).
+
+``task_enqueued`` is sent once the job row commits with the caller's transaction (at once
+outside one), never for an enqueue that rolled back.
+
+``run_after``: Django's API takes only an aware datetime, an instant on the caller's clock.
+The backend turns it into a delay on that same clock (``run_after`` minus this host's now,
+0 if past) and PostgreSQL adds the delay to its ``now()``: the database clock sets
+``run_at``. That keeps the common relative use (``timezone.now() + timedelta(minutes=10)``)
+exact on a host whose clock is off, at the cost of an explicit instant ("09:00 UTC"), which
+moves by the host's error; :func:`run_after_at` makes such an instant exact on the database
+clock instead.
 """
 
 from __future__ import annotations
 
 import uuid
+from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.db import connection, transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
 from django_tasks.backends.base import BaseTaskBackend
@@ -85,9 +99,8 @@ class VpayTaskBackend(BaseTaskBackend):
         }
         delay = None
         if task.run_after is not None:
-            # run_after is an instant on the caller's clock; turning it into a delay on the
-            # same clock and letting Postgres add it to now() keeps "in ten minutes" true
-            # even when this host's clock is off.
+            # Two readings of this host's clock cancel its error; Postgres adds the delay
+            # to now() (see the module docstring for what that costs an explicit instant).
             delay = max((task.run_after - timezone.now()).total_seconds(), 0.0)
         job_id = queue.enqueue(
             JobKind.TASK,
@@ -98,7 +111,15 @@ class VpayTaskBackend(BaseTaskBackend):
             priority=-task.priority,
         )
         result = _result(task, job_id, TaskResultStatus.READY, payload["args"], payload["kwargs"], self.alias)
-        task_enqueued.send(type(self), task_result=result)
+        # "Enqueued" is true once the job row commits with the caller's transaction (at once
+        # outside one), and never if it rolls back. Robust: a receiver's failure after the
+        # commit is logged, not raised at a caller whose task is already queued.
+        sender = type(self)
+
+        def announce() -> None:  # a named function: Django's robust on_commit logs its __qualname__
+            task_enqueued.send(sender, task_result=result)
+
+        transaction.on_commit(announce, robust=True)
         return result
 
     def get_result(self, result_id: str) -> TaskResult:
@@ -110,7 +131,7 @@ class VpayTaskBackend(BaseTaskBackend):
         if job is not None:
             status = TaskResultStatus.RUNNING if job.locked_at else TaskResultStatus.READY
             result = _result(
-                _import_task(job.payload["task"]),
+                _task_of(job.payload["task"], result_id),
                 job_id,
                 status,
                 job.payload["args"],
@@ -124,13 +145,14 @@ class VpayTaskBackend(BaseTaskBackend):
         # and then replayed.
         fence = ProcessedJob.objects.filter(job_id=job_id, kind=JobKind.TASK).first()
         if fence is not None and fence.subject:
-            result = _result(_import_task(fence.subject), job_id, TaskResultStatus.SUCCESSFUL, [], {}, self.alias)
+            task = _task_of(fence.subject, result_id)
+            result = _result(task, job_id, TaskResultStatus.SUCCESSFUL, [], {}, self.alias)
             object.__setattr__(result, "finished_at", fence.processed_at)
             return result
         letter = DeadLetter.objects.filter(job_id=job_id, kind=JobKind.TASK).order_by("-created_at").first()
         if letter is not None:
             result = _result(
-                _import_task(letter.payload["task"]),
+                _task_of(letter.payload["task"], result_id),
                 job_id,
                 TaskResultStatus.FAILED,
                 letter.payload["args"],
@@ -144,6 +166,23 @@ class VpayTaskBackend(BaseTaskBackend):
             object.__setattr__(result, "finished_at", letter.created_at)
             return result
         raise TaskResultDoesNotExist(result_id)
+
+
+def run_after_at(instant: datetime) -> datetime:
+    """The ``run_after`` that makes a task due at ``instant`` on the database clock, whatever
+    this host's clock says: ``instant`` minus the database's now, added to this host's now
+    (which :meth:`VpayTaskBackend.enqueue` subtracts again). ``ValueError`` for a naive one.
+
+    ``task.using(run_after=run_after_at(instant))``: for an instant that must be exact (a
+    settlement cut-off); ``timezone.now() + delta`` needs nothing (see the module docstring).
+    """
+    if timezone.is_naive(instant):
+        raise ValueError("run_after_at() needs an aware datetime")
+    with connection.cursor() as cursor:
+        # The instant's distance from the statement's time: the clock _RUN_AT adds a delay to.
+        cursor.execute("SELECT EXTRACT(EPOCH FROM %s::timestamptz - statement_timestamp())::float8", [instant])
+        (seconds,) = cursor.fetchone()
+    return timezone.now() + timedelta(seconds=seconds)
 
 
 def _result(task: Task, job_id: uuid.UUID, status: TaskResultStatus, args, kwargs, alias: str) -> TaskResult:
@@ -161,6 +200,17 @@ def _result(task: Task, job_id: uuid.UUID, status: TaskResultStatus, args, kwarg
         errors=[],
         worker_ids=[],
     )
+
+
+def _task_of(path: str, result_id: str) -> Task:
+    """The task a stored result names, for :meth:`VpayTaskBackend.get_result`: a
+    ``TaskResult`` cannot be built without one, so a path that no longer imports (renamed,
+    removed, not a ``@task`` any more) is a result this build cannot report. Its job,
+    dead letter or fence row is untouched; the ops console still shows it."""
+    try:
+        return _import_task(path)
+    except PoisonError as exc:
+        raise TaskResultDoesNotExist(f"{result_id}: {path!r} no longer imports as a task ({exc})") from None
 
 
 def _import_task(path: str) -> Task:

@@ -2,19 +2,32 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import textwrap
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
+from django.db import transaction
 from django.utils import timezone
 from django_tasks import default_task_backend
 from django_tasks.base import TaskResultStatus
 from django_tasks.exceptions import InvalidTaskError, TaskResultDoesNotExist
+from django_tasks.signals import task_enqueued
 
-from jobs import repository
+from jobs import queue, repository
+from jobs.kinds import JobKind
+from jobs.tasks_backend import VpayTaskBackend, run_after_at
 from jobs.worker import Worker
 from tests import tasks
-from tests.queue_support import claim, count, execute, one, scalar, seconds_until_run
+from tests.clock_support import skewed_env
+from tests.conftest import ROOT, database_url
+from tests.queue_support import claim, count, execute, one, scalar, seconds_until_run, task_payload
+
+TWO_HOURS = 7200
 
 pytestmark = pytest.mark.django_db
 
@@ -125,3 +138,125 @@ def test_get_result__of_a_successful_task_whose_fence_expired_raises_task_result
     assert repository.delete_expired_fences() == 1
     with pytest.raises(TaskResultDoesNotExist):
         default_task_backend.get_result(result.id)
+
+
+# --- edge cases: a path that no longer imports, the signal, run_after on a skewed host ---
+
+
+@pytest.mark.parametrize("path", ["tests.tasks.no_longer_here", "tests.tasks._record", "tests.gone_module.task"])
+def test_get_result__of_a_live_job_whose_task_no_longer_imports_raises_task_result_does_not_exist(path):
+    job_id = queue.enqueue(JobKind.TASK, task_payload(path, "x"))
+    with pytest.raises(TaskResultDoesNotExist, match="no longer imports as a task"):
+        default_task_backend.get_result(str(job_id))
+
+
+def test_get_result__of_a_dead_lettered_task_that_no_longer_imports_raises_task_result_does_not_exist():
+    job_id = queue.enqueue(JobKind.TASK, task_payload("tests.tasks.no_longer_here"))
+    Worker(concurrency=1).run_once()  # poison: dead-lettered on its first attempt
+    assert count("dead_letters", "job_id = %s", [str(job_id)]) == 1
+    with pytest.raises(TaskResultDoesNotExist, match=r"tests\.tasks\.no_longer_here"):
+        default_task_backend.get_result(str(job_id))
+
+
+@pytest.fixture
+def enqueued_signals():
+    """Every ``task_enqueued`` the backend sends, as (sender, result id), in order."""
+    seen: list[tuple[type, str]] = []
+
+    def receiver(sender, task_result, **kwargs):
+        seen.append((sender, task_result.id))
+
+    task_enqueued.connect(receiver)
+    yield seen
+    task_enqueued.disconnect(receiver)
+
+
+@pytest.mark.django_db(transaction=True)  # real commits: on_commit callbacks run
+def test_task_enqueued_fires_once_the_callers_transaction_commits(enqueued_signals):
+    with transaction.atomic():
+        result = tasks.record.enqueue("committed")
+        assert enqueued_signals == []  # not yet: the job row is not visible to anyone
+    assert enqueued_signals == [(VpayTaskBackend, result.id)]
+    outside = tasks.record.enqueue("autocommit")  # no transaction: committed at once
+    assert enqueued_signals[-1] == (VpayTaskBackend, outside.id)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_task_enqueued_never_fires_for_an_enqueue_that_rolled_back(enqueued_signals):
+    with pytest.raises(RuntimeError), transaction.atomic():
+        tasks.record.enqueue("rolled back")
+        raise RuntimeError("the caller's transaction fails")
+    assert enqueued_signals == [] and count("jobs") == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failing_task_enqueued_receiver_does_not_undo_a_committed_enqueue(caplog):
+    def broken(sender, task_result, **kwargs):
+        raise ValueError("a receiver's bug")
+
+    task_enqueued.connect(broken)
+    try:
+        result = tasks.record.enqueue("kept")  # does not raise: the job is committed
+    finally:
+        task_enqueued.disconnect(broken)
+    assert count("jobs", "job_id = %s", [result.id]) == 1
+    assert any("a receiver's bug" in r.getMessage() for r in caplog.records if r.levelname == "ERROR")  # logged
+
+
+def enqueue_on_a_skewed_host(tmp_path, offset_seconds: int, at: datetime) -> dict[str, str]:
+    """Enqueue three ``run_after`` tasks from a real process whose wall clock is
+    ``offset_seconds`` off the database's; returns their result ids by label."""
+    code = textwrap.dedent(
+        """
+        import json, os
+        from datetime import datetime, timedelta
+        from django.utils import timezone
+        from jobs.tasks_backend import run_after_at
+        from tests import tasks
+
+        at = datetime.fromisoformat(os.environ["VPAY_TEST_AT"])
+        ids = {
+            "relative": tasks.record.using(run_after=timezone.now() + timedelta(minutes=10)).enqueue("r").id,
+            "instant": tasks.record.using(run_after=at).enqueue("i").id,
+            "instant_on_the_database_clock": tasks.record.using(run_after=run_after_at(at)).enqueue("d").id,
+        }
+        print("IDS " + json.dumps(ids))
+        """
+    )
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url(),
+        "VPAY_TEST_AT": at.isoformat(),
+        **skewed_env("sitecustomize", offset_seconds, tmp_path),
+    }
+    done = subprocess.run(
+        [sys.executable, "manage.py", "shell", "-c", code],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    [line] = [line for line in done.stdout.splitlines() if line.startswith("IDS ")]
+    return json.loads(line[4:])
+
+
+@pytest.mark.django_db(transaction=True)  # the subprocess commits; this test reads it
+@pytest.mark.parametrize("offset", [TWO_HOURS, -TWO_HOURS])
+def test_run_after_on_a_host_whose_clock_is_off(tmp_path, offset):
+    an_hour_from_now = scalar("SELECT now() + interval '1 hour'")
+    ids = enqueue_on_a_skewed_host(tmp_path, offset, an_hour_from_now)
+    # "In ten minutes" stays ten minutes on the database clock: the host only measured a
+    # difference between two readings of its own clock.
+    assert 540 <= seconds_until_run(ids["relative"]) <= 600
+    # A bare instant is read on the host's clock, so it moves by the host's error (a
+    # skewed-ahead host thinks an hour from now is an hour ago: due at once)...
+    assert seconds_until_run(ids["instant"]) == pytest.approx(max(3600 - offset, 0), abs=60)
+    # ...unless it is made relative on the database clock first.
+    assert seconds_until_run(ids["instant_on_the_database_clock"]) == pytest.approx(3600, abs=60)
+
+
+def test_run_after_at_refuses_a_naive_datetime():
+    with pytest.raises(ValueError, match="aware"):
+        run_after_at(datetime(2030, 1, 1, 9, 0))  # naive: no tzinfo

@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import signal
 import socket
 import subprocess
-import textwrap
 import time
 import urllib.request
 from pathlib import Path
@@ -26,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from jobs import registry
 from jobs.queue import JobRequest, enqueue, enqueue_many
+from tests.clock_support import skewed_env
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -276,66 +275,6 @@ def test_a_second_signal_exits_at_once_with_a_nonzero_code_even_with_a_long_job(
 # --- 3. Clock skew ------------------------------------------------------------------------
 
 TWO_HOURS = 7200
-
-SKEWED_SITECUSTOMIZE = textwrap.dedent(
-    """
-    # Loaded only by the skewed worker subprocess (its PYTHONPATH): the host clock is off.
-    import datetime as _dt
-    import os as _os
-    import time as _time
-
-    _offset = float(_os.environ["VPAY_TEST_CLOCK_OFFSET"])
-    _real_time, _real_time_ns = _time.time, _time.time_ns
-    _time.time = lambda: _real_time() + _offset
-    _time.time_ns = lambda: _real_time_ns() + int(_offset * 1e9)
-
-
-    class _SkewedDatetime(_dt.datetime):
-        @classmethod
-        def now(cls, tz=None):
-            return super().now(tz) + _dt.timedelta(seconds=_offset)
-
-        @classmethod
-        def utcnow(cls):
-            return super().utcnow() + _dt.timedelta(seconds=_offset)
-
-        @classmethod
-        def today(cls):
-            return cls.now()
-
-
-    _dt.datetime = _SkewedDatetime
-    """
-)
-
-
-def libfaketime() -> str | None:
-    for pattern in (
-        "/usr/lib/*/faketime/libfaketime.so.1",
-        "/usr/lib/faketime/libfaketime.so.1",
-        "/usr/local/lib/faketime/libfaketime.so.1",
-    ):
-        for path in sorted(Path("/").glob(pattern.lstrip("/"))):
-            return str(path)
-    return None
-
-
-def skewed_env(mechanism: str, offset_seconds: int, tmp_path: Path) -> dict[str, str]:
-    """Environment that runs a worker subprocess with its wall clock ``offset_seconds`` off."""
-    if mechanism == "libfaketime":
-        library = libfaketime()
-        if library is None:
-            pytest.skip(f"libfaketime is not installed (faketime binary: {shutil.which('faketime')})")
-        # Wall clock only: a real skewed host's monotonic clock is unaffected as well.
-        return {
-            "LD_PRELOAD": library,
-            "FAKETIME": f"{offset_seconds:+d}s",
-            "FAKETIME_DONT_FAKE_MONOTONIC": "1",
-        }
-    site = tmp_path / f"skew{offset_seconds:+d}"
-    site.mkdir(exist_ok=True)
-    (site / "sitecustomize.py").write_text(SKEWED_SITECUSTOMIZE)
-    return {"PYTHONPATH": str(site), "VPAY_TEST_CLOCK_OFFSET": str(offset_seconds)}
 
 
 def clock_offset(worker) -> float:
