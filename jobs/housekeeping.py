@@ -5,7 +5,8 @@ roll back the others: expired ``processed_jobs`` rows (in pages) and expired job
 The lease reap is here as well as in every worker because a job cannot recover its own
 lease: when the only worker dies holding this job, the next worker's boot reaper frees it.
 Later apps add their own expiries with :func:`register_sweep_step`; ``jobs`` imports none
-of them.
+of them. A step that fails (or skips rows) on ``SWEEP_STEP_ALERT_AFTER`` consecutive passes
+alerts once (``jobs.sweep_health``).
 """
 
 from __future__ import annotations
@@ -14,12 +15,15 @@ import logging
 from collections.abc import Callable
 from typing import NamedTuple
 
-from jobs import registry, repository
+from jobs import registry, repository, sweep_health
 from jobs.context import JobContext
 from jobs.kinds import JobKind
 from jobs.outcome import Outcome
 from jobs.schema import PayloadSchema
 from vpay.errors import error_chain
+
+SWEEP_STEP_ALERT_AFTER = sweep_health.SWEEP_STEP_ALERT_AFTER
+STEP_NAME_MAX = 100  # sweep_step_streaks.step
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +56,8 @@ def register_sweep_step(name: str, step: SweepStep) -> None:
     """
     if name in _STEPS or name in _BUILT_IN:
         raise RuntimeError(f"sweep step {name!r} is already registered")
+    if not name or len(name) > STEP_NAME_MAX:
+        raise ValueError(f"a sweep step's name is 1 to {STEP_NAME_MAX} characters (its failure streak's key)")
     _STEPS[name] = step
 
 
@@ -99,10 +105,14 @@ def sweep_expired(ctx: JobContext) -> Outcome:
         except Exception as exc:  # noqa: BLE001 - one step's failure must not stop the others
             failed.append(exc)
             logger.warning("sweep step failed", extra={"step": name, "error": error_chain(exc, 300)})
+            sweep_health.step_failed(name, error_chain(exc, 1000))
             continue
         counts[name] = result.count
         if result.failed:
             counts[f"{name}_failed"] = result.failed
+            sweep_health.step_failed(name, f"{result.failed} row(s) failed and were skipped")
+        else:
+            sweep_health.step_succeeded(name)
         more = more or result.more
         ctx.heartbeat()
     logger.info("sweep_expired", extra={"counts": counts, "failed_steps": len(failed)})

@@ -281,3 +281,26 @@ class Alert(models.Model):
 
     def __str__(self) -> str:
         return f"alert {self.pk} ({self.key})"
+
+
+class SweepStepStreak(models.Model):
+    """A ``sweep_expired`` step's current run of failed passes (``jobs.sweep_health``): one
+    row while the step keeps failing, deleted by its next good pass. In the database so the
+    count survives the worker restarting between hourly passes."""
+
+    step = models.CharField(max_length=100, primary_key=True)
+    failures = models.IntegerField(help_text="Consecutive failed passes.")
+    since = models.DateTimeField(db_default=TransactionNow(), help_text="The streak's first failure.")
+    last_error = models.TextField(blank=True, db_default="")
+
+    class Meta:
+        db_table = "sweep_step_streaks"
+        constraints = [
+            models.CheckConstraint(condition=Q(failures__gte=1), name="jobs_sweep_streak_failures_positive"),
+            models.CheckConstraint(
+                condition=Q(last_error__length__lte=LAST_ERROR_MAX), name="jobs_sweep_streak_last_error_bounded"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"sweep step {self.step}: {self.failures} failed passes"

@@ -9,8 +9,9 @@ from django.db import connection
 from jobs import housekeeping, queue
 from jobs.housekeeping import StepResult
 from jobs.kinds import JobKind
+from jobs.models import Alert
 from jobs.worker import Worker
-from tests.queue_support import rows
+from tests.queue_support import make_due, rows
 
 pytestmark = pytest.mark.django_db
 
@@ -64,3 +65,60 @@ def test_a_step_name_is_registered_once(steps):
         housekeeping.register_sweep_step("once", lambda ctx: StepResult(0))
     with pytest.raises(RuntimeError, match="already registered"):
         housekeeping.register_sweep_step("leases", lambda ctx: StepResult(0))
+    with pytest.raises(ValueError, match="1 to 100 characters"):
+        housekeeping.register_sweep_step("x" * 101, lambda ctx: StepResult(0))
+
+
+def sweep_again() -> None:
+    """The singleton's next pass: its row lives on an hour out; make it due and run the
+    worker until it has run (an alert's send_alert job may be claimed first)."""
+    job_id = queue.enqueue(JobKind.SWEEP_EXPIRED, {}, dedupe_key="singleton:sweep_expired")
+    [(job_id,)] = rows("SELECT job_id FROM jobs WHERE kind = 'sweep_expired'") if job_id is None else [(job_id,)]
+    make_due(job_id)
+    due = "SELECT 1 FROM jobs WHERE job_id = %s AND run_at <= now()"
+    for _ in range(5):
+        if not rows(due, [str(job_id)]):
+            return
+        Worker(concurrency=1).run_once()
+    pytest.fail("the sweep did not run")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_step_failing_on_consecutive_passes_alerts_once_at_the_bound_and_re_arms_after_a_success(steps):
+    health = {"broken": True}
+
+    def flaky(ctx):
+        if health["broken"]:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT 1 / 0")
+        return StepResult(0)
+
+    housekeeping.register_sweep_step("flaky", flaky)
+    for _ in range(housekeeping.SWEEP_STEP_ALERT_AFTER - 1):
+        sweep_again()
+    assert not Alert.objects.exists()  # a warning each pass, no alert yet
+    for _ in range(3):
+        sweep_again()  # the bound, and past it: one alert, not one an hour
+    [first] = Alert.objects.all()
+    assert first.source == "jobs.sweep_step_failing" and first.key.startswith("sweep_step_failing:flaky:")
+    assert first.details["step"] == "flaky" and first.details["consecutive_failures"] == 3
+    assert "division by zero" in first.details["error"]
+    # Counted in the database, so a restarted worker keeps counting.
+    assert rows("SELECT failures FROM sweep_step_streaks WHERE step = 'flaky'") == [(5,)]
+    health["broken"] = False
+    sweep_again()  # a success re-arms
+    assert rows("SELECT failures FROM sweep_step_streaks WHERE step = 'flaky'") == []
+    health["broken"] = True
+    for _ in range(housekeeping.SWEEP_STEP_ALERT_AFTER):
+        sweep_again()
+    keys = set(Alert.objects.values_list("key", flat=True))
+    assert len(keys) == 2 and first.key in keys  # a new streak is a new alert
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_step_that_skips_failing_rows_on_every_pass_alerts_too(steps):
+    housekeeping.register_sweep_step("skips", lambda ctx: StepResult(4, failed=1))
+    for _ in range(housekeeping.SWEEP_STEP_ALERT_AFTER):
+        sweep_again()
+    [alert] = Alert.objects.all()
+    assert alert.details["step"] == "skips" and alert.details["error"] == "1 row(s) failed and were skipped"

@@ -102,7 +102,7 @@ def test_abandoned_events_are_re_driven_from_the_console_only_with_permission():
     merchant, _ = create_merchant("Acme")
     with transaction.atomic():
         event = emit(merchant, EventType.PAYMENT_INTENT_SUCCEEDED, {"id": "pi_1", "object": "payment_intent"})
-    Event.objects.filter(pk=event.pk).update(fan_out="abandoned", fan_out_failures=5)
+    Event.objects.filter(pk=event.pk).update(fan_out="abandoned", fan_out_failures=5, fan_out_transient_failures=7)
     staff = User.objects.create_user("ops", password="pw", is_staff=True)
     staff.user_permissions.add(Permission.objects.get(codename="view_event"))
     client = Client()
@@ -115,7 +115,12 @@ def test_abandoned_events_are_re_driven_from_the_console_only_with_permission():
     assert "redrive_selected" in client.get("/admin/webhooks/event/").content.decode()
     client.post("/admin/webhooks/event/", action)
     event.refresh_from_db()
-    assert (event.fan_out, event.fan_out_failures, event.fan_out_redrives) == ("pending", 0, 1)
+    assert (event.fan_out, event.fan_out_failures, event.fan_out_transient_failures, event.fan_out_redrives) == (
+        "pending",
+        0,
+        0,
+        1,
+    )
     [entry] = LogEntry.objects.filter(object_id=event.pk, user=staff)
     assert "Re-driven" in entry.change_message
     client.post("/admin/webhooks/event/", action)  # pending: skipped, nothing written

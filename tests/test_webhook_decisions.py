@@ -6,6 +6,7 @@ import pytest
 
 from webhooks.decisions import (
     DEFAULT_SCHEDULE,
+    FAN_OUT_TRANSIENT_ALERT_AFTER,
     AttemptResult,
     FanOut,
     Next,
@@ -14,6 +15,7 @@ from webhooks.decisions import (
     delivery_delay,
     fan_out_disposition,
     parse_schedule,
+    stuck_alert_due,
 )
 
 
@@ -72,6 +74,25 @@ def test_fan_out_disposition(failures, expected):
 def test_fan_out_disposition_with_another_limit():
     assert fan_out_disposition(1, max_passes=1) is FanOut.ABANDON
     assert fan_out_disposition(None, max_passes=1) is FanOut.NOT_PENDING
+
+
+@pytest.mark.parametrize(
+    ("transient_failures", "due"),
+    [
+        (None, False),  # no longer pending: nothing to say
+        (1, False),
+        (FAN_OUT_TRANSIENT_ALERT_AFTER - 1, False),
+        (FAN_OUT_TRANSIENT_ALERT_AFTER, True),  # the pass that reaches the bound, and only it
+        (FAN_OUT_TRANSIENT_ALERT_AFTER + 1, False),
+        (10 * FAN_OUT_TRANSIENT_ALERT_AFTER, False),
+    ],
+)
+def test_a_stuck_event_alerts_exactly_at_the_bound(transient_failures, due):
+    assert stuck_alert_due(transient_failures) is due
+
+
+def test_a_stuck_event_alerts_at_another_bound():
+    assert [n for n in range(1, 6) if stuck_alert_due(n, alert_after=2)] == [2]
 
 
 @pytest.mark.parametrize(

@@ -151,6 +151,28 @@ def test_transient_database_errors_never_count_toward_abandoning_an_event(receiv
     assert fanout.drain_once().fanned_out == 1  # the database is healthy again: nothing was lost
 
 
+def test_an_event_that_fails_transiently_on_every_pass_alerts_once_at_the_bound_and_stays_pending(receiver):
+    m = merchant()
+    endpoint(m, receiver.url("/a"))
+    [event] = emit_events(m)
+    slow_insert = f"IF NEW.event_id = '{event.pk}' THEN PERFORM pg_sleep(2); END IF; RETURN NEW;"
+    with delivery_insert_trigger("test_slow_delivery", slow_insert):
+        sql("SET statement_timeout = '100ms'")
+        try:
+            passes = [fanout.drain_once(transient_alert_after=3) for _ in range(6)]
+        finally:
+            sql("RESET statement_timeout")
+    assert [p.transient for p in passes] == [1] * 6
+    # Counted in the database (a restarted worker keeps counting), never toward abandoning.
+    assert sql(
+        "SELECT fan_out, fan_out_failures, fan_out_transient_failures FROM events WHERE id = %s", [event.pk]
+    ) == [("pending", 0, 6)]
+    [alert] = Alert.objects.all()  # once, at the third pass, not at every pass after it
+    assert (alert.key, alert.source) == (f"webhook_event_stuck:{event.pk}", "webhooks.event_stuck")
+    assert alert.details["transient_failures"] == 3 and "statement timeout" in alert.details["error"]
+    assert fanout.drain_once().fanned_out == 1  # still pending, so nothing was lost once it heals
+
+
 def test_an_abandoned_event_can_be_re_driven_and_alerts_again_if_abandoned_again(receiver):
     from webhooks.services.redrive import redrive_event
 

@@ -36,6 +36,7 @@ class EventAdmin(ReadOnlyAdmin):
         "created_at",
         "fan_out",
         "fan_out_failures",
+        "fan_out_transient_failures",
         "fan_out_redrives",
         "data_pretty",
     )

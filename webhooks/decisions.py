@@ -1,4 +1,5 @@
-"""The pure decision tables of webhook delivery: the retry ladder and the fan-out disposition.
+"""The pure decision tables of webhook delivery: the retry ladder, the fan-out disposition
+and when a transiently failing event alerts.
 
 No database and no settings here: callers pass the schedule (``VPAY_WEBHOOK_RETRY_SCHEDULE``)
 and the counts they read, so every cell is unit-tested without Postgres.
@@ -13,6 +14,10 @@ from collections.abc import Sequence
 # receiver that is down for a day still gets its events once it is back.
 DEFAULT_SCHEDULE: tuple[float, ...] = (5.0, 300.0, 1800.0, 7200.0, 18000.0, 36000.0, 36000.0)
 FAN_OUT_MAX_PASSES = 5
+# Passes an event may fail *transiently* (the database, not the event) before one alert says
+# it is stuck. It is never abandoned for them: at the idle cadence (5 s) about five minutes,
+# longer than a migration's lock should be held, and sooner when other events make progress.
+FAN_OUT_TRANSIENT_ALERT_AFTER = 60
 
 
 def delivery_delay(attempt: int, schedule: Sequence[float] = DEFAULT_SCHEDULE) -> float | None:
@@ -61,6 +66,13 @@ def fan_out_disposition(failures: int | None, max_passes: int = FAN_OUT_MAX_PASS
     if failures >= max_passes:
         return FanOut.ABANDON
     return FanOut.RETRY
+
+
+def stuck_alert_due(transient_failures: int | None, alert_after: int = FAN_OUT_TRANSIENT_ALERT_AFTER) -> bool:
+    """Whether this transient failure, counted as ``transient_failures``, is the one that
+    alerts: exactly the pass that reaches the bound, so an event stuck for a day costs one
+    alert, not one per pass (None: no longer pending, nothing to say)."""
+    return transient_failures is not None and transient_failures == alert_after
 
 
 class AttemptResult(enum.Enum):

@@ -39,6 +39,8 @@ class Event(models.Model):
     created_at = models.DateTimeField(db_default=Now())
     fan_out = models.CharField(max_length=16, choices=FanOut.choices, db_default=FanOut.PENDING)
     fan_out_failures = models.SmallIntegerField(db_default=0)
+    # Passes that failed transiently (never abandons; alerts once at a bound: webhooks.decisions).
+    fan_out_transient_failures = models.IntegerField(db_default=0)
     # How often an operator re-drove it out of ``abandoned`` (each abandonment alerts once).
     fan_out_redrives = models.IntegerField(db_default=0)
 

@@ -102,6 +102,18 @@ def count_fan_out_failure(event_id: str) -> int | None:
     return rows[0][0] if rows else None
 
 
+def count_transient_fan_out_failure(event_id: str) -> tuple[int, int] | None:
+    """Count one pass that failed transiently, in its own statement (like
+    :func:`count_fan_out_failure`, by primary key); ``(transient failures, re-drives)``, or
+    None: the event is no longer pending."""
+    rows = _rows(
+        "UPDATE events SET fan_out_transient_failures = fan_out_transient_failures + 1"
+        " WHERE id = %s AND fan_out = 'pending' RETURNING fan_out_transient_failures, fan_out_redrives",
+        [event_id],
+    )
+    return rows[0] if rows else None
+
+
 def mark_abandoned(event_id: str) -> int | None:
     """CAS ``pending → abandoned``; for the one caller that made the transition, the
     event's re-drive count (its alert key names it); None for everyone else."""
@@ -113,11 +125,11 @@ def mark_abandoned(event_id: str) -> int | None:
 
 
 def redrive_event(event_id: str) -> bool:
-    """CAS ``abandoned → pending`` with its failure count reset (an operator's re-drive)."""
+    """CAS ``abandoned → pending`` with its failure counts reset (an operator's re-drive)."""
     return (
         _rowcount(
-            "UPDATE events SET fan_out = 'pending', fan_out_failures = 0, fan_out_redrives = fan_out_redrives + 1"
-            " WHERE id = %s AND fan_out = 'abandoned'",
+            "UPDATE events SET fan_out = 'pending', fan_out_failures = 0, fan_out_transient_failures = 0,"
+            " fan_out_redrives = fan_out_redrives + 1 WHERE id = %s AND fan_out = 'abandoned'",
             [event_id],
         )
         == 1

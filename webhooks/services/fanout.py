@@ -11,8 +11,11 @@ A failing event is counted in a separate statement (its own transaction rolled b
 abandoned with one alert after ``FAN_OUT_MAX_PASSES`` failed passes. Only failures of the
 event count: an error ``vpay.errors.classify`` calls transient (a statement or lock
 timeout, a dropped connection: the database, not the event) is logged and retried by the
-next pass without counting, so a migration holding a lock cannot abandon a backlog.
-An abandoned event goes back to ``pending`` only by an operator's re-drive
+next pass without counting toward abandonment, so a migration holding a lock cannot
+abandon a backlog. Those passes are counted apart (``fan_out_transient_failures``): an
+event that keeps failing transiently stays ``pending`` and is retried on every pass, and
+the pass that reaches ``FAN_OUT_TRANSIENT_ALERT_AFTER`` raises one alert, so a statement
+that times out forever cannot be retried forever unseen. An abandoned event goes back to ``pending`` only by an operator's re-drive
 (``webhooks.services.redrive``).
 """
 
@@ -29,7 +32,13 @@ from jobs.kinds import JobKind
 from jobs.queue import JobRequest, enqueue_many
 from vpay.errors import Category, classify, error_chain
 from webhooks import metrics, repository
-from webhooks.decisions import FAN_OUT_MAX_PASSES, FanOut, fan_out_disposition
+from webhooks.decisions import (
+    FAN_OUT_MAX_PASSES,
+    FAN_OUT_TRANSIENT_ALERT_AFTER,
+    FanOut,
+    fan_out_disposition,
+    stuck_alert_due,
+)
 from webhooks.services.delivery import dedupe_key
 
 logger = logging.getLogger("webhooks.fanout")
@@ -84,7 +93,7 @@ def fan_out_event(event_id: str) -> int | None:
         return None
 
 
-def drain_once(page: int = PAGE) -> Pass:
+def drain_once(page: int = PAGE, *, transient_alert_after: int = FAN_OUT_TRANSIENT_ALERT_AFTER) -> Pass:
     """One page of pending events, each in its own transaction; failures counted apart."""
     result = Pass()
     for event_id in repository.pending_event_ids(page):
@@ -95,10 +104,7 @@ def drain_once(page: int = PAGE) -> Pass:
             result.failed += 1
             if classify(exc).category is Category.TRANSIENT:
                 result.transient += 1
-                logger.warning(
-                    "fan-out of an event hit a transient error; not counted, the next pass retries it",
-                    extra={"event_id": event_id, "error": error_chain(exc, 500)},
-                )
+                _count_transient(event_id, exc, transient_alert_after)
                 continue
             if _count_failure(event_id, exc):
                 result.abandoned += 1
@@ -113,6 +119,53 @@ def drain_once(page: int = PAGE) -> Pass:
 def abandoned_alert_key(event_id: str, redrives: int) -> str:
     """One alert per abandonment: a re-driven event that is abandoned again alerts again."""
     return f"webhook_event_abandoned:{event_id}" + (f":{redrives}" if redrives else "")
+
+
+def stuck_alert_key(event_id: str, redrives: int) -> str:
+    """One alert per event stuck on transient failures (per re-drive, like abandonment)."""
+    return f"webhook_event_stuck:{event_id}" + (f":{redrives}" if redrives else "")
+
+
+def _count_transient(event_id: str, exc: Exception, alert_after: int) -> None:
+    """Count a transient failure apart from the abandoning ones; the pass that reaches
+    ``alert_after`` alerts, in the counting transaction (an alert that fails to commit
+    un-counts the pass, so the next one reaches the bound again)."""
+    try:
+        with transaction.atomic():
+            counted = repository.count_transient_fan_out_failure(event_id)
+            transient_failures = counted[0] if counted else None
+            alerted = stuck_alert_due(transient_failures, alert_after)
+            if alerted:
+                raise_alert(
+                    key=stuck_alert_key(event_id, counted[1]),
+                    title=f"Event {event_id} is stuck: its fan-out keeps failing on a transient error",
+                    source="webhooks.event_stuck",
+                    severity=Severity.ERROR,
+                    details={
+                        "event_id": event_id,
+                        "transient_failures": transient_failures,
+                        "error": error_chain(exc, 500),
+                    },
+                    link=reverse("admin:webhooks_event_change", args=[event_id]),
+                    correlation_id=event_id,
+                )
+    except DatabaseError as count_exc:
+        # The database is what failed; failing to count that must not stop the drain.
+        logger.warning(
+            "could not count a transient fan-out failure",
+            extra={"event_id": event_id, "error": error_chain(count_exc, 300)},
+        )
+        transient_failures, alerted = None, False
+    if alerted:
+        logger.error(
+            "event's fan-out keeps failing transiently; still pending, retried every pass (alert raised)",
+            extra={"event_id": event_id, "transient_failures": transient_failures, "error": error_chain(exc, 1000)},
+        )
+    else:
+        logger.warning(
+            "fan-out of an event hit a transient error; not counted toward abandoning it, the next pass retries it",
+            extra={"event_id": event_id, "transient_failures": transient_failures, "error": error_chain(exc, 500)},
+        )
 
 
 def _count_failure(event_id: str, exc: Exception) -> bool:
