@@ -6,9 +6,9 @@
    fresh lease token). It commits *before* anything is sent, so every request that ever
    left has a row.
 2. :func:`perform` — render the event once, hash it and compare the digest with the one
-   the first attempt that may have sent it stored, sign it with every active secret, vet the address
-   (SSRF guard) and POST it over a connection pinned to the vetted address. Nothing here
-   writes to the database; it never raises for the network.
+   stored by the first attempt that may have sent it, sign it with every active secret,
+   vet the address (SSRF guard) and POST it over a connection pinned to the vetted
+   address. Nothing here writes to the database; it never raises for the network.
 3. :func:`record` — one fenced transaction: the delivery moves only while this attempt's
    lease is still the delivery's and unexpired; otherwise the attempt is marked ``stale``
    and the answer discarded. Exhaustion and refusal alert once, from the writer that made

@@ -15,8 +15,8 @@ next pass without counting toward abandonment, so a migration holding a lock can
 abandon a backlog. Those passes are counted apart (``fan_out_transient_failures``): an
 event that keeps failing transiently stays ``pending`` and is retried on every pass, and
 the pass that reaches ``FAN_OUT_TRANSIENT_ALERT_AFTER`` raises one alert, so a statement
-that times out forever cannot be retried forever unseen. An abandoned event goes back to ``pending`` only by an operator's re-drive
-(``webhooks.services.redrive``).
+that times out forever cannot be retried forever unseen. An abandoned event goes back to
+``pending`` only by an operator's re-drive (``webhooks.services.redrive``).
 """
 
 from __future__ import annotations
