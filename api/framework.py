@@ -216,7 +216,12 @@ def paginate(request: HttpRequest, queryset: QuerySet, render: Callable[[Model],
 
     The cursor is an object id (``starting_after``): the page holds what comes after it in
     (``created_at``, ``id``) descending order, so pages neither skip nor repeat rows when
-    new ones are created between requests. The model needs ``created_at`` and a text ``id``.
+    new ones are created between requests. The model needs ``created_at``, a text ``id``
+    and a ``merchant``.
+
+    The cursor is found among all of the merchant's rows, not inside ``queryset``: the
+    last object of a page may have left the filter since (an intent that succeeded, an
+    endpoint deleted), and its position still says where the next page starts.
     """
     params = list_params(request, *filters)
     try:
@@ -228,7 +233,8 @@ def paginate(request: HttpRequest, queryset: QuerySet, render: Callable[[Model],
     queryset = queryset.order_by("-created_at", "-id")
     after = params.get("starting_after")
     if after is not None:
-        anchor = queryset.filter(id=after).values_list("created_at", flat=True).first()
+        scope = queryset.model._default_manager.filter(merchant=request.merchant)
+        anchor = scope.filter(id=after).values_list("created_at", flat=True).first()
         if anchor is None:
             raise not_found("object", after)
         queryset = queryset.filter(Q(created_at__lt=anchor) | Q(created_at=anchor, id__lt=after))

@@ -282,6 +282,53 @@ def test_cursor_pagination_walks_every_row_once_newest_first(acme):
     assert seen == [c.id for c in Customer.objects.order_by("-created_at", "-id")]
 
 
+def _pages(api: MerchantClient, path: str, between=None) -> list[str]:
+    """Every id a list call hands out, one row per page; ``between(last_id)`` runs after
+    each page, before the next is asked for."""
+    seen, after = [], None
+    sep = "&" if "?" in path else "?"
+    while True:
+        response = api.call("GET", f"{path}{sep}limit=1" + (f"&starting_after={after}" if after else ""))
+        assert response.status_code == 200, response.content
+        page = response.json()
+        seen += [row["id"] for row in page["data"]]
+        if not page["has_more"]:
+            return seen
+        after = page["data"][-1]["id"]
+        if between is not None:
+            between(after)
+
+
+def test_a_filtered_list_keeps_paging_after_its_cursor_leaves_the_filter(acme):
+    """The last intent of a page moved on (it was confirmed) before the next page was asked
+    for: its position in (created, id) still says where the next page starts."""
+    payment = {"amount": 500, "currency": "usd", "rail": "sandbox_push"}
+    ids = [acme.call("POST", "/v1/payment_intents", payment).json()["id"] for _ in range(3)]
+
+    def moves_on(intent_id: str) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute("UPDATE payment_intents SET status = 'processing' WHERE id = %s", [intent_id])
+
+    seen = _pages(acme, "/v1/payment_intents?status=requires_confirmation", between=moves_on)
+    assert seen == ids[::-1]
+
+
+def test_a_deleted_endpoint_as_the_cursor_still_pages_on(acme):
+    body = {"url": "https://hooks.example.com/x", "enabled_events": ["*"]}
+    ids = [acme.call("POST", "/v1/webhook_endpoints", body).json()["id"] for _ in range(3)]
+    seen = _pages(acme, "/v1/webhook_endpoints", between=lambda e: acme.call("DELETE", f"/v1/webhook_endpoints/{e}"))
+    assert seen == ids[::-1]
+
+
+def test_a_cursor_from_another_merchant_or_nowhere_is_a_404(acme, globex):
+    payment = {"amount": 500, "currency": "usd", "rail": "sandbox_push"}
+    acme.call("POST", "/v1/payment_intents", payment)
+    theirs = globex.call("POST", "/v1/payment_intents", payment).json()["id"]
+    for cursor in (theirs, "pi_nothing"):
+        response = acme.call("GET", f"/v1/payment_intents?starting_after={cursor}")
+        assert response.status_code == 404 and error_of(response)["code"] == "resource_missing"
+
+
 @pytest.mark.parametrize(
     ("query", "code"),
     [
