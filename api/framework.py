@@ -367,6 +367,7 @@ def _replay(stored: idempotency.Stored, hashed: str) -> HttpResponse:
     return response
 
 
+@csrf_exempt  # else CSRF's HTML 403 answers a POST to a path that does not exist
 def unknown_route(request: HttpRequest, rest: str = "") -> HttpResponse:
-    """Any ``/v1`` path no view matched: a 404 in the common format."""
+    """Any ``/v1`` path no view matched, whatever the method: a 404 in the common format."""
     return error_response(404, "route_missing", f"Unrecognized request URL ({request.method}: {request.path}).")

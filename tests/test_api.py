@@ -127,6 +127,62 @@ def test_unknown_routes_and_wrong_methods_answer_in_the_error_format(acme):
     assert wrong.status_code == 405 and error_of(wrong)["code"] == "method_not_allowed"
 
 
+@pytest.mark.parametrize(
+    ("method", "path", "content_type", "status", "code"),
+    [
+        ("POST", "/v1/nothing/here", "application/json", 404, "route_missing"),
+        ("PUT", "/v1/nothing/here", "application/json", 404, "route_missing"),
+        ("DELETE", "/v1/nothing/here", "application/json", 404, "route_missing"),
+        ("PATCH", "/v1/nothing/here", "application/json", 404, "route_missing"),
+        ("POST", "/v1/customers/", "application/json", 404, "route_missing"),
+        ("POST", "/v1/", "application/json", 404, "route_missing"),
+        ("POST", "/v1", "application/json", 404, "route_missing"),
+        ("GET", "/v1", "application/json", 404, "route_missing"),
+        ("PUT", "/v1/customers", "application/json", 405, "method_not_allowed"),
+        ("OPTIONS", "/v1/customers", "application/json", 405, "method_not_allowed"),
+        ("POST", "/v1/customers", "application/x-www-form-urlencoded", 415, "unsupported_media_type"),
+        ("POST", "/v1/customers", "multipart/form-data; boundary=x", 415, "unsupported_media_type"),
+    ],
+)
+def test_a_v1_refusal_is_json_even_with_csrf_checks_enforced(acme, method, path, content_type, status, code):
+    """Browsers' CSRF rules do not apply to a bearer-key API: an unknown route is a JSON 404,
+    never Django's 403 CSRF page (nor its HTML 404, nor an APPEND_SLASH redirect)."""
+    client = Client(enforce_csrf_checks=True)
+    body = "name=x" if "form" in content_type else '{"name": "x"}'
+    response = client.generic(method, path, body, content_type=content_type, HTTP_AUTHORIZATION=f"Bearer {acme.key}")
+    assert (response.status_code, response["Content-Type"]) == (status, "application/json"), response.content
+    assert error_of(response)["code"] == code
+    assert count("customers") == 0
+
+
+def test_a_host_django_refuses_is_a_json_400_under_v1_and_django_s_page_elsewhere(acme):
+    """DisallowedHost is raised by a middleware, before any view: Django's handler answers."""
+    client = Client(HTTP_HOST="evil.example")
+    response = client.post("/v1/customers", "{}", content_type="application/json")
+    assert (response.status_code, response["Content-Type"]) == (400, "application/json")
+    assert error_of(response)["code"] == "invalid_request" and b"evil.example" not in response.content
+    elsewhere = client.get("/metrics")
+    assert elsewhere.status_code == 400 and "application/json" not in elsewhere["Content-Type"]
+
+
+def test_every_v1_route_is_csrf_exempt_and_wrapped_in_the_error_format():
+    """A /v1 view added without ``api.framework.route`` would answer CSRF's HTML 403 to a POST."""
+    from django.urls import get_resolver
+
+    def callbacks(patterns, prefix=""):
+        for pattern in patterns:
+            route = prefix + str(pattern.pattern)
+            if hasattr(pattern, "url_patterns"):
+                yield from callbacks(pattern.url_patterns, route)
+            else:
+                yield route, pattern.callback
+
+    v1 = [(route, view) for route, view in callbacks(get_resolver().url_patterns) if route.startswith(("v1", "^v1"))]
+    assert len(v1) > 10
+    for route, view in v1:
+        assert getattr(view, "csrf_exempt", False), route
+
+
 def test_a_crash_inside_a_view_is_a_500_in_the_error_format_that_leaks_nothing(acme, monkeypatch):
     from customers import services
 

@@ -2,7 +2,15 @@ from django.conf import settings
 from django.contrib import admin
 from django.urls import include, path
 
+from api.framework import unknown_route
 from vpay.metrics_access import metrics_view
+
+# What Django itself refuses (a disallowed Host, an error raised outside any view) answers
+# in the API's JSON error format under /v1 and as Django's own page elsewhere.
+handler400 = "api.handlers.bad_request"
+handler403 = "api.handlers.permission_denied"
+handler404 = "api.handlers.page_not_found"
+handler500 = "api.handlers.server_error"
 
 urlpatterns = [
     path(settings.ADMIN_URL, admin.site.urls),
@@ -13,6 +21,7 @@ urlpatterns = [
     path("v1/", include("customers.urls")),
     path("v1/", include("charges.urls")),
     path("v1/", include("api.urls")),
+    path("v1", unknown_route),  # resolved here, so APPEND_SLASH never redirects it (a POST would lose its body)
     # Rails' notifications: they only pull a charge's poll forward (charges/views.py).
     path("rails/", include("charges.rail_urls")),
 ]
