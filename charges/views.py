@@ -15,7 +15,7 @@ from charges import repository
 from charges.models import Charge, CheckoutSession, PaymentIntent
 from charges.rails import get_rail
 from charges.services.confirm import confirm_intent
-from charges.services.intents import create_intent, create_session
+from charges.services.intents import MAX_RETURN_URL, clean_return_url, create_intent, create_session
 from charges.states import CHARGE_LIVE, IntentStatus
 from charges.wire import render_intent, render_session
 from jobs import queue
@@ -34,8 +34,8 @@ PAYMENT_FIELDS = {
 CREATE_INTENT = Body(**PAYMENT_FIELDS)
 CREATE_SESSION = Body(
     **PAYMENT_FIELDS,
-    success_url=Field(str, max_length=2000),
-    cancel_url=Field(str, max_length=2000),
+    success_url=Field(str, max_length=MAX_RETURN_URL, check=clean_return_url),
+    cancel_url=Field(str, max_length=MAX_RETURN_URL, check=clean_return_url),
 )
 CONFIRM = Body()  # no parameters; anything sent is an unknown-parameter 400
 

@@ -258,6 +258,56 @@ def test_a_bad_checkout_session_writes_nothing(acme):
     assert counts() == before
 
 
+SESSION = {"amount": 500, "currency": "usd", "rail": "sandbox_push"}
+
+
+@pytest.mark.parametrize("param", ["success_url", "cancel_url"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "javascript:alert(document.cookie)",
+        "JavaScript:alert(1)",
+        " javascript:alert(1)",
+        "java\tscript:alert(1)",
+        "data:text/html,<script>alert(1)</script>",
+        "vbscript:msgbox(1)",
+        "ftp://shop.example/ok",
+        "//evil.example/ok",
+        "/relative/ok",
+        "https:///no-host",
+        "https:\\\\evil.example/ok",
+        "https://shop.example@evil.example/ok",
+        "https://user:pw@shop.example/ok",
+        "https://shop.example/ok\nSet-Cookie: x=1",
+        "https://shop.example:99999/ok",
+        "",
+    ],
+)
+def test_a_checkout_session_refuses_a_return_url_that_is_not_http_and_writes_nothing(acme, param, url):
+    before = counts()
+    response = acme.call("POST", "/v1/checkout/sessions", {**SESSION, param: url})
+    assert response.status_code == 400, response.content
+    error = error_of(response)
+    assert (error["code"], error["param"]) == ("parameter_invalid", param)
+    assert "pw" not in error["message"]
+    assert counts() == before
+
+
+def test_a_checkout_session_return_url_must_be_https_in_live_mode(acme, settings):
+    plain = {**SESSION, "success_url": "http://shop.example/ok", "cancel_url": "http://shop.example/no"}
+    assert acme.call("POST", "/v1/checkout/sessions", plain).status_code == 200
+    settings.LIVE_MODE = True
+    before = counts()
+    for param in ("success_url", "cancel_url"):
+        response = acme.call("POST", "/v1/checkout/sessions", {**SESSION, param: "http://shop.example/ok"})
+        assert response.status_code == 400 and error_of(response)["param"] == param
+        assert "https" in error_of(response)["message"]
+    assert counts() == before
+    secure = {**SESSION, "success_url": "https://shop.example/ok?o=1", "cancel_url": "HTTPS://shop.example/no"}
+    created = acme.call("POST", "/v1/checkout/sessions", secure).json()
+    assert (created["success_url"], created["cancel_url"]) == ("https://shop.example/ok?o=1", "HTTPS://shop.example/no")
+
+
 # --- rail callbacks ----------------------------------------------------------------------
 
 

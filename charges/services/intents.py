@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 from django.conf import settings
 from django.db import transaction
 
@@ -37,6 +39,40 @@ def validate_payment(merchant: Merchant, fields: dict) -> Customer | None:
     return customer
 
 
+MAX_RETURN_URL = 2000  # CheckoutSession.success_url / cancel_url
+
+
+def clean_return_url(url: str) -> str:
+    """A ``success_url`` / ``cancel_url`` the payer's browser may be sent to, or ValueError
+    saying why (never echoing the URL: it may carry credentials).
+
+    An absolute http or https URL (https only in live mode) with a host and no
+    ``user:password@``. Whitespace, control characters and backslashes are refused rather
+    than cleaned: browsers drop tabs and newlines and read a backslash as a slash, so the
+    URL they would follow is not the one judged here (a tab inside ``javascript:``).
+    """
+    if not url:
+        raise ValueError("must be an http or https URL.")
+    if len(url) > MAX_RETURN_URL:
+        raise ValueError(f"is longer than {MAX_RETURN_URL} characters.")
+    if any(c.isspace() or not c.isprintable() or c == "\\" for c in url):
+        raise ValueError("must not contain whitespace, control characters or backslashes.")
+    try:
+        parsed = urlsplit(url)
+        parsed.port  # noqa: B018 - raises ValueError for a port that is not 0-65535
+    except ValueError:
+        raise ValueError("is not a valid URL.") from None
+    if parsed.scheme not in ("http", "https"):  # urlsplit lower-cases the scheme
+        raise ValueError("must be an http or https URL.")
+    if settings.LIVE_MODE and parsed.scheme != "https":
+        raise ValueError("must be https in live mode.")
+    if "@" in parsed.netloc:
+        raise ValueError("must not carry credentials (user:password@).")
+    if not parsed.hostname:
+        raise ValueError("must name a host.")
+    return url
+
+
 def create_intent(merchant: Merchant, fields: dict) -> PaymentIntent:
     """A ``requires_confirmation`` intent; the customer's ``last_used_at`` moves (SQL clock)."""
     customer = validate_payment(merchant, fields)
@@ -55,7 +91,15 @@ def create_intent(merchant: Merchant, fields: dict) -> PaymentIntent:
 
 
 def create_session(merchant: Merchant, fields: dict) -> CheckoutSession:
-    """An intent and an ``open`` session for it; ``expires_at`` is the database's now() + 24 h."""
+    """An intent and an ``open`` session for it; ``expires_at`` is the database's now() + 24 h.
+    The return URLs are judged by :func:`clean_return_url` before anything is written."""
+    urls = {}
+    for name in ("success_url", "cancel_url"):
+        if name in fields:
+            try:
+                urls[name] = clean_return_url(fields[name])
+            except ValueError as exc:
+                raise ApiError(400, "parameter_invalid", f"{name}: {exc}", param=name) from None
     with transaction.atomic():
         intent = create_intent(merchant, {k: v for k, v in fields.items() if k not in ("success_url", "cancel_url")})
         session = CheckoutSession.objects.create(
@@ -63,8 +107,8 @@ def create_session(merchant: Merchant, fields: dict) -> CheckoutSession:
             intent=intent,
             # The payer's page authenticates with it; shaped so the log redaction catches it.
             client_secret=new_token("cs_secret_", bits=192),
-            success_url=fields.get("success_url", ""),
-            cancel_url=fields.get("cancel_url", ""),
+            success_url=urls.get("success_url", ""),
+            cancel_url=urls.get("cancel_url", ""),
         )
     session.refresh_from_db()
     return session
