@@ -80,6 +80,57 @@ def test_rotation_keeps_the_old_secret_signing_for_the_overlap(acme):
     assert [sealing.open_sealed(s) for s in repository.active_sealed_secrets(created["id"])] == [third["secret"]]
 
 
+def test_a_rotation_beyond_the_active_secret_cap_is_refused_and_changes_nothing(acme):
+    """Rotating again and again inside the overlap must never leave more secrets signing
+    than a receiver's verify() accepts (MAX_SIGNATURES): the rotation past the cap is a 409,
+    and every secret already handed out keeps signing."""
+    from webhooks.services import endpoints
+    from webhooks.signing import MAX_SIGNATURES
+
+    assert endpoints.MAX_ACTIVE_SECRETS < MAX_SIGNATURES
+    created = create(acme)
+    rotate = f"/v1/webhook_endpoints/{created['id']}/rotate_secret"
+    handed_out = [created["secret"]]
+    for _ in range(endpoints.MAX_ACTIVE_SECRETS - 1):
+        answer = acme.call("POST", rotate)
+        assert answer.status_code == 200, answer.content
+        handed_out.append(answer.json()["secret"])
+    sealed_before = repository.active_sealed_secrets(created["id"])
+    assert [sealing.open_sealed(s) for s in sealed_before] == handed_out
+
+    refused = acme.call("POST", rotate, {"overlap_seconds": 3600})
+    assert refused.status_code == 409, refused.content
+    error = refused.json()["error"]
+    assert error["code"] == "webhook_secrets_at_limit" and "overlap_seconds=0" in error["message"]
+    assert not any(secret in refused.content.decode() for secret in handed_out)
+    assert repository.active_sealed_secrets(created["id"]) == sealed_before
+    assert WebhookSecret.objects.filter(endpoint_id=created["id"]).count() == endpoints.MAX_ACTIVE_SECRETS
+
+    # Once the oldest has expired (its overlap ran out), rotating works again.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE webhook_secrets SET expires_at = now() - interval '1 second'"
+            " WHERE id = (SELECT min(id) FROM webhook_secrets WHERE endpoint_id = %s)",
+            [created["id"]],
+        )
+    assert acme.call("POST", rotate).status_code == 200
+    assert len(repository.active_sealed_secrets(created["id"])) == endpoints.MAX_ACTIVE_SECRETS
+
+
+def test_a_rotation_with_no_overlap_is_allowed_at_the_cap_and_leaves_one_secret(acme):
+    """A leaked secret must be replaceable at once, however many are signing."""
+    from webhooks.services import endpoints
+
+    created = create(acme)
+    for _ in range(endpoints.MAX_ACTIVE_SECRETS - 1):
+        endpoints.rotate_secret(WebhookEndpoint.objects.get(pk=created["id"]))
+    answer = acme.call("POST", f"/v1/webhook_endpoints/{created['id']}/rotate_secret", {"overlap_seconds": 0})
+    assert answer.status_code == 200 and answer.json()["active_secrets"] == 1
+    assert [sealing.open_sealed(s) for s in repository.active_sealed_secrets(created["id"])] == [
+        answer.json()["secret"]
+    ]
+
+
 def test_a_rotation_that_lost_the_race_to_a_delete_leaves_no_secret(acme):
     from webhooks.services import endpoints
 

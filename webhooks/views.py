@@ -106,4 +106,13 @@ def rotate_webhook_secret(request: HttpRequest, endpoint_id: str) -> HttpRespons
     except endpoints.EndpointDeleted:
         _owned_endpoint(request, endpoint_id)  # deleted meanwhile: this is now its 404
         raise
+    except endpoints.SecretsAtLimit as exc:
+        due = f" The oldest stops signing at {exc.next_expiry:%Y-%m-%dT%H:%M:%SZ}." if exc.next_expiry else ""
+        raise ApiError(
+            409,
+            "webhook_secrets_at_limit",
+            f"This endpoint already has {endpoints.MAX_ACTIVE_SECRETS} secrets signing.{due}"
+            " Rotate with overlap_seconds=0 to replace them all with one new secret, or wait.",
+            param="overlap_seconds",
+        ) from None
     return respond(render_endpoint(endpoint, secret=secret))

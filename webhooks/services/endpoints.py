@@ -13,6 +13,8 @@ from collections.abc import Iterable
 import httpx
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Min, Q
+from django.db.models.functions import Now
 
 from merchants.models import Merchant
 from webhooks import metrics, repository, sealing, ssrf
@@ -24,6 +26,9 @@ logger = logging.getLogger("webhooks.endpoints")
 WILDCARD = "*"
 MAX_URL = 2048
 MAX_ENABLED_EVENTS = 50
+# Secrets signing at once (one ``v1`` each). Well under ``signing.MAX_SIGNATURES`` (32, what
+# a receiver's verify() accepts): a header past that would fail every receiver's check.
+MAX_ACTIVE_SECRETS = 10
 
 
 def clean_url(url: str) -> str:
@@ -135,6 +140,16 @@ class EndpointDeleted(Exception):
     """The endpoint was deleted (perhaps by a request that committed meanwhile)."""
 
 
+class SecretsAtLimit(Exception):
+    """A rotation with an overlap would leave more than :data:`MAX_ACTIVE_SECRETS` signing.
+
+    ``next_expiry`` is when the soonest of them stops signing (None: none is due to)."""
+
+    def __init__(self, next_expiry) -> None:
+        super().__init__(f"{MAX_ACTIVE_SECRETS} secrets are signing")
+        self.next_expiry = next_expiry
+
+
 @transaction.atomic
 def rotate_secret(endpoint: WebhookEndpoint, *, overlap_seconds: float | None = None) -> str:
     """A new secret (returned once). The current one keeps signing for the overlap window
@@ -142,7 +157,13 @@ def rotate_secret(endpoint: WebhookEndpoint, *, overlap_seconds: float | None = 
 
     :class:`EndpointDeleted` if the endpoint is deleted: the endpoint row is locked first, so
     a rotation racing a delete either finishes before it (and the delete drops the new
-    secret) or sees it, and never leaves a live secret on a deleted endpoint."""
+    secret) or sees it, and never leaves a live secret on a deleted endpoint.
+
+    :class:`SecretsAtLimit` if :data:`MAX_ACTIVE_SECRETS` are signing and ``overlap`` is not
+    0. Refused rather than retiring the oldest: a receiver mid-rotation may still hold only
+    the oldest, and retiring it would fail its deliveries without a word. The count is
+    taken under the endpoint's lock, so concurrent rotations cannot both pass it; a
+    rotation with no overlap is always allowed (it leaves one secret: a leak's remedy)."""
     overlap = settings.VPAY_WEBHOOK_SECRET_OVERLAP if overlap_seconds is None else overlap_seconds
     if overlap < 0:
         raise ValueError("the overlap cannot be negative")
@@ -150,6 +171,13 @@ def rotate_secret(endpoint: WebhookEndpoint, *, overlap_seconds: float | None = 
         WebhookEndpoint.objects.select_for_update().filter(pk=endpoint.pk, deleted_at__isnull=True).values_list("pk")
     ):
         raise EndpointDeleted(endpoint.pk)
+    if overlap > 0:
+        # The secrets signing now (webhook_secrets_endpoint index), judged on the database clock.
+        signing = WebhookSecret.objects.filter(endpoint_id=endpoint.pk).filter(
+            Q(expires_at__isnull=True) | Q(expires_at__gt=Now())
+        )
+        if signing.count() >= MAX_ACTIVE_SECRETS:
+            raise SecretsAtLimit(signing.aggregate(soonest=Min("expires_at"))["soonest"])
     repository.expire_current_secrets(endpoint.pk, overlap)
     secret = sealing.new_secret()
     WebhookSecret.objects.create(endpoint=endpoint, sealed=sealing.seal(secret))
@@ -161,6 +189,4 @@ def active_secret_count(endpoint: WebhookEndpoint) -> int:
 
 
 def _db_now():
-    from django.db.models.functions import Now
-
     return Now()
