@@ -196,6 +196,65 @@ def test_bad_endpoints_are_refused_and_nothing_is_written(acme, body, param, fra
     assert not WebhookEndpoint.objects.exists() and not WebhookSecret.objects.exists()
 
 
+def test_a_merchant_at_the_endpoint_cap_is_refused_and_a_deleted_endpoint_frees_a_place(acme, globex):
+    from webhooks.services import endpoints
+
+    made = [create(acme)["id"] for _ in range(endpoints.MAX_ENDPOINTS)]
+    refused = acme.call("POST", "/v1/webhook_endpoints", {"url": "https://x.example/", "enabled_events": ["*"]})
+    assert refused.status_code == 409, refused.content
+    error = refused.json()["error"]
+    assert error["code"] == "webhook_endpoint_limit_reached" and str(endpoints.MAX_ENDPOINTS) in error["message"]
+    assert WebhookEndpoint.objects.filter(merchant=acme.merchant).count() == endpoints.MAX_ENDPOINTS
+    assert WebhookSecret.objects.count() == endpoints.MAX_ENDPOINTS
+    create(globex)  # the cap is per merchant
+    assert acme.call("DELETE", f"/v1/webhook_endpoints/{made[0]}").status_code == 200
+    create(acme)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_concurrent_creates_cannot_both_take_the_last_place():
+    """The first create's transaction stays open until the second has started: the second
+    must wait for it and then count its endpoint, not pass the cap on a stale count."""
+    import threading
+    import time
+
+    from django.db import connections, transaction
+
+    from webhooks.services import endpoints
+
+    api = MerchantClient("Racing")
+    for _ in range(endpoints.MAX_ENDPOINTS - 1):
+        create(api)
+    written, results = threading.Event(), {}
+
+    def first():
+        try:
+            with transaction.atomic():
+                results["first"] = api.call(
+                    "POST", "/v1/webhook_endpoints", {"url": "https://a.example/", "enabled_events": ["*"]}
+                )
+                written.set()
+                time.sleep(1.0)  # the second create is now waiting, or counting
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=first)
+    holder.start()
+    assert written.wait(10)
+    # The merchant's other writes do not queue behind the lock (their foreign-key check
+    # takes a key-share lock, which FOR NO KEY UPDATE lets through).
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL lock_timeout = '300ms'")
+        assert api.call("POST", "/v1/customers", {"name": "not blocked"}).status_code == 200
+    results["second"] = api.call(
+        "POST", "/v1/webhook_endpoints", {"url": "https://b.example/", "enabled_events": ["*"]}
+    )
+    holder.join(20)
+    assert results["first"].status_code == 200, results["first"].content
+    assert results["second"].status_code == 409, results["second"].content
+    assert WebhookEndpoint.objects.filter(merchant=api.merchant).count() == endpoints.MAX_ENDPOINTS
+
+
 def test_live_mode_requires_https(acme, settings):
     settings.LIVE_MODE = True
     response = acme.call("POST", "/v1/webhook_endpoints", {"url": "http://hooks.example.com/", "enabled_events": ["*"]})

@@ -74,7 +74,15 @@ def webhook_endpoints(request: HttpRequest) -> HttpResponse:
     """Create an endpoint (the answer carries its ``secret``, once), or list them."""
     if request.method == "POST":
         fields = CREATE.parse(request)
-        endpoint, secret = endpoints.create_endpoint(request.merchant, **fields)
+        try:
+            endpoint, secret = endpoints.create_endpoint(request.merchant, **fields)
+        except endpoints.EndpointLimitReached:
+            raise ApiError(
+                409,
+                "webhook_endpoint_limit_reached",
+                f"This account already has {endpoints.MAX_ENDPOINTS} webhook endpoints;"
+                " delete one, or subscribe an existing one to more event types.",
+            ) from None
         return respond(render_endpoint(endpoint, secret=secret))
     queryset = WebhookEndpoint.objects.filter(merchant=request.merchant, deleted_at__isnull=True)
     return paginate(request, queryset, render_endpoint)

@@ -29,6 +29,9 @@ MAX_ENABLED_EVENTS = 50
 # Secrets signing at once (one ``v1`` each). Well under ``signing.MAX_SIGNATURES`` (32, what
 # a receiver's verify() accepts): a header past that would fail every receiver's check.
 MAX_ACTIVE_SECRETS = 10
+# Live endpoints per merchant: it bounds the deliveries (and deliver jobs) one event's
+# fan-out transaction creates.
+MAX_ENDPOINTS = 16
 
 
 def clean_url(url: str) -> str:
@@ -80,15 +83,30 @@ def clean_enabled_events(events: Iterable[str]) -> list[str]:
     return seen
 
 
+class EndpointLimitReached(Exception):
+    """The merchant already has :data:`MAX_ENDPOINTS` live endpoints."""
+
+
 @transaction.atomic
 def create_endpoint(
     merchant: Merchant, *, url: str, enabled_events: list[str], description: str = ""
 ) -> tuple[WebhookEndpoint, str]:
-    """A new endpoint and its first signing secret (returned once, stored sealed)."""
+    """A new endpoint and its first signing secret (returned once, stored sealed).
+
+    :class:`EndpointLimitReached` at :data:`MAX_ENDPOINTS` live endpoints. The merchant row
+    is locked before counting, so two concurrent creates cannot both take the last place:
+    the second waits, then counts the first's endpoint. ``FOR NO KEY UPDATE`` does not
+    conflict with the key-share lock a foreign-key insert takes, so the merchant's other
+    writes (intents, events, customers) do not wait on it."""
+    url, enabled_events = clean_url(url), clean_enabled_events(enabled_events)
+    list(Merchant.objects.select_for_update(no_key=True).filter(pk=merchant.pk).values_list("pk"))
+    # webhook_endpoints_live (merchant_id WHERE deleted_at IS NULL) serves this count.
+    if WebhookEndpoint.objects.filter(merchant=merchant, deleted_at__isnull=True).count() >= MAX_ENDPOINTS:
+        raise EndpointLimitReached(merchant.pk)
     endpoint = WebhookEndpoint.objects.create(
         merchant=merchant,
-        url=clean_url(url),
-        enabled_events=clean_enabled_events(enabled_events),
+        url=url,
+        enabled_events=enabled_events,
         description=description,
     )
     secret = sealing.new_secret()
