@@ -115,7 +115,7 @@ def rotate_webhook_secret(request: HttpRequest, endpoint_id: str) -> HttpRespons
         _owned_endpoint(request, endpoint_id)  # deleted meanwhile: this is now its 404
         raise
     except endpoints.SecretsAtLimit as exc:
-        due = f" The oldest stops signing at {exc.next_expiry:%Y-%m-%dT%H:%M:%SZ}." if exc.next_expiry else ""
+        due = f" The next one stops signing at {exc.next_expiry:%Y-%m-%dT%H:%M:%SZ}." if exc.next_expiry else ""
         raise ApiError(
             409,
             "webhook_secrets_at_limit",
