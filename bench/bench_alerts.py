@@ -60,20 +60,20 @@ def empty_tables() -> None:
 
 
 def claimed_jobs(n: int) -> list:
-    from jobs import queue, registry, repository
+    from jobs import leases, queue, registry
 
     queue.enqueue_many(
         queue.JobRequest("task", {"task": "bench.nowhere", "args": [i], "kwargs": {}}, max_attempts=1) for i in range(n)
     )
-    leases = {s.kind.value: s.lease_seconds for s in registry.all_specs()}
+    kind_leases = {s.kind.value: s.lease_seconds for s in registry.all_specs()}
     jobs = []
     while len(jobs) < n:
-        got = repository.claim(
+        got = leases.claim(
             worker="bench",
             queues=["default"],
             batch=500,
             lease_seconds=600,
-            kind_leases=leases,
+            kind_leases=kind_leases,
             default_lease=600,
             after="",
             max_tenants=64,
@@ -97,7 +97,7 @@ RETURNING id
 
 
 def time_dead_letters(n: int, *, with_alerts: bool) -> list[float]:
-    from jobs import repository
+    from jobs import repository, sql
 
     jobs = claimed_jobs(n)
     samples = []
@@ -106,7 +106,7 @@ def time_dead_letters(n: int, *, with_alerts: bool) -> list[float]:
         if with_alerts:
             repository.dead_letter(job.id, job.lease_token, cause="permanent", category="permanent", error="boom")
         else:
-            repository._bookkeeping(
+            sql.bookkeeping(
                 _OLD,
                 {
                     "id": job.id,

@@ -19,7 +19,7 @@ sandbox answers succeeded on the first poll) and settles it (charge + intent +
   and p95. The confirm's own duration (as the API caller waits for it) is reported too.
 
 Usage (project root, the project's venv):
-  python bench/bench_charges.py [--concurrency 4,16] [--charges 1000] [--confirmers 8] [--batch 100]
+  python bench/bench_charges.py [--concurrency 4,16] [--charges 1000] [--confirmers 8]
 Results: printed as a Markdown table and appended to bench/out/charges.jsonl.
 """
 
@@ -95,7 +95,7 @@ def reset() -> None:
         )
 
 
-def run_one(concurrency: int, charges: int, confirmers: int, batch: int) -> dict:
+def run_one(concurrency: int, charges: int, confirmers: int) -> dict:
     import django
 
     django.setup()
@@ -116,7 +116,7 @@ def run_one(concurrency: int, charges: int, confirmers: int, batch: int) -> dict
     connection.close()
 
     worker = subprocess.Popen(
-        [sys.executable, "manage.py", "runworker", "--concurrency", str(concurrency), "--batch", str(batch)],
+        [sys.executable, "manage.py", "runworker", "--concurrency", str(concurrency)],
         cwd=ROOT,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
         stdout=subprocess.DEVNULL,
@@ -175,7 +175,6 @@ def run_one(concurrency: int, charges: int, confirmers: int, batch: int) -> dict
     span = (max(r[2] for r in rows) - min(r[1] for r in rows)).total_seconds()
     return {
         "concurrency": concurrency,
-        "batch": batch,
         "charges": charges,
         "confirmers": confirmers,
         "settled": len(rows),
@@ -192,7 +191,6 @@ def main() -> int:
     parser.add_argument("--concurrency", default="4,16")
     parser.add_argument("--charges", type=int, default=1000)
     parser.add_argument("--confirmers", type=int, default=8)
-    parser.add_argument("--batch", type=int, default=100, help="the worker's --batch (jobs per claim)")
     args = parser.parse_args()
     ensure_database()
     rail = subprocess.Popen(
@@ -205,7 +203,7 @@ def main() -> int:
     results = []
     try:
         for concurrency in (int(c) for c in args.concurrency.split(",")):
-            results.append(run_one(concurrency, args.charges, args.confirmers, args.batch))
+            results.append(run_one(concurrency, args.charges, args.confirmers))
     finally:
         rail.terminate()
         rail.wait(timeout=10)
@@ -215,13 +213,13 @@ def main() -> int:
         for r in results:
             fh.write(json.dumps({**stamp, **r}) + "\n")
     print(
-        "| worker concurrency | batch | confirmers | charges | settled/s | confirm→settled p50 | p95 | confirm p50"
+        "| worker concurrency | confirmers | charges | settled/s | confirm→settled p50 | p95 | confirm p50"
         " | events per intent |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in results:
         print(
-            f"| {r['concurrency']} | {r['batch']} | {r['confirmers']} | {r['settled']}/{r['charges']} |"
+            f"| {r['concurrency']} | {r['confirmers']} | {r['settled']}/{r['charges']} |"
             f" {r['settled_per_second']} |"
             f" {r['settle_p50_ms']} ms | {r['settle_p95_ms']} ms | {r['confirm_p50_ms']} ms | {r['max_events_per_intent']} |"
         )

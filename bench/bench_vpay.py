@@ -291,16 +291,14 @@ def wait_drained(remaining_sql: str, n: int, w: WorkerProc, timeout: float, poll
 
 
 # ---------- drain ----------
-def drain(n: int, concurrency: int, rep: int, poll: float, batch: int | None = None) -> dict:
+def drain(n: int, concurrency: int, rep: int, poll: float) -> dict:
     reset()
     prefill(n)
     assert count_tasks() == n
     settle()
     args = ["--burst", "--concurrency", str(concurrency)]
-    if batch is not None:
-        args += ["--batch", str(batch)]
     load_before = loadavg()
-    w = WorkerProc(args, f"{LIB}_drain_c{concurrency}_b{batch or 'default'}_r{rep}.log")
+    w = WorkerProc(args, f"{LIB}_drain_c{concurrency}_r{rep}.log")
     try:
         r = wait_drained("select count(*) from jobs where kind = 'task'", n, w, timeout=600, poll=poll)
         try:
@@ -323,7 +321,6 @@ def drain(n: int, concurrency: int, rep: int, poll: float, batch: int | None = N
     r["exit_after_done_s"] = (r["t_exit"] - r["t_done"]) if r.get("t_exit") else None
     r["poll_s"] = poll
     r["concurrency"] = concurrency
-    r["batch"] = batch or default_batch()
     r["loadavg_before"] = load_before
     return r
 
@@ -383,9 +380,8 @@ def latency(n: int, rep: int, concurrency: int, spacing: float = 0.2) -> dict:
 
 # ---------- EXPLAIN ANALYZE of the claim ----------
 def default_batch() -> int:
-    from jobs.worker import DEFAULT_BATCH
-
-    return DEFAULT_BATCH
+    # A worker claims one job per free executor (jobs.worker): a claim for 16 free executors.
+    return 16
 
 
 def claim_params(worker: str = "bench-explain", batch: int | None = None) -> dict:
@@ -420,7 +416,7 @@ def _explain(label: str, statement: str, params) -> str:
 def explain(n: int) -> dict:
     from django.db import connection, transaction
 
-    from jobs import repository
+    from jobs import leases, repository
 
     reset()
     prefill(n)
@@ -434,7 +430,7 @@ def explain(n: int) -> dict:
     ]
 
     def claim_batch():
-        return repository.claim(
+        return leases.claim(
             worker="bench-explain",
             queues=["default"],
             batch=batch,
@@ -445,10 +441,10 @@ def explain(n: int) -> dict:
             max_tenants=64,
         )
 
-    _explain("warm-up (discarded)", repository.CLAIM, params)
+    _explain("warm-up (discarded)", leases.CLAIM, params)
     timings = {}
     for i in range(3):
-        texts.append(_explain(f"CLAIM (batch {batch}), fresh backlog of {n}, run {i + 1}", repository.CLAIM, params))
+        texts.append(_explain(f"CLAIM (batch {batch}), fresh backlog of {n}, run {i + 1}", leases.CLAIM, params))
     timings["claim_fresh"] = _exec_ms(texts[-1])
     # Mid-drain, as the worker sees it: half the backlog claimed and finished (deleted)
     # through the real statements, no VACUUM since (autovacuum is off on this server).
@@ -467,7 +463,7 @@ def explain(n: int) -> dict:
     texts.append(
         _explain(
             f"CLAIM (batch {batch}) after {done} claimed and settled (fence rows written, jobs deleted), no VACUUM",
-            repository.CLAIM,
+            leases.CLAIM,
             params,
         )
     )
@@ -542,11 +538,6 @@ def main() -> None:
     ap.add_argument("--n-lat", type=int, default=50)
     ap.add_argument("--concurrency", default="1,4,16", help="drain concurrencies")
     ap.add_argument("--lat-concurrency", default="4,1", help="idle-latency worker concurrencies (4 = default)")
-    ap.add_argument(
-        "--batch-variants",
-        default="4:200",
-        help="extra drains with a non-default --batch, as CONCURRENCY:BATCH[,...] ('' for none)",
-    )
     ap.add_argument("--poll", type=float, default=0.02, help="drain completion poll interval, seconds")
     ap.add_argument("--only", default="enq,drain,lat,explain")
     a = ap.parse_args()
@@ -598,12 +589,7 @@ def main() -> None:
         if "drain" in only:
             for conc in (int(c) for c in a.concurrency.split(",")):
                 r = drain(a.n_drain, conc, rep, a.poll)
-                variant = f"runworker --burst --concurrency {conc} (default batch {r['batch']})"
-                emit({"kind": "drain", "variant": variant, "rep": rep, **r})
-            for spec in filter(None, a.batch_variants.split(",")):
-                conc, batch = (int(x) for x in spec.split(":"))
-                r = drain(a.n_drain, conc, rep, a.poll, batch=batch)
-                variant = f"runworker --burst --concurrency {conc} --batch {batch} (non-default knob)"
+                variant = f"runworker --burst --concurrency {conc}"
                 emit({"kind": "drain", "variant": variant, "rep": rep, **r})
         if "lat" in only:
             for conc in (int(c) for c in a.lat_concurrency.split(",")):

@@ -420,7 +420,7 @@ def main() -> None:
         s += " (bench/out/).\n\n"
     s += (
         "Where the drain's time goes, and suggested optimizations: `bench/PROFILE.md` (hand-written from "
-        "`bench/profile_drain.py`; it names the commit it profiled).\n\n"
+        "the batch loop since replaced by the capacity runner, docs/runner.md; it names the commit it profiled).\n\n"
     )
     s += "## Machine and PostgreSQL\n\n```\n" + facts.strip() + "\n```\n"
     Path(a.out).write_text(s)

@@ -6,12 +6,18 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from jobs import fence, repository
-from jobs.repository import ClaimedJob
+from jobs import fence, leases
+from jobs.leases import ClaimedJob
+from vpay.errors import TransientError
 
 
 class LeaseLost(Exception):
     """The lease was taken over (reaped) while the handler ran: stop, the answer is void."""
+
+
+class JobTimedOut(TransientError):
+    """The handler ran past its kind's timeout: its heartbeat refuses. The job is retried
+    on the kind's backoff (the attempt is spent), like any transient failure."""
 
 
 @dataclass
@@ -50,15 +56,25 @@ class JobContext:
         return self.timeout_seconds - (time.monotonic() - self.started_monotonic)
 
     def heartbeat(self) -> None:
-        """Extend the lease by a full lease from now. Raises :class:`LeaseLost` if it was taken.
+        """Say the handler is alive between units of work.
 
-        Long handlers call this between units of work; the timeout clock restarts too.
-        (Handlers of loop-fenced kinds run inside the loop's transaction, where the new
-        expiry is invisible to reapers until commit: they keep to their timeout instead.)
+        Raises :class:`JobTimedOut` once the kind's timeout has passed since the handler
+        started (the heartbeat does not restart that clock: a timeout is the whole run's
+        budget), and :class:`LeaseLost` if the lease was taken. A running worker's own
+        heartbeat keeps every lease it holds alive; this one also extends the job's lease
+        when the handler owns its transactions (a step-method test has no worker
+        heartbeat). A loop-fenced handler's job row must not be written from inside its
+        transaction (the worker's heartbeat would wait on that row lock), so there it
+        only checks the clock.
         """
-        if not repository.heartbeat(self.job.id, self.job.lease_token, self.job.lease_seconds):
+        if self.remaining() < 0:
+            raise JobTimedOut(
+                f"job {self.job.job_id} ({self.job.kind}) ran past its {self.timeout_seconds:g} s timeout"
+            )
+        if self.loop_fenced:
+            return
+        if not leases.heartbeat(self.job.id, self.job.lease_token, self.job.lease_seconds):
             raise LeaseLost(f"lease on job {self.job.job_id} was taken over")
-        self.started_monotonic = time.monotonic()
 
     def first_time(self, subject: str = "") -> bool:
         """The fence for this job; see :func:`jobs.fence.first_time`."""

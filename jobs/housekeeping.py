@@ -18,6 +18,7 @@ from typing import NamedTuple
 from jobs import registry, repository, sweep_health
 from jobs.context import JobContext
 from jobs.kinds import JobKind
+from jobs.maintenance import reap
 from jobs.outcome import Outcome
 from jobs.schema import PayloadSchema
 from vpay.errors import error_chain
@@ -78,7 +79,7 @@ def _expired_fences(ctx: JobContext) -> StepResult:
 
 
 def _expired_leases(ctx: JobContext) -> StepResult:
-    released, buried = repository.reap_expired_leases()
+    released, buried = reap()
     if buried:
         logger.warning("sweep dead-lettered jobs out of attempts", extra={"leases_dead_lettered": buried})
     return StepResult(released + buried)

@@ -67,6 +67,10 @@ class Job(models.Model):
     attempts = models.IntegerField(db_default=0, help_text="Counted up by the claim itself.")
     max_attempts = models.IntegerField(db_default=5)
     deferrals = models.IntegerField(db_default=0, help_text="Deferrals spend no attempt.")
+    # Crashes of a worker that held this job among others, whose attempt was refunded
+    # because the crash cannot be pinned on it. Non-zero makes the job a suspect: it runs
+    # alone in its worker until it settles (jobs/leases.py, "crash attribution").
+    crashes = models.IntegerField(db_default=0)
     dedupe_key = models.TextField(null=True, blank=True)
     correlation_id = models.CharField(max_length=128, db_default="", blank=True)
     tenant = models.CharField(max_length=128, db_default="", blank=True)
@@ -118,18 +122,25 @@ class Job(models.Model):
             ),
         ]
         indexes = [
-            # Used by jobs.repository.CLAIM: the tenant skip-scan and each tenant's
+            # Used by jobs.leases.CLAIM: the tenant skip-scan and each tenant's
             # ORDER BY priority, run_at; partial so leased rows cost the claim nothing.
             models.Index(
                 fields=["tenant", "priority", "run_at"],
                 condition=Q(locked_at__isnull=True),
                 name="jobs_job_claimable_idx",
             ),
-            # Used by jobs.repository.REAP: leases past their expiry.
+            # Used by jobs.leases.REAP: leases past their expiry.
             models.Index(
                 fields=["lease_expires_at"],
                 condition=Q(locked_at__isnull=False),
                 name="jobs_job_lease_expiry_idx",
+            ),
+            # Used by jobs.leases: a worker's heartbeat extends its leases, and the reaper
+            # rescues all of a dead worker's jobs at once.
+            models.Index(fields=["locked_by"], condition=Q(locked_at__isnull=False), name="jobs_job_locked_by_idx"),
+            # Used by jobs.leases.SUSPECT_WAITING: is a suspect waiting to run alone.
+            models.Index(
+                fields=["run_at"], condition=Q(locked_at__isnull=True, crashes__gt=0), name="jobs_job_suspect_idx"
             ),
         ]
 
@@ -167,6 +178,30 @@ class DeadLetterState(models.TextChoices):
     """Closed by an operator, with a reason."""
 
 
+class WorkerProcess(models.Model):
+    """A running ``runworker`` process, heartbeating on the database clock.
+
+    The heartbeat also extends the leases of every job the worker holds, so a running
+    handler's lease never lapses while its worker lives, and a dead worker's jobs are
+    rescued about two heartbeat periods after its last one (jobs/leases.py).
+    """
+
+    id = models.CharField(primary_key=True, max_length=128, help_text="The worker id, as in jobs.locked_by.")
+    hostname = models.CharField(max_length=255)
+    pid = models.IntegerField()
+    concurrency = models.IntegerField()
+    queues = models.TextField()
+    started_at = models.DateTimeField(db_default=Now())
+    heartbeat_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "workers"
+        verbose_name = "worker"
+
+    def __str__(self) -> str:
+        return self.id
+
+
 class DeadLetterCause(models.TextChoices):
     """Why the job left the queue for a human."""
 
@@ -176,6 +211,7 @@ class DeadLetterCause(models.TextChoices):
     CONFIGURATION = "configuration", "Configuration error"
     DEFERRAL_CEILING = "deferral_ceiling", "Deferred too many times"
     LEASE_EXHAUSTED = "lease_exhausted", "Worker died on the last attempt"
+    CRASHED_WORKER = "crashed_worker", "Its worker died running only this job, on its last attempt"
     CANCELLED = "cancelled", "Cancelled by an operator"
 
 

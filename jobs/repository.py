@@ -1,4 +1,5 @@
-"""Every SQL statement the queue runs, in one place.
+"""The queue's SQL for enqueue, settle, the fence, health and operators (leases, the claim
+and the reaper are in ``jobs.leases``).
 
 All instants are computed by PostgreSQL (``now()``); Python only ever passes *durations*.
 Every write that ends or changes a lease is guarded on the claim's ``lease_token``: when it
@@ -11,79 +12,20 @@ import functools
 import json
 import uuid
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import connection
 
+from jobs import sql
 from jobs.models import LAST_ERROR_MAX
 from vpay.prepared import execute_prepared
 
 NOTIFY_CHANNEL = "vpay_jobs"
 
 
-@dataclass(frozen=True, slots=True)
-class ClaimedJob:
-    id: int
-    job_id: uuid.UUID
-    kind: str
-    queue: str
-    payload: dict = field(repr=False)  # application data: kept out of reprs and logs
-    attempts: int
-    max_attempts: int
-    deferrals: int
-    lease_token: uuid.UUID
-    lease_seconds: float
-    tenant: str
-    correlation_id: str
-    # A fence row for this job_id existed when it was claimed: its effect already happened.
-    processed: bool = False
-
-
-def _bounded(text: str) -> str:
+def bounded(text: str) -> str:
     return text if len(text) <= LAST_ERROR_MAX else text[: LAST_ERROR_MAX - 1] + "…"
-
-
-def _bookkeeping(sql: str, params) -> list[tuple] | int:
-    """Run one pure lease-bookkeeping statement (claim, finish, release) with asynchronous commit.
-
-    Losing such a commit to a database crash only hands the job out again, which every
-    handler is built to absorb (at-least-once, fenced). And WAL is sequential: any later
-    synchronous commit, such as a handler's effect, makes it durable too. Skipping the
-    flush is worth most of a claim's cost. Sent as one round trip (simple protocol).
-
-    Never for evidence: a dead letter, or the error a retry records, goes through
-    :func:`_evidence`. A crash that took a dead letter back would leave the job leased,
-    and the reaper would rewrite it as ``lease_exhausted``, the real error gone.
-
-    Inside a caller's transaction (a test, an admin action) it runs as a plain statement
-    of that transaction: committing someone else's transaction is never ours to do.
-
-    Returns the rows of a statement that returns rows, else its row count.
-    """
-    if connection.in_atomic_block or not connection.get_autocommit():
-        return _evidence(sql, params)
-    with connection.cursor() as cursor:
-        try:
-            cursor.execute(f"BEGIN; SET LOCAL synchronous_commit TO off; {sql}; COMMIT", params)
-            cursor.nextset()  # SET
-            cursor.nextset()  # the statement
-            result = cursor.fetchall() if cursor.description else cursor.rowcount
-        except BaseException:
-            # The explicit transaction may be left open and aborted: never reuse it.
-            connection.close()
-            raise
-        cursor.nextset()  # COMMIT
-    return result
-
-
-def _evidence(sql: str, params) -> list[tuple] | int:
-    """Run one statement whose commit must be durable (the server's ``synchronous_commit``):
-    in autocommit its own transaction, else a statement of the caller's. Returns as
-    :func:`_bookkeeping` does."""
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return cursor.fetchall() if cursor.description else cursor.rowcount
 
 
 # --- enqueue --------------------------------------------------------------------------
@@ -224,133 +166,6 @@ def pull_forward(dedupe_key: str, floor_seconds: float) -> bool:
         return cursor.fetchone() is not None
 
 
-# --- claim ----------------------------------------------------------------------------
-
-# Fair claim, one statement. `tenants` walks the distinct tenants that have claimable work
-# (a skip-scan over jobs_job_claimable_idx: one index probe per tenant), starting after the
-# caller's rotating cursor and wrapping, at most %(max_tenants)s of them. Each tenant then
-# contributes its oldest rows by (priority, run_at), an even share of the batch, locked with
-# SKIP LOCKED; the batch interleaves them by rank within tenant, then by walk position, and
-# the cursor moves past the furthest tenant served (round-robin even at batch size 1). A tenant with a 300k
-# backlog therefore gets one slot in each round, like everyone else, and no claim touches
-# more than max_tenants * share rows. attempts is counted here, by the claim, so a job
-# that kills its worker still counts up. The lease expiry is written from now(): any
-# reaper, on any host, honours the claimant's lease as Postgres measures it.
-CLAIM = """
-WITH RECURSIVE tenants(tenant, n) AS (
-    (SELECT t.tenant, 1 FROM (
-        (SELECT j.tenant FROM jobs j
-          WHERE j.locked_at IS NULL AND j.run_at <= now() AND j.queue = ANY(%(queues)s)
-            AND j.tenant > %(after)s
-          ORDER BY j.tenant LIMIT 1)
-        UNION ALL
-        (SELECT j.tenant FROM jobs j
-          WHERE j.locked_at IS NULL AND j.run_at <= now() AND j.queue = ANY(%(queues)s)
-          ORDER BY j.tenant LIMIT 1)
-     ) t LIMIT 1)
-  UNION ALL
-    SELECT nxt.tenant, tenants.n + 1 FROM tenants, LATERAL (
-        SELECT j.tenant FROM jobs j
-         WHERE j.locked_at IS NULL AND j.run_at <= now() AND j.queue = ANY(%(queues)s)
-           AND j.tenant > tenants.tenant
-         ORDER BY j.tenant LIMIT 1) nxt
-     WHERE tenants.n < %(max_tenants)s
-),
-share AS (SELECT ceil(%(batch)s::numeric / count(*))::int AS k FROM tenants),
-locked AS (
-    SELECT c.*, tenants.n FROM tenants, LATERAL (
-        SELECT j.id, j.tenant, j.priority, j.run_at FROM jobs j
-         WHERE j.locked_at IS NULL AND j.run_at <= now() AND j.queue = ANY(%(queues)s)
-           AND j.tenant = tenants.tenant
-         ORDER BY j.priority, j.run_at
-         LIMIT (SELECT k FROM share)
-         FOR UPDATE SKIP LOCKED) c
-),
-chosen AS (
-    SELECT id, tenant, n FROM (
-        SELECT id, tenant, n, priority,
-               row_number() OVER (PARTITION BY tenant ORDER BY priority, run_at) AS rank
-          FROM locked) r
-     ORDER BY priority, rank, n
-     LIMIT %(batch)s
-)
-UPDATE jobs j
-   SET locked_by = %(worker)s,
-       lease_token = gen_random_uuid(),
-       locked_at = now(),
-       heartbeat_at = now(),
-       lease_expires_at = now() + make_interval(secs => coalesce(%(lease)s, (%(leases)s::jsonb ->> j.kind)::float8, %(default_lease)s)),
-       attempts = j.attempts + 1
-  FROM chosen
- WHERE j.id = chosen.id
-RETURNING j.id, j.job_id, j.kind, j.queue, j.payload, j.attempts, j.max_attempts, j.deferrals,
-          j.lease_token, extract(epoch FROM j.lease_expires_at - j.locked_at)::float8,
-          j.tenant, j.correlation_id,
-          (SELECT tenant FROM chosen ORDER BY n DESC LIMIT 1),
-          -- A scalar subquery, not EXISTS: the planner turns a correlated EXISTS here into a
-          -- hashed scan of all of processed_jobs (days of rows); this is one PK probe per row.
-          coalesce((SELECT true FROM processed_jobs p WHERE p.job_id = j.job_id), false)
-"""
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimResult:
-    jobs: list[ClaimedJob]
-    # Where the next claim's tenant walk starts, so many tenants are served round-robin.
-    next_after: str
-
-
-def claim(
-    *,
-    worker: str,
-    queues: Sequence[str],
-    batch: int,
-    lease_seconds: float | None,
-    kind_leases: dict[str, float],
-    default_lease: float,
-    after: str,
-    max_tenants: int,
-) -> ClaimResult:
-    """Claim up to ``batch`` jobs for ``worker``; see :data:`CLAIM`."""
-    rows = _bookkeeping(
-        CLAIM,
-        {
-            "worker": worker,
-            "queues": list(queues),
-            "batch": batch,
-            "lease": lease_seconds,
-            "leases": json.dumps(kind_leases),
-            "default_lease": default_lease,
-            "after": after,
-            "max_tenants": max_tenants,
-        },
-    )
-    if not rows:
-        return ClaimResult([], "")
-    # The next claim's walk starts after the furthest tenant this one served, so tenants
-    # beyond a batch's reach (or max_tenants') get their turn next, round-robin.
-    next_after = rows[0][12]
-    jobs = [
-        ClaimedJob(
-            id=r[0],
-            job_id=r[1],
-            kind=r[2],
-            queue=r[3],
-            payload=r[4] if isinstance(r[4], dict) else json.loads(r[4]) if isinstance(r[4], str) else r[4],
-            attempts=r[5],
-            max_attempts=r[6],
-            deferrals=r[7],
-            lease_token=r[8],
-            lease_seconds=r[9],
-            tenant=r[10],
-            correlation_id=r[11],
-            processed=r[13],
-        )
-        for r in rows
-    ]
-    return ClaimResult(jobs, next_after)
-
-
 # --- settle ---------------------------------------------------------------------------
 
 _FINISH_MANY = """
@@ -365,21 +180,28 @@ def finish_many(leases: Sequence[tuple[int, uuid.UUID]]) -> set[int]:
     """Delete finished jobs still held under these leases; returns the ids that matched."""
     if not leases:
         return set()
-    rows = _bookkeeping(_FINISH_MANY, [[i for i, _ in leases], [t for _, t in leases]])
+    rows = sql.bookkeeping(_FINISH_MANY, [[i for i, _ in leases], [t for _, t in leases]])
     return {r[0] for r in rows}
 
 
-_RESCHEDULE = """
-UPDATE jobs
-   SET run_at = now() + make_interval(secs => %(delay)s),
-       locked_by = NULL, lease_token = NULL, locked_at = NULL,
-       lease_expires_at = NULL, heartbeat_at = NULL,
-       attempts = CASE %(attempts)s WHEN 'reset' THEN 0
-                                    WHEN 'refund' THEN greatest(attempts - 1, 0)
-                                    ELSE attempts END,
-       deferrals = CASE WHEN %(attempts)s = 'reset' THEN 0 ELSE deferrals END + %(add_deferral)s,
-       last_error = %(error)s
- WHERE id = %(id)s AND lease_token = %(token)s
+# Back to the queue after `delay` (primary key, guarded on the token). A job that settles
+# has shown it does not kill its worker: a suspect's crashes are cleared (jobs.leases). Due
+# at once: NOTIFY, so an idle worker takes it now rather than at its next poll.
+_RESCHEDULE = f"""
+WITH moved AS (
+    UPDATE jobs
+       SET run_at = now() + make_interval(secs => %(delay)s),
+           locked_by = NULL, lease_token = NULL, locked_at = NULL,
+           lease_expires_at = NULL, heartbeat_at = NULL, crashes = 0,
+           attempts = CASE %(attempts)s WHEN 'reset' THEN 0
+                                        WHEN 'refund' THEN greatest(attempts - 1, 0)
+                                        ELSE attempts END,
+           deferrals = CASE WHEN %(attempts)s = 'reset' THEN 0 ELSE deferrals END + %(add_deferral)s,
+           last_error = %(error)s
+     WHERE id = %(id)s AND lease_token = %(token)s
+    RETURNING queue
+)
+SELECT count(*), count(pg_notify('{NOTIFY_CHANNEL}', queue)) FILTER (WHERE %(delay)s <= 0) FROM moved
 """
 
 
@@ -396,31 +218,31 @@ def reschedule(
     """Hand the job back to the queue to run after ``delay`` seconds (database clock).
     ``durable`` for a failure's retry: its ``last_error`` is the evidence of the failure
     (a reschedule or a deferral that is no failure is bookkeeping)."""
-    count = (_evidence if durable else _bookkeeping)(
+    rows = (sql.durable if durable else sql.bookkeeping)(
         _RESCHEDULE,
         {
             "delay": delay,
             "attempts": attempts,
             "add_deferral": int(add_deferral),
-            "error": _bounded(error),
+            "error": bounded(error),
             "id": job_id,
             "token": token,
         },
     )
-    return count == 1
+    return rows[0][0] == 1
 
 
-_DEAD_LETTER_COLUMNS = """job_id, kind, queue, payload, priority, tenant, correlation_id, attempts,
+DEAD_LETTER_COLUMNS = """job_id, kind, queue, payload, priority, tenant, correlation_id, attempts,
                           max_attempts, cause, error_category, last_error, job_created_at, dedupe_key"""
 
-_LETTER_RETURNING = "id, kind, queue, cause, attempts, correlation_id, tenant, job_id, error_category"
+LETTER_RETURNING = "id, kind, queue, cause, attempts, correlation_id, tenant, job_id, error_category"
 
 # Every new dead letter raises its alert in the statement that writes it: an `alerts` row
 # (unique per dead letter) and a `send_alert` job to log and POST it (jobs.alerts). So the
 # alert exists if and only if the dead letter does, and racing writers cannot make two.
 # Not for dead letters of `send_alert` itself: an alert endpoint that is down would
 # otherwise alert about its own alerts forever; the worker logs those with alert=true.
-# `{letters}` is a CTE returning _LETTER_RETURNING.
+# `{letters}` is a CTE returning LETTER_RETURNING.
 _ALERT_JOBS = """alert_jobs AS (
     INSERT INTO jobs (kind, queue, payload, priority, max_attempts, dedupe_key, correlation_id)
     SELECT 'send_alert', %(alert_queue)s, jsonb_build_object('alert_id', a.id), %(alert_priority)s,
@@ -429,7 +251,7 @@ _ALERT_JOBS = """alert_jobs AS (
     ON CONFLICT DO NOTHING
     RETURNING queue
 )"""
-_ALERT_FOR_LETTERS = f"""
+ALERT_FOR_LETTERS = f"""
 alerted AS (
     INSERT INTO alerts (key, title, severity, source, details, link)
     SELECT 'dead_letter:' || l.id,
@@ -446,7 +268,7 @@ alerted AS (
     RETURNING id, details ->> 'correlation_id' AS correlation_id
 ),
 {_ALERT_JOBS}"""
-_NOTIFY_ALERT_JOBS = f"(SELECT count(pg_notify('{NOTIFY_CHANNEL}', queue)) FROM alert_jobs)"
+NOTIFY_ALERT_JOBS = f"(SELECT count(pg_notify('{NOTIFY_CHANNEL}', queue)) FROM alert_jobs)"
 
 # Delete and insert in one statement: the job is in exactly one of the two tables.
 _DEAD_LETTER = f"""
@@ -454,21 +276,21 @@ WITH gone AS (
     DELETE FROM jobs WHERE id = %(id)s AND lease_token = %(token)s RETURNING *
 ),
 letter AS (
-    INSERT INTO dead_letters ({_DEAD_LETTER_COLUMNS})
+    INSERT INTO dead_letters ({DEAD_LETTER_COLUMNS})
     SELECT job_id, kind, queue, payload, priority, tenant, correlation_id, attempts,
            max_attempts, %(cause)s, %(category)s, %(error)s, created_at, dedupe_key
       FROM gone
-    RETURNING {_LETTER_RETURNING}
+    RETURNING {LETTER_RETURNING}
 ),
-{_ALERT_FOR_LETTERS.format(letters="letter")}
-SELECT id, {_NOTIFY_ALERT_JOBS} FROM letter
+{ALERT_FOR_LETTERS.format(letters="letter")}
+SELECT id, {NOTIFY_ALERT_JOBS} FROM letter
 """
 
 
 def dead_letter(job_id: int, token: uuid.UUID, *, cause: str, category: str, error: str) -> int | None:
     """Move the job to ``dead_letters`` (and raise its alert); returns the dead letter's id,
     None if the lease was lost. Durable: a dead letter is evidence."""
-    rows = _evidence(
+    rows = sql.durable(
         _DEAD_LETTER,
         {
             "id": job_id,
@@ -510,92 +332,6 @@ def alert_job_params() -> dict:
         "link_prefix": prefix,
         "link_suffix": suffix,
     }
-
-
-_HEARTBEAT = """
-UPDATE jobs SET heartbeat_at = now(), lease_expires_at = now() + make_interval(secs => %s)
- WHERE id = %s AND lease_token = %s
-"""
-
-
-def heartbeat(job_id: int, token: uuid.UUID, lease_seconds: float) -> bool:
-    """Extend a held lease by ``lease_seconds`` from now; False when it was already taken."""
-    with connection.cursor() as cursor:
-        cursor.execute(_HEARTBEAT, [lease_seconds, job_id, token])
-        return cursor.rowcount == 1
-
-
-# Give leases back. `refund` undoes the claim's attempt for jobs that never started.
-_RELEASE = """
-UPDATE jobs j
-   SET locked_by = NULL, lease_token = NULL, locked_at = NULL, lease_expires_at = NULL,
-       heartbeat_at = NULL,
-       attempts = CASE WHEN %s THEN greatest(j.attempts - 1, 0) ELSE j.attempts END,
-       last_error = CASE WHEN %s THEN j.last_error ELSE %s END
-  FROM unnest(%s::bigint[], %s::uuid[]) AS s(id, token)
- WHERE j.id = s.id AND j.lease_token = s.token
-"""
-
-
-def release(leases: Iterable[tuple[int, uuid.UUID]], *, refund: bool, error: str = "") -> int:
-    leases = list(leases)
-    if not leases:
-        return 0
-    return _bookkeeping(_RELEASE, [refund, refund, _bounded(error), [i for i, _ in leases], [t for _, t in leases]])
-
-
-# --- recovery -------------------------------------------------------------------------
-
-# Leases past their expiry belong to dead (or hopelessly late) workers. A job that was on
-# its last attempt is not handed out again: the worker that held it died on it, and that
-# is a failure a human should see. Everything else goes back to the queue, due at once.
-REAP = f"""
-WITH expired AS (
-    SELECT id, attempts >= max_attempts AS exhausted, locked_by
-      FROM jobs
-     WHERE locked_at IS NOT NULL AND lease_expires_at < now()
-     FOR UPDATE SKIP LOCKED
-),
-dead AS (
-    DELETE FROM jobs j USING expired e WHERE j.id = e.id AND e.exhausted RETURNING j.*
-),
-buried AS (
-    INSERT INTO dead_letters ({_DEAD_LETTER_COLUMNS})
-    SELECT job_id, kind, queue, payload, priority, tenant, correlation_id, attempts, max_attempts,
-           'lease_exhausted', 'transient',
-           left('lease expired on the last attempt (held by ' || locked_by || ')', {LAST_ERROR_MAX}),
-           created_at, dedupe_key
-      FROM dead
-    RETURNING {_LETTER_RETURNING}
-),
-{_ALERT_FOR_LETTERS.format(letters="buried")},
-freed AS (
-    UPDATE jobs j
-       SET last_error = left('lease expired (held by ' || j.locked_by || ')', {LAST_ERROR_MAX}),
-           locked_by = NULL, lease_token = NULL, locked_at = NULL, lease_expires_at = NULL,
-           heartbeat_at = NULL
-      FROM expired e
-     WHERE j.id = e.id AND NOT e.exhausted
-    RETURNING j.id
-)
-SELECT (SELECT count(*) FROM freed), (SELECT count(*) FROM buried),
-       (SELECT count(*) FROM buried WHERE kind = 'send_alert'), {_NOTIFY_ALERT_JOBS}
-"""
-
-
-def reap_expired_leases_counted() -> tuple[int, int, int]:
-    """Free expired leases; returns (released, dead_lettered, of those the send_alert jobs,
-    which raise no alert of their own)."""
-    with connection.cursor() as cursor:
-        cursor.execute(REAP, alert_job_params())
-        freed, buried, unalerted, _ = cursor.fetchone()
-    return freed, buried, unalerted
-
-
-def reap_expired_leases() -> tuple[int, int]:
-    """Free expired leases; returns (released, dead_lettered)."""
-    freed, buried, _ = reap_expired_leases_counted()
-    return freed, buried
 
 
 # --- the fence ------------------------------------------------------------------------
@@ -832,7 +568,7 @@ _CANCEL = f"""
 WITH gone AS (
     DELETE FROM jobs WHERE id = %(id)s AND locked_at IS NULL RETURNING *
 )
-INSERT INTO dead_letters ({_DEAD_LETTER_COLUMNS}, state, discarded_by, discarded_at, discard_reason)
+INSERT INTO dead_letters ({DEAD_LETTER_COLUMNS}, state, discarded_by, discarded_at, discard_reason)
 SELECT job_id, kind, queue, payload, priority, tenant, correlation_id, attempts, max_attempts,
        'cancelled', '', left('cancelled by ' || %(actor)s || ': ' || %(reason)s, {LAST_ERROR_MAX}),
        created_at, dedupe_key, 'discarded', %(actor)s, now(), %(reason)s
@@ -929,7 +665,7 @@ WITH alerted AS (
     RETURNING id, %(correlation_id)s::text AS correlation_id
 ),
 {_ALERT_JOBS}
-SELECT (SELECT id FROM alerted), {_NOTIFY_ALERT_JOBS}
+SELECT (SELECT id FROM alerted), {NOTIFY_ALERT_JOBS}
 """
 
 
@@ -1009,4 +745,4 @@ _ALERT_FAILED = "UPDATE alerts SET send_attempts = send_attempts + 1, last_error
 
 def record_alert_failure(alert_id: int, error: str) -> None:
     with connection.cursor() as cursor:
-        cursor.execute(_ALERT_FAILED, [_bounded(error), alert_id])
+        cursor.execute(_ALERT_FAILED, [bounded(error), alert_id])

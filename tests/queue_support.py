@@ -8,9 +8,9 @@ from contextlib import contextmanager
 
 from django.db import connection
 
-from jobs import registry, repository
+from jobs import leases, registry
 from jobs.context import JobContext
-from jobs.repository import ClaimedJob
+from jobs.leases import ClaimedJob
 
 
 def one(sql: str, params: Sequence | dict | None = None):
@@ -61,10 +61,10 @@ def claim(
     after: str = "",
     max_tenants: int = 64,
     queues: Sequence[str] = ("default",),
-) -> repository.ClaimResult:
+) -> leases.ClaimResult:
     """One claim statement with the arguments a :class:`jobs.worker.Worker` passes."""
     kind_leases = {s.kind.value: s.lease_seconds for s in registry.all_specs()}
-    return repository.claim(
+    return leases.claim(
         worker=worker,
         queues=list(queues),
         batch=batch,

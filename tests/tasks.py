@@ -36,6 +36,13 @@ def record_slowly(label: str, seconds: float) -> None:
 
 
 @task
+def record_then_sleep(label: str, seconds: float) -> None:
+    """Records its start (the effect row's ``at`` is the insert's clock), then takes its time."""
+    _record(label)
+    time.sleep(seconds)
+
+
+@task
 def record_then_crash(label: str) -> None:
     """Writes its effect, then fails before commit: the fence must roll back with it."""
     _record(label)
@@ -142,6 +149,16 @@ def append_on_commit(path: str, text: str, then_fail: bool = False) -> None:
     transaction.on_commit(lambda: append_to_file.call(path, text))
     if then_fail:
         raise TransientError("failed after registering an on_commit callback")
+
+
+@task
+def kill_the_process() -> None:
+    """A task that kills its own worker process outright, as an OOM kill or a segfault in a
+    C extension would: nothing in the process gets to settle anything."""
+    import os
+    import signal
+
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 @task

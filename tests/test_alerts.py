@@ -116,7 +116,7 @@ def test_the_reaper_raises_the_alert_of_a_job_that_died_on_its_last_attempt(aler
     assert Worker(concurrency=1).reap() == (0, 1)
     letter = DeadLetter.objects.get(job_id=job_id)
     alert = Alert.objects.get()
-    assert (alert.key, alert.details["cause"]) == (f"dead_letter:{letter.pk}", "lease_exhausted")
+    assert (alert.key, alert.details["cause"]) == (f"dead_letter:{letter.pk}", "crashed_worker")
     assert count("jobs", "kind = 'send_alert'") == 1
 
 
@@ -313,7 +313,7 @@ def test_two_real_workers_racing_over_failing_jobs_send_one_alert_per_dead_lette
     )
     with AlertEndpoint() as endpoint:
         env = {"ALERT_WEBHOOK_URL": endpoint.url, "VPAY_PUBLIC_URL": "https://ops.example.test"}
-        workers = [start_worker("--concurrency", "2", "--batch", "3", env=env) for _ in range(2)]
+        workers = [start_worker("--concurrency", "2", env=env) for _ in range(2)]
         wait_for(
             lambda: scalar("SELECT count(*) FROM alerts WHERE sent_at IS NOT NULL") == total,
             timeout=90,

@@ -396,7 +396,7 @@ def test_a_submitting_charge_whose_rail_never_knows_it_is_escalated_at_the_horiz
 def test_killing_the_worker_mid_poll_then_restarting_settles_the_charge_exactly_once(stack):
     stack.set_policy(VPAY_RAIL_TIMEOUT_SECONDS=8.0, VPAY_CHARGE_NOT_FOUND_WINDOW_SECONDS=20.0)
     stack.rail.scenario(amount=4012, poll_delay=4.0)
-    first = stack.worker("--lease", "2")
+    first = stack.worker("--heartbeat", "0.25")
     intent = stack.acme.confirm(stack.acme.intent(amount=4012)["id"])
     charge_id = intent["charge"]["id"]
     # The worker is inside its rail call (the rail holds the answer 4 s): kill it there.
@@ -415,7 +415,7 @@ def test_killing_the_worker_mid_poll_then_restarting_settles_the_charge_exactly_
     stack.rail.scenario(amount=4012)  # the rail answers promptly from now on
     # The replacement's reaper (every half lease) frees the dead worker's lease once it
     # expires (2 s after the claim), and the poll runs again.
-    stack.worker("--lease", "4")
+    stack.worker("--heartbeat", "1")
     settled(intent["id"], "succeeded")
     time.sleep(1.0)
     assert event_types(intent["id"]) == ["payment_intent.succeeded"]

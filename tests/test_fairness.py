@@ -7,9 +7,10 @@ import json
 import pytest
 from django.db import connection
 
-from jobs import queue, registry, repository
+from jobs import leases, queue, registry
 from jobs.queue import JobRequest
 from jobs.worker import Worker
+from tests.conftest import wait_for
 from tests.queue_support import claim, count, execute, task_payload
 
 NOOP = task_payload("tests.tasks.noop")
@@ -40,16 +41,32 @@ def test_a_tenants_ten_jobs_are_claimed_within_the_next_fifty_despite_another_te
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("batch", [1, 10])
-def test_a_worker_running_a_backlog_finishes_another_tenants_ten_jobs_within_its_next_fifty(batch):
+def test_a_worker_running_a_backlog_finishes_another_tenants_ten_jobs_within_its_next_fifty():
     enqueue_backlog_then_latecomers()
-    worker = Worker(concurrency=1, batch_size=batch)
-    state = worker.new_state()  # one loop thread's state, kept from claim to claim
+    worker = Worker(concurrency=1)  # its tenant cursor is kept from claim to claim
     while worker.report().claimed < 50:
-        assert worker.run_once(state) > 0
+        assert worker.run_once() > 0
     assert worker.report().finished == 50
     assert count("jobs", "tenant = 'b'") == 0
     assert count("jobs", "tenant = 'a'") == BACKLOG - 40
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
+def test_every_tenant_starts_a_job_within_the_first_25_starts_whatever_the_handlers_duration(effects, start_worker):
+    # 20 tenants x 20 jobs of 200 ms at --concurrency 4: slow handlers must not make the
+    # tenant walk wrap back to the first tenants (a batch handed back used to).
+    tenants = [f"merchant-{t:02d}" for t in range(20)]
+    queue.enqueue_many(
+        JobRequest("task", task_payload("tests.tasks.record_then_sleep", f"{tenant}/{i}", 0.2), tenant=tenant)
+        for i in range(20)
+        for tenant in tenants
+    )
+    worker = start_worker("--concurrency", "4")
+    wait_for(lambda: len(effects()) >= 32, timeout=60, message="32 jobs started")
+    worker.kill()
+    starts = [label.split("/")[0] for label, _ in effects()][:25]
+    assert set(starts) == set(tenants), starts
 
 
 @pytest.mark.django_db
@@ -68,7 +85,7 @@ def test_the_claim_statement_uses_the_claimable_index():
         "max_tenants": 64,
     }
     with connection.cursor() as cursor:
-        cursor.execute("EXPLAIN (FORMAT JSON) " + repository.CLAIM, params)
+        cursor.execute("EXPLAIN (FORMAT JSON) " + leases.CLAIM, params)
         plan = cursor.fetchone()[0]
     plan_text = plan if isinstance(plan, str) else json.dumps(plan)
     nodes = _nodes(json.loads(plan_text)[0]["Plan"])

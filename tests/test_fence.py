@@ -271,7 +271,7 @@ def test_replaying_a_dead_letter_whose_effect_happened_has_no_second_effect(effe
     expire_lease(job_id)
     assert Worker(concurrency=1).reap() == (0, 1)
     letter = DeadLetter.objects.get(job_id=job_id)
-    assert letter.cause == "lease_exhausted"
+    assert letter.cause == "crashed_worker"
     assert effects("replayed") == [("replayed", "")]
 
     before = duplicates_skipped()

@@ -27,7 +27,7 @@ def alerts_elsewhere(settings):
 
 def bury_after_worker_death(label: str, job_id: uuid.UUID) -> DeadLetter:
     """Enqueue ``record(label)`` as ``job_id`` on its last attempt, claim it, let its worker "die"
-    (the lease expires) and let a worker's reaper dead-letter it: the lease_exhausted path."""
+    (the lease expires) and let a worker's reaper dead-letter it: the crashed_worker path."""
     assert queue.enqueue("task", task_payload("tests.tasks.record", label), job_id=job_id, max_attempts=1)
     (claimed,) = claim().jobs
     assert claimed.job_id == job_id

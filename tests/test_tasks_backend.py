@@ -18,7 +18,7 @@ from django_tasks.base import TaskResultStatus
 from django_tasks.exceptions import InvalidTaskError, TaskResultDoesNotExist
 from django_tasks.signals import task_enqueued
 
-from jobs import queue, repository
+from jobs import leases, queue, repository
 from jobs.kinds import JobKind
 from jobs.tasks_backend import VpayTaskBackend, run_after_at
 from jobs.worker import Worker
@@ -95,7 +95,7 @@ def test_get_result__follows_a_task_from_ready_through_running_to_successful(eff
     running = tasks.record.get_result(result.id)
     assert running.status == TaskResultStatus.RUNNING
     assert running.args == ["lifecycle"]
-    assert repository.release([(job.id, job.lease_token)], refund=True) == 1
+    assert leases.release([(job.id, job.lease_token)], refund=True) == 1
 
     assert Worker(concurrency=1).run_once() == 1
     done = tasks.record.get_result(result.id)

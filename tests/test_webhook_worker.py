@@ -142,7 +142,7 @@ def test_sigkill_during_a_backlog_of_1000_deliveries_a_replacement_finishes_with
         # A little slow, so the kill lands while attempts are in flight.
         endpoints.create_endpoint(merchant, url=receiver.url(path + "?mode=slow&delay=0.02"), enabled_events=["*"])
     events = emit_many(merchant, 250)  # x 4 endpoints = 1000 deliveries
-    args = ("--concurrency", "8", "--lease", "4")
+    args = ("--concurrency", "8", "--heartbeat", "1")
 
     doomed = start_worker(*args, "--worker-id", "doomed", env=BASE_ENV)
     wait_for(

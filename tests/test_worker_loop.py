@@ -6,10 +6,9 @@ import json
 import uuid
 
 import pytest
-from django.db import connection
 from prometheus_client import REGISTRY
 
-from jobs import queue, registry, repository
+from jobs import leases, queue, registry, repository
 from jobs.context import LeaseLost
 from jobs.kinds import JobKind
 from jobs.models import DeadLetter
@@ -35,7 +34,7 @@ def task_policy():
 
 
 def job_row(job_id) -> dict:
-    columns = ("attempts", "max_attempts", "deferrals", "locked_by", "lease_token", "last_error")
+    columns = ("attempts", "max_attempts", "deferrals", "locked_by", "lease_token", "last_error", "crashes")
     row = one(f"SELECT {', '.join(columns)} FROM jobs WHERE job_id = %s", [str(job_id)])
     return dict(zip(columns, row, strict=True)) if row else {}
 
@@ -228,8 +227,8 @@ def test_a_late_worker_whose_lease_was_reaped_matches_nothing_with_any_settle():
         is False
     )
     assert repository.dead_letter(late.id, late.lease_token, cause="permanent", category="permanent", error="x") is None
-    assert repository.release([(late.id, late.lease_token)], refund=True) == 0
-    assert repository.heartbeat(late.id, late.lease_token, 30) is False
+    assert leases.release([(late.id, late.lease_token)], refund=True) == 0
+    assert leases.heartbeat(late.id, late.lease_token, 30) is False
     # ...and B's lease is untouched by all of them.
     row = job_row(job_id)
     assert (row["locked_by"], row["lease_token"], row["attempts"]) == ("worker-b", current.lease_token, 2)
@@ -255,7 +254,7 @@ def test_a_worker_that_lost_its_lease_mid_job_counts_the_job_lost_and_leaves_the
 
 
 @pytest.mark.django_db
-def test_the_reaper_dead_letters_a_job_whose_lease_expired_on_its_last_attempt():
+def test_the_reaper_dead_letters_a_job_whose_worker_died_running_only_it_on_its_last_attempt():
     job_id = queue.enqueue(JobKind.TASK, task_payload("tests.tasks.noop"), max_attempts=1, correlation_id="c-1")
     claim("worker-a")
     expire_lease(job_id)
@@ -264,28 +263,68 @@ def test_the_reaper_dead_letters_a_job_whose_lease_expired_on_its_last_attempt()
     assert count("jobs", "kind = 'send_alert'") == 1
     letter = DeadLetter.objects.get(job_id=job_id)
     assert (letter.cause, letter.attempts, letter.max_attempts, letter.correlation_id) == (
-        "lease_exhausted",
+        "crashed_worker",
         1,
         1,
         "c-1",
     )
-    assert "held by worker-a" in letter.last_error
+    assert "its worker (worker-a) died running only this job" in letter.last_error
 
 
 @pytest.mark.django_db
-def test_the_reaper_frees_an_expired_lease_with_attempts_left_and_leaves_live_leases_alone():
-    expired_id = queue.enqueue(JobKind.TASK, task_payload("tests.tasks.noop"), tenant="a")
-    live_id = queue.enqueue(JobKind.TASK, task_payload("tests.tasks.noop"), tenant="b")
-    claim("worker-a", batch=2, lease_seconds=30)
-    expire_lease(expired_id)
+def test_a_job_whose_worker_died_running_only_it_goes_back_with_its_attempt_spent():
+    job_id = queue.enqueue(JobKind.TASK, task_payload("tests.tasks.noop"))
+    claim("worker-a")
+    expire_lease(job_id)
     assert Worker(concurrency=1).reap() == (1, 0)
-    freed = job_row(expired_id)
-    assert (freed["locked_by"], freed["lease_token"], freed["attempts"]) == (None, None, 1)
-    assert freed["last_error"] == "lease expired (held by worker-a)"
-    # The freed job is claimable again at once.
-    assert seconds_until_run(expired_id) <= 0
-    assert job_row(live_id)["locked_by"] == "worker-a"
+    freed = job_row(job_id)
+    assert (freed["locked_by"], freed["lease_token"], freed["attempts"], freed["crashes"]) == (None, None, 1, 0)
+    assert freed["last_error"] == "its worker (worker-a) died running only this job"
+    assert seconds_until_run(job_id) <= 0  # claimable again at once
+
+
+@pytest.mark.django_db
+def test_jobs_whose_worker_died_holding_several_go_back_with_attempts_refunded_as_suspects():
+    # Nobody can say which of the three killed worker-a: none of them pays an attempt for it.
+    ids = [queue.enqueue(JobKind.TASK, task_payload("tests.tasks.noop"), tenant=t, max_attempts=1) for t in "abc"]
+    live = queue.enqueue(JobKind.TASK, task_payload("tests.tasks.noop"), tenant="d")
+    claim("worker-a", batch=3)
+    claim("worker-b", lease_seconds=30)
+    expire_lease(ids[0])  # one expired lease says worker-a is dead: all it held is rescued
+    assert Worker(concurrency=1).reap() == (3, 0)
+    for job_id in ids:
+        row = job_row(job_id)
+        assert (row["locked_by"], row["attempts"], row["crashes"]) == (None, 0, 1)
+        assert row["last_error"] == "its worker (worker-a) died holding 3 jobs; attempt refunded, runs alone next"
+    assert job_row(live)["locked_by"] == "worker-b"  # a live worker's lease is left alone
+    assert count("dead_letters") == 0
     assert Worker(concurrency=1).reap() == (0, 0)
+
+
+@pytest.mark.django_db
+def test_a_suspect_is_claimed_alone_and_a_second_crash_is_pinned_on_it():
+    suspect = queue.enqueue(JobKind.TASK, task_payload("tests.tasks.noop"), tenant="a", max_attempts=1)
+    other = queue.enqueue(JobKind.TASK, task_payload("tests.tasks.noop"), tenant="b", max_attempts=1)
+    execute("UPDATE jobs SET crashes = 1 WHERE job_id = %s", [suspect])
+    # The ordinary claim never hands out a suspect...
+    assert [j.job_id for j in claim("worker-a", batch=5).jobs] == [other]
+    # ...a worker with nothing running claims it alone, and its crash now spends its attempt.
+    worker = Worker(worker_id="worker-s", concurrency=4)
+    worker.check_suspects()
+    claimed = worker._claim(4, alone=True)
+    assert [j.job_id for j in claimed] == [suspect] and claimed[0].suspect
+    assert worker._solo  # nothing else starts beside it
+    expire_lease(suspect)
+    assert worker.reap() == (0, 1)  # worker-a lives: its lease on the other job is left alone
+    assert DeadLetter.objects.get(job_id=suspect).cause == "crashed_worker"
+
+
+@pytest.mark.django_db
+def test_a_suspect_that_settles_is_cleared():
+    job_id = tasks.defer.enqueue("cleared", 0.0).id
+    execute("UPDATE jobs SET crashes = 2 WHERE job_id = %s", [job_id])
+    assert Worker(concurrency=1).run_once() == 1  # claimed alone, deferred
+    assert job_row(job_id)["crashes"] == 0
 
 
 # --- heartbeat -------------------------------------------------------------------------------
@@ -318,74 +357,41 @@ def test_a_heartbeat_extends_the_lease_by_a_full_lease_from_now_and_fails_once_t
     ) == pytest.approx(60)
 
 
-# --- the batch hold limit --------------------------------------------------------------------
-
-
-@pytest.mark.django_db
-def test_a_slow_job_hands_its_batchs_unstarted_jobs_back_with_their_attempt_refunded(effects):
-    tasks.record_slowly.using(priority=10).enqueue("slow", 1.1)
-    rest = [tasks.record.enqueue(f"fast-{i}").id for i in range(2)]
-    worker = Worker(concurrency=1, batch_size=3)
-    assert worker.run_once() == 3
-    report = worker.report()
-    assert (report.claimed, report.finished, report.released) == (3, 1, 2)
-    assert effects() == [("slow", "")]
-    for job_id in rest:
-        row = job_row(job_id)
-        assert (row["locked_by"], row["attempts"]) == (None, 0)
+# --- one job at a time, each in its own transaction -----------------------------------------------
 
 
 @pytest.mark.django_db
 def test_run_once_on_an_empty_queue_claims_nothing_and_is_not_a_claim_failure():
     worker = Worker(concurrency=1)
-    state = worker.new_state()
     failures = REGISTRY.get_sample_value("vpay_jobs_claim_failures_total") or 0.0
-    assert worker.run_once(state) == 0
-    assert state.claim_failures == 0
+    assert worker.run_once() == 0
+    assert worker._claim_failures == 0
     assert (REGISTRY.get_sample_value("vpay_jobs_claim_failures_total") or 0.0) == failures
     assert worker.report().claimed == 0
 
 
 def test_a_worker_refuses_impossible_settings():
-    for kwargs in ({"concurrency": 0}, {"batch_size": 0}, {"lease_seconds": 0}, {"queues": ()}):
+    for kwargs in ({"concurrency": 0}, {"heartbeat_seconds": 0}, {"queues": ()}):
         with pytest.raises(ValueError):
             Worker(**kwargs)
 
 
 @pytest.mark.django_db
-def test_job_rows_hold_only_live_work_after_a_mixed_batch(effects):
+def test_job_rows_hold_only_live_work_after_mixed_jobs(effects):
     ok = tasks.record.enqueue("mixed-ok").id
     bad = tasks.fail_permanently.enqueue("mixed-bad").id
     later = tasks.record.using(run_after=None).enqueue("mixed-later").id
     execute("UPDATE jobs SET run_at = now() + interval '1 hour' WHERE job_id = %s", [later])
-    worker = Worker(concurrency=1, batch_size=10)
-    assert worker.run_once() == 2
+    worker = Worker(concurrency=1)
+    assert [worker.run_once() for _ in range(2)] == [1, 1]
     assert {r[0] for r in rows("SELECT job_id::text FROM jobs WHERE kind <> 'send_alert'")} == {later}
     assert DeadLetter.objects.filter(job_id=uuid.UUID(bad)).count() == 1
     assert count("jobs", "kind = 'send_alert'") == 1  # the dead letter's alert
     assert count("processed_jobs", "job_id = %s", [ok]) == 1
 
 
-# --- a batch of fenced jobs --------------------------------------------------------------------
-
-
 @pytest.mark.django_db
-def test_a_failure_inside_a_batch_of_fenced_tasks_costs_its_neighbours_no_duplicate_effect(effects):
-    first = tasks.record.using(priority=3).enqueue("batch-1").id
-    failing = tasks.fail_transiently.using(priority=2).enqueue("batch-2").id
-    last = tasks.record.using(priority=1).enqueue("batch-3").id
-    worker = Worker(concurrency=1, batch_size=10)
-    assert worker.run_once() == 3
-    assert effects("batch") == [("batch-1", ""), ("batch-3", "")]
-    assert count("processed_jobs", "job_id IN (%s, %s)", [first, last]) == 2
-    assert {r[0] for r in rows("SELECT job_id::text FROM jobs")} == {failing}
-    assert job_row(failing)["attempts"] == 1
-    report = worker.report()
-    assert (report.finished, report.retried) == (2, 1)
-
-
-@pytest.mark.django_db
-def test_a_batch_holding_an_already_processed_job_id_skips_it_and_runs_the_rest(effects):
+def test_an_already_processed_job_id_is_skipped_and_the_next_one_runs(effects):
     done_before = tasks.record.using(priority=2).enqueue("seen").id
     fresh = tasks.record.using(priority=1).enqueue("fresh").id
     execute(
@@ -394,8 +400,8 @@ def test_a_batch_holding_an_already_processed_job_id_skips_it_and_runs_the_rest(
         [done_before],
     )
     before = REGISTRY.get_sample_value("vpay_jobs_duplicates_skipped_total", {"kind": "task"}) or 0.0
-    worker = Worker(concurrency=1, batch_size=10)
-    assert worker.run_once() == 2
+    worker = Worker(concurrency=1)
+    assert [worker.run_once() for _ in range(2)] == [1, 1]
     assert effects() == [("fresh", "")]
     assert count("jobs") == 0
     assert count("processed_jobs", "job_id = %s", [fresh]) == 1
@@ -404,12 +410,12 @@ def test_a_batch_holding_an_already_processed_job_id_skips_it_and_runs_the_rest(
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_batch_where_one_lease_is_taken_mid_run_loses_only_that_job(effects):
+def test_a_job_whose_lease_is_taken_mid_run_is_lost_and_its_neighbours_are_not(effects):
     tasks.record.using(priority=3).enqueue("kept-1")
     taken = tasks.lose_lease.using(priority=2).enqueue("succeed").id
     tasks.record.using(priority=1).enqueue("kept-2")
-    worker = Worker(concurrency=1, batch_size=10)
-    assert worker.run_once() == 3
+    worker = Worker(concurrency=1)
+    assert [worker.run_once() for _ in range(3)] == [1, 1, 1]
     assert effects("kept") == [("kept-1", ""), ("kept-2", "")]
     report = worker.report()
     assert (report.finished, report.lost) == (2, 1)
@@ -418,35 +424,14 @@ def test_a_batch_where_one_lease_is_taken_mid_run_loses_only_that_job(effects):
     assert count("processed_jobs", "job_id = %s", [taken]) == 0
 
 
-@pytest.mark.django_db
-def test_a_failing_body_in_a_group_is_rolled_back_alone_and_its_neighbours_run_once(effects, tmp_path):
-    outside = tmp_path / "outside-effects.txt"
-    tasks.append_to_file.using(priority=5).enqueue(str(outside), "A")
-    tasks.record.using(priority=4).enqueue("group-kept-1")
-    crashed = tasks.record_then_crash.using(priority=3).enqueue("group-crashed").id
-    tasks.append_to_file.using(priority=2).enqueue(str(outside), "B")
-    tasks.record.using(priority=1).enqueue("group-kept-2")
-    worker = Worker(concurrency=1, batch_size=10)
-    assert worker.run_once() == 5
-    # Effects outside the database happened once each: no neighbour body ran twice.
-    assert outside.read_text() == "AB"
-    # The failing body's own insert was rolled back to its savepoint; the others committed.
-    assert effects("group") == [("group-kept-1", ""), ("group-kept-2", "")]
-    assert count("processed_jobs", "job_id = %s", [crashed]) == 0
-    assert {r[0] for r in rows("SELECT job_id::text FROM jobs")} == {crashed}
-    report = worker.report()
-    assert (report.finished, report.retried) == (4, 1)
-
-
 @pytest.mark.django_db(transaction=True)
-def test_a_failed_body_in_a_group_loses_its_on_commit_callbacks_and_its_neighbours_keep_theirs(tmp_path):
+def test_a_failed_fenced_body_loses_its_on_commit_callbacks(tmp_path):
     outside = tmp_path / "on-commit.txt"
     tasks.append_on_commit.using(priority=3).enqueue(str(outside), "kept-")
     failing = tasks.append_on_commit.using(priority=2).enqueue(str(outside), "LEAKED-", then_fail=True).id
     tasks.append_on_commit.using(priority=1).enqueue(str(outside), "kept")
-    worker = Worker(concurrency=1, batch_size=10)
-    assert worker.run_once() == 3
-    # The failing body's callback was dropped with its savepoint; the group's commit ran the rest.
+    worker = Worker(concurrency=1)
+    assert [worker.run_once() for _ in range(3)] == [1, 1, 1]
     assert outside.read_text() == "kept-kept"
     assert {r[0] for r in rows("SELECT job_id::text FROM jobs")} == {failing}
 
@@ -454,7 +439,7 @@ def test_a_failed_body_in_a_group_loses_its_on_commit_callbacks_and_its_neighbou
 def test_a_loop_fenced_handler_may_not_insert_its_own_fence_row():
     from jobs.context import JobContext
 
-    job = repository.ClaimedJob(
+    job = leases.ClaimedJob(
         id=1,
         job_id=uuid.uuid4(),
         kind="task",
@@ -475,44 +460,15 @@ def test_a_loop_fenced_handler_may_not_insert_its_own_fence_row():
     assert "payload" not in repr(job)
 
 
-@pytest.mark.django_db(transaction=True)
-def test_the_watchdog_hands_back_a_batch_stuck_behind_a_slow_handler_with_attempts_refunded(effects):
-    import threading
-    import time
-
-    slow = tasks.record_slowly.using(priority=5).enqueue("slow", 2.0).id
-    waiting = [tasks.record.using(priority=1).enqueue(f"waiting-{i}").id for i in range(3)]
-    worker = Worker(concurrency=1, batch_size=10)
-    runner = threading.Thread(target=lambda: (worker.run_once(), connection.close()))
-    runner.start()
-    try:
-        wait_for_held = time.monotonic() + 10
-        while scalar("SELECT count(*) FROM jobs WHERE locked_at IS NOT NULL") < 4 and time.monotonic() < wait_for_held:
-            time.sleep(0.02)
-        time.sleep(1.3)  # the slow handler is now past the hold limit
-        worker._watch_timeouts(time.monotonic())
-        # Handed back while the slow one still runs: unleased, attempt refunded, claimable.
-        for job_id in waiting:
-            assert one("SELECT locked_at, attempts FROM jobs WHERE job_id = %s", [job_id]) == (None, 0)
-        assert one("SELECT locked_at IS NOT NULL FROM jobs WHERE job_id = %s", [slow]) == (True,)
-    finally:
-        runner.join(timeout=10)
-    # The slow one finished; the loop did not run the handed-back jobs itself.
-    assert effects() == [("slow", "")]
-    assert worker.report().released == 3
-    assert count("jobs") == 3
-
-
 @pytest.mark.django_db(transaction=True)  # the release closes its connection afterwards
 def test_grace_expiry_finishes_acked_jobs_and_releases_the_rest_with_the_right_attempt_count():
     ids = [queue.enqueue(JobKind.TASK, task_payload("tests.tasks.noop"), priority=i) for i in range(3)]
-    worker = Worker(concurrency=1, batch_size=10)
-    state = worker.new_state()
-    done, started, unstarted = worker._claim(state)  # ordered by priority
+    worker = Worker(concurrency=3)
+    done, started, unstarted = worker._claim(3, alone=False)  # ordered by priority
     assert [j.job_id for j in (done, started, unstarted)] == ids
-    state.start(done)
-    state.done(done)  # finished, its delete still buffered
-    state.start(started)  # its handler still running when grace ran out
+    worker._running.pop(done.id)
+    worker._completer.add(done)  # finished, its delete still buffered
+    worker._running[started.id].ctx_holder.append(claimed_context(started))  # its handler still running
     worker._release_everything_held()
     # The finished one is deleted; the running one goes back with its attempt counted;
     # the one never started goes back with its attempt refunded.
@@ -523,4 +479,3 @@ def test_grace_expiry_finishes_acked_jobs_and_releases_the_rest_with_the_right_a
     assert (job_row(unstarted.job_id)["attempts"], job_row(unstarted.job_id)["locked_by"]) == (0, None)
     report = worker.report()
     assert (report.finished, report.released) == (1, 2)
-    assert state.held == {}

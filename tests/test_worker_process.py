@@ -124,16 +124,16 @@ def free_port() -> int:
 @pytest.mark.slow
 def test_a_backlog_survives_repeated_sigkills_with_every_effect_applied_exactly_once(effects, start_worker):
     total = 2000
-    # The claim counts an attempt, so every kill spends one on each job the dead worker
-    # held; the budget is raised so lease-exhausted dead letters cannot hide duplicates
-    # or gaps (the subject here). The reaper's exhaustion rule is not under test.
+    # A kill with several jobs running refunds their attempts (jobs.leases, crash
+    # attribution); the budget is raised all the same so no dead letter can hide
+    # duplicates or gaps (the subject here).
     enqueue_many(task_request("record", f"kill-{i:05d}", max_attempts=20) for i in range(total))
     assert task_rows() == total
 
     killed_with_leases = 0
     for round_ in range(3):
         before = effect_count("kill-")
-        worker = start_worker("--concurrency", "4", "--lease", "3", "--worker-id", f"doomed-{round_}")
+        worker = start_worker("--concurrency", "4", "--heartbeat", "0.5", "--worker-id", f"doomed-{round_}")
         # Kill mid-run: after this worker has visibly done some work, long before the end.
         wait_for(
             lambda before=before: effect_count("kill-") >= before + 150,
@@ -155,11 +155,11 @@ def test_a_backlog_survives_repeated_sigkills_with_every_effect_applied_exactly_
         timeout=30,
         message="the killed workers' leases to expire",
     )
-    replacement = start_worker("--concurrency", "4", "--lease", "3", "--burst")
+    replacement = start_worker("--concurrency", "4", "--heartbeat", "0.5", "--burst")
     assert wait_exit(replacement, timeout=120) == 0, replacement.output()[-3000:]
     # The boot reaper freed them: its line comes before the loops started.
     messages = [r["message"] for r in log_records(replacement)]
-    assert "reaped expired leases" in messages[: messages.index("worker started")], messages[:10]
+    assert "rescued the jobs of a dead worker" in messages[: messages.index("worker started")], messages[:10]
 
     assert duplicated_labels("kill-") == []
     assert scalar("SELECT count(DISTINCT label) FROM test_effects WHERE label LIKE 'kill-%'") == total
@@ -187,8 +187,8 @@ def leased_tasks(prefix: str) -> int:
 
 
 def test_sigterm_lets_in_flight_jobs_finish_once_then_exits_zero_with_a_report(effects, start_worker, tmp_path):
-    # --batch 1: each loop thread holds one job, so three jobs are in flight at once.
-    worker = start_worker("--concurrency", "4", "--batch", "1", "--grace", "20")
+    # Three slow jobs and four executors: all three start at once.
+    worker = start_worker("--concurrency", "4", "--grace", "20")
     wait_started(worker)
     markers = [start_announced(tmp_path, f"drain-{i}", 2) for i in range(3)]
     # In flight means the handlers run, not only that the rows are leased: a claimed job
@@ -295,16 +295,16 @@ def test_workers_whose_clocks_are_hours_off_schedule_and_reap_on_the_database_cl
 ):
     # fast: two hours ahead; runs the default queue, reaps every 2 s, retries with base 60 s.
     fast = start_worker(
-        "--concurrency", "2", "--lease", "4", "--worker-id", "fast-clock",
+        "--concurrency", "2", "--heartbeat", "1", "--worker-id", "fast-clock",
         env={**skewed_env(mechanism, TWO_HOURS, tmp_path), "VPAY_TASK_RETRY_BASE_SECONDS": "60"},
     )  # fmt: skip
     # slow: two hours behind; takes leases on the `slow` queue (8 s lease, from now()).
     slow = start_worker(
-        "--concurrency", "1", "--queues", "slow", "--lease", "8", "--worker-id", "slow-clock",
+        "--concurrency", "1", "--queues", "slow", "--heartbeat", "3", "--worker-id", "slow-clock",
         env=skewed_env(mechanism, -TWO_HOURS, tmp_path),
     )  # fmt: skip
     # right: a correct clock, claiming nothing (queue `idle`), reaping every second.
-    right = start_worker("--concurrency", "1", "--queues", "idle", "--lease", "2", "--worker-id", "right-clock")
+    right = start_worker("--concurrency", "1", "--queues", "idle", "--heartbeat", "0.25", "--worker-id", "right-clock")
     for worker in (fast, slow, right):
         wait_started(worker)
     # The skew is real: each worker's own log clock is two hours off the database's.
@@ -391,7 +391,7 @@ def terminate_backends(worker_id: str) -> int:
 def test_a_worker_survives_its_connections_being_terminated_idle_and_busy_and_keeps_working(effects, start_worker):
     worker_id = "blip"
     worker = start_worker(
-        "--concurrency", "2", "--lease", "3", "--worker-id", worker_id,
+        "--concurrency", "2", "--heartbeat", "0.5", "--worker-id", worker_id,
         env={"VPAY_TASK_RETRY_BASE_SECONDS": "1"},
     )  # fmt: skip
     wait_started(worker)
@@ -533,17 +533,17 @@ def test_metrics_port_serves_jobs_total_by_kind_and_disposition(effects, start_w
     assert wait_exit(worker, timeout=15) == 0, worker.output()[-3000:]
 
 
-def test_a_loop_thread_killed_by_a_task_stops_the_worker_with_a_non_zero_exit_and_an_alert(start_worker):
+def test_an_executor_killed_by_a_task_stops_the_worker_with_a_non_zero_exit_and_an_alert(start_worker):
     from tests.tasks import exit_the_process
 
     job_id = exit_the_process.enqueue().id
     worker = start_worker("--burst", "--concurrency", "2")
-    # SystemExit is not an Exception: it escapes per-job handling and kills its loop thread.
-    # The worker must not run on silently with fewer loops: it stops and exits non-zero.
+    # SystemExit is not an Exception: it escapes per-job handling and kills its executor.
+    # The worker must not run on silently with fewer executors: it stops and exits non-zero.
     assert wait_exit(worker, timeout=30) != 0
     output = worker.output()
-    assert "a worker loop died" in output
-    assert any(json.loads(line).get("alert") for line in output.splitlines() if "a worker loop died" in line)
+    died = [json.loads(line) for line in output.splitlines() if '"a worker thread died; stopping the worker"' in line]
+    assert died and died[0]["alert"] is True and died[0]["thread_name"].startswith("vpay-exec-")
     # The job is not lost: its lease is left for the reaper (or was released by the drain).
     assert scalar("SELECT count(*) FROM jobs WHERE job_id = %s", [job_id]) == 1
 

@@ -12,9 +12,10 @@ ALERT_EVENTS = Counter("vpay_alert_events_total", "Log lines that carried alert=
 DUPLICATES_SKIPPED = Counter("vpay_jobs_duplicates_skipped_total", "Duplicate job_ids skipped by the fence", ["kind"])
 CLAIM_FAILURES = Counter("vpay_jobs_claim_failures_total", "Claims that failed (database unreachable or erroring)")
 SETTLE_FAILURES = Counter(
-    "vpay_jobs_settle_failures_total", "Settle writes that failed; the lease reaper recovers them"
+    "vpay_jobs_settle_failures_total", "Settle writes that failed; the lease is handed back when the database answers"
 )
-GROUP_ABORTS = Counter("vpay_jobs_group_aborts_total", "Fenced groups rolled back whole (their jobs reran one by one)")
+RUNNING_JOBS = Gauge("vpay_worker_running_jobs", "Jobs this worker's executors are running now")
+WORKER_CONCURRENCY = Gauge("vpay_worker_concurrency", "This worker's executor threads (its ceiling on running jobs)")
 LEASES_REAPED = Counter(
     "vpay_jobs_leases_reaped_total", "Expired leases freed or dead-lettered by a reaper", ["result"]
 )

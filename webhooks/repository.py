@@ -138,10 +138,12 @@ def redrive_event(event_id: str) -> bool:
 
 def reopen_delivery(delivery_id: int, states: list[str]) -> str | None:
     """CAS ``<one of states> → pending`` with a fresh ladder (``ladder_base`` = the attempts
-    so far), due now; the delivery's endpoint id, or None if it was in none of ``states``."""
+    so far), due now; the endpoint's merchant id (the deliver job's tenant), or None if it
+    was in none of ``states``."""
     rows = _rows(
-        "UPDATE webhook_deliveries SET state = 'pending', ladder_base = attempts, next_attempt_at = now(),"
-        " completed_at = NULL, updated_at = now() WHERE id = %s AND state = ANY(%s) RETURNING endpoint_id",
+        "UPDATE webhook_deliveries d SET state = 'pending', ladder_base = attempts, next_attempt_at = now(),"
+        " completed_at = NULL, updated_at = now() WHERE id = %s AND state = ANY(%s)"
+        " RETURNING (SELECT e.merchant_id FROM webhook_endpoints e WHERE e.id = d.endpoint_id)",
         [delivery_id, states],
     )
     return rows[0][0] if rows else None
@@ -324,13 +326,14 @@ def expired_leases(limit: int) -> list[int]:
 
 
 def due_deliveries(limit: int, overdue_seconds: float) -> list[tuple[int, str]]:
-    """Pending deliveries due at least ``overdue_seconds`` ago: ``(id, endpoint_id)``.
+    """Pending deliveries due at least ``overdue_seconds`` ago: ``(id, merchant_id)``, the
+    merchant being the deliver job's tenant.
 
-    Served by the partial index ``webhook_deliveries_due``."""
+    Served by the partial index ``webhook_deliveries_due`` (and the endpoints' primary key)."""
     return _rows(
-        "SELECT id, endpoint_id FROM webhook_deliveries"
-        " WHERE state = 'pending' AND next_attempt_at <= now() - make_interval(secs => %s)"
-        " ORDER BY next_attempt_at LIMIT %s",
+        "SELECT d.id, e.merchant_id FROM webhook_deliveries d JOIN webhook_endpoints e ON e.id = d.endpoint_id"
+        " WHERE d.state = 'pending' AND d.next_attempt_at <= now() - make_interval(secs => %s)"
+        " ORDER BY d.next_attempt_at LIMIT %s",
         [overdue_seconds, limit],
     )
 

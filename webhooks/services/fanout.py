@@ -81,10 +81,12 @@ def fan_out_event(event_id: str) -> int | None:
                     kind=JobKind.WEBHOOK_DELIVER,
                     payload={"delivery_id": delivery_id},
                     dedupe_key=dedupe_key(delivery_id),
-                    tenant=endpoint_id,  # fair claims across endpoints
+                    # The claim is fair across merchants; one endpoint's share of the
+                    # executors is the webhook cap's business (webhooks/services/delivery.py).
+                    tenant=merchant_id,
                     correlation_id=event_id,
                 )
-                for delivery_id, endpoint_id in deliveries
+                for delivery_id, _endpoint_id in deliveries
             )
             if not repository.mark_fanned_out(event_id):
                 raise _NotOurs

@@ -28,14 +28,14 @@ TERMINAL = (DeliveryState.EXHAUSTED, DeliveryState.REFUSED)
 def resend_delivery(delivery_id: int, *, actor=None, states: Iterable[str] = TERMINAL) -> bool:
     """CAS ``<one of states> → pending`` with a fresh ladder; False if it was in none of them."""
     with transaction.atomic():
-        endpoint_id = repository.reopen_delivery(delivery_id, [str(s) for s in states])
-        if endpoint_id is None:
+        merchant_id = repository.reopen_delivery(delivery_id, [str(s) for s in states])
+        if merchant_id is None:
             return False
         enqueue(
             JobKind.WEBHOOK_DELIVER,
             {"delivery_id": delivery_id},
             dedupe_key=dedupe_key(delivery_id),
-            tenant=endpoint_id,
+            tenant=merchant_id,
         )
         log_change(actor, WebhookDelivery, delivery_id, f"delivery {delivery_id}", "Resent (fresh retry ladder).")
     logger.info("webhook delivery resent", extra={"delivery_id": delivery_id, "actor": str(actor or "")})

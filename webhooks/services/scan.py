@@ -54,9 +54,9 @@ def scan_once(*, overdue_seconds: float = OVERDUE_SECONDS, page: int = PAGE) -> 
                 kind=JobKind.WEBHOOK_DELIVER,
                 payload={"delivery_id": delivery_id},
                 dedupe_key=dedupe_key(delivery_id),
-                tenant=endpoint_id,
+                tenant=merchant_id,
             )
-            for delivery_id, endpoint_id in due
+            for delivery_id, merchant_id in due
         )
     if result.requeued:
         # The count is exact; the list is cut so the line survives log collectors.

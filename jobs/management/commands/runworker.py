@@ -15,7 +15,7 @@ from django.db import DatabaseError, connection, connections
 from jobs import registry
 from jobs.checks import fence_ttl_problems
 from jobs.migration_check import migration_problems
-from jobs.worker import DEFAULT_BATCH, Worker, default_worker_id
+from jobs.worker import HEARTBEAT_SECONDS, Worker, default_worker_id
 from vpay.errors import error_chain
 
 
@@ -37,7 +37,8 @@ class Command(BaseCommand):
             "--concurrency",
             type=int,
             default=int(os.environ.get("VPAY_WORKER_CONCURRENCY", 4)),
-            help="Loop threads, each with its own database connection (default 4).",
+            help="Executor threads, each running one job at a time on its own database connection; "
+            "the worker claims only what they can start now (default 4; VPAY_WORKER_CONCURRENCY).",
         )
         parser.add_argument(
             "--queues",
@@ -45,12 +46,13 @@ class Command(BaseCommand):
             help="Comma-separated queues to claim from (default: default).",
         )
         parser.add_argument(
-            "--lease",
+            "--heartbeat",
             type=float,
-            default=None,
+            default=float(os.environ.get("VPAY_WORKER_HEARTBEAT_SECONDS", HEARTBEAT_SECONDS)),
             metavar="SECONDS",
-            help="The lease this worker takes on what it claims, overriding each kind's "
-            "own (timeout + 30 s). The expiry is stored on the row from the database clock.",
+            help=f"How often the worker beats, extending every lease it holds to two beats plus 2 s "
+            f"(default {HEARTBEAT_SECONDS:g}; VPAY_WORKER_HEARTBEAT_SECONDS). A dead worker's jobs are "
+            "rescued about two beats after its last one, whatever their kinds' timeouts.",
         )
         parser.add_argument(
             "--grace",
@@ -60,12 +62,6 @@ class Command(BaseCommand):
             help="On SIGTERM, how long in-flight jobs may take to finish (default 30).",
         )
         parser.add_argument("--burst", action="store_true", help="Drain what is claimable now, then exit 0.")
-        parser.add_argument(
-            "--batch",
-            type=int,
-            default=DEFAULT_BATCH,
-            help=f"Jobs claimed per claim statement (default {DEFAULT_BATCH}).",
-        )
         parser.add_argument(
             "--metrics-port", type=int, default=None, help="Serve Prometheus metrics on this port (default: off)."
         )
@@ -82,10 +78,8 @@ class Command(BaseCommand):
         queues = [q.strip() for q in opts["queues"].split(",") if q.strip()]
         if opts["concurrency"] < 1:
             raise CommandError("--concurrency must be at least 1")
-        if opts["batch"] < 1:
-            raise CommandError("--batch must be at least 1")
-        if opts["lease"] is not None and opts["lease"] <= 0:
-            raise CommandError("--lease must be positive")
+        if opts["heartbeat"] <= 0:
+            raise CommandError("--heartbeat must be positive")
         if opts["grace"] < 0:
             raise CommandError("--grace must not be negative")
         if not queues:
@@ -119,10 +113,9 @@ class Command(BaseCommand):
             worker_id=worker_id,
             concurrency=opts["concurrency"],
             queues=queues,
-            lease_seconds=opts["lease"],
+            heartbeat_seconds=opts["heartbeat"],
             grace_seconds=opts["grace"],
             burst=opts["burst"],
-            batch_size=opts["batch"],
             metrics_port=opts["metrics_port"],
             metrics_addr=opts["metrics_addr"],
         )
@@ -132,7 +125,7 @@ class Command(BaseCommand):
             logging.getLogger("jobs.worker").critical(
                 "a worker thread died",
                 exc_info=(args.exc_type, args.exc_value, args.exc_traceback),
-                extra={"thread": getattr(args.thread, "name", "?"), "alert": True},
+                extra={"thread_name": getattr(args.thread, "name", "?"), "alert": True},
             )
 
         threading.excepthook = log_thread_death
@@ -148,7 +141,9 @@ class Command(BaseCommand):
         self.stdout.write(f"runworker report: {report.line()}")
         self.stdout.flush()
         if worker.crashed:
-            raise CommandError("a worker loop died (see the alert above); exiting so a supervisor restarts the worker")
+            raise CommandError(
+                "a worker thread died (see the alert above); exiting so a supervisor restarts the worker"
+            )
         if abandoned:
             # Loop threads are still inside handlers; their leases were released (or, on a
             # second signal, left to the reaper). Do not wait for them.

@@ -1,0 +1,192 @@
+"""Running one claimed job: the one code path from a claimed row to its :class:`Settle`.
+
+Fenced kinds (registry ``fenced=True``) run inside one transaction with their
+``processed_jobs`` row and their own delete, so effect, fence and finish commit together or
+not at all. Other kinds run in autocommit and own their transactions; their finish is
+acknowledged afterwards (``jobs.settling``). Either way a handler only returns an
+:class:`~jobs.outcome.Outcome` or raises; nothing here writes the job's row except the
+fenced finish.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import psycopg
+from django.db import InterfaceError, OperationalError, connection, transaction
+
+from jobs import fence, registry, repository
+from jobs.context import JobContext, LeaseLost
+from jobs.decisions import AttemptsChange, Disposition, JobState, Settle, settle_error, settle_outcome
+from jobs.leases import ClaimedJob
+from jobs.outcome import Action, Outcome
+from jobs.schema import PayloadError
+from vpay import metrics
+from vpay.errors import Classification, PoisonError, Severity, classify, error_chain
+
+logger = logging.getLogger("jobs.worker")
+
+
+@dataclass(frozen=True, slots=True)
+class Ran:
+    """How a job's run ended."""
+
+    settle: Settle
+    committed: bool = False  # the fenced transaction already deleted the row: nothing left to write
+    duplicate: bool = False  # the fence says its effect already happened
+
+
+class _Undo(Exception):
+    """A fenced body answered something other than DONE: roll back, then settle that answer."""
+
+    def __init__(self, outcome: Outcome) -> None:
+        super().__init__(outcome.action.value)
+        self.outcome = outcome
+
+
+class _Duplicate(Exception):
+    """The fence row appeared while the body ran: roll back; the job is a duplicate."""
+
+
+class _LeaseGone(Exception):
+    """The job's delete matched nothing: the lease was taken; roll the effect back."""
+
+
+def run_job(job: ClaimedJob, ctx_holder: list, *, concurrency: int | None) -> Ran:
+    """Run ``job``'s handler and decide its settle. ``ctx_holder`` receives the
+    :class:`JobContext` as soon as it exists (the maintenance thread watches its clock)."""
+    spec = registry.get(job.kind)
+    poison = poison_reason(spec, job)
+    if poison is not None:
+        classification = PoisonError.classification
+        log_failure(job, classification, PoisonError(poison))
+        return Ran(settle_error(classification, poison, _state(job, 0), registry.DEFAULT_RETRY))
+    if spec.fenced and job.processed:
+        metrics.DUPLICATES_SKIPPED.labels(kind=job.kind).inc()
+        logger.info("duplicate job skipped by the fence", extra=job_fields(job))
+        return Ran(Settle(Disposition.FINISHED), duplicate=True)
+    job_state = _state(job, spec.max_deferrals)
+    ctx = JobContext(job, spec.timeout_seconds, loop_fenced=spec.fenced, worker_concurrency=concurrency)
+    ctx_holder.append(ctx)
+    try:
+        if not spec.fenced:
+            return Ran(settle_outcome(_call(spec, ctx), job_state))
+        with transaction.atomic():
+            outcome = _call(spec, ctx)
+            if outcome.action is not Action.DONE:
+                raise _Undo(outcome)  # no effect and no fence row for an unfinished body
+            fenced, finished = repository.fence_and_finish(
+                fences=[(job.job_id, job.kind, subject(spec, job))],
+                leases=[(job.id, job.lease_token)],
+                ttl_seconds=fence.ttl_seconds(),
+            )
+            if not finished:
+                raise _LeaseGone  # someone else owns the job now: our effect must not commit
+            if not fenced:
+                raise _Duplicate  # a concurrent run committed this job_id first
+        return Ran(Settle(Disposition.FINISHED), committed=True)
+    except _Undo as undo:
+        return Ran(settle_outcome(undo.outcome, job_state))
+    except _Duplicate:
+        metrics.DUPLICATES_SKIPPED.labels(kind=job.kind).inc()
+        logger.info("duplicate job skipped by the fence", extra=job_fields(job))
+        return Ran(Settle(Disposition.FINISHED), duplicate=True)
+    except (_LeaseGone, LeaseLost):
+        logger.warning("lease lost while the handler ran", extra=job_fields(job))
+        return Ran(Settle(Disposition.LOST))
+    except Exception as exc:  # noqa: BLE001 - any handler failure is classified, never fatal to the worker
+        if database_went_away(exc):
+            # Not the job's failure: the connection under it is gone. Hand it back at once,
+            # attempt refunded (jobs.settling keeps the lease if the database is still away).
+            logger.warning(
+                "the database went away under the handler; handing the job back",
+                extra={**job_fields(job), "error": error_chain(exc, 300)},
+            )
+            connection.close()
+            return Ran(Settle(Disposition.RELEASED, attempts=AttemptsChange.REFUND, error=error_chain(exc, 500)))
+        return Ran(settle_for_exception(spec, job, job_state, exc))
+    finally:
+        metrics.JOB_DURATION.labels(kind=job.kind).observe(time.monotonic() - ctx.started_monotonic)
+
+
+def database_went_away(exc: BaseException) -> bool:
+    """The connection itself failed (terminated, network), as opposed to a statement failing
+    on a healthy connection (a timeout, a constraint): the former is never the job's doing."""
+    return isinstance(exc, OperationalError | InterfaceError | psycopg.OperationalError | psycopg.InterfaceError) and (
+        not connection.is_usable()
+    )
+
+
+def _call(spec: registry.KindSpec, ctx: JobContext) -> Outcome:
+    outcome = spec.handler(ctx)
+    if not isinstance(outcome, Outcome):
+        raise TypeError(f"handler for {spec.kind.value!r} returned {type(outcome).__name__}, not Outcome")
+    return outcome
+
+
+def _state(job: ClaimedJob, max_deferrals: int) -> JobState:
+    return JobState(job.attempts, job.max_attempts, job.deferrals, max_deferrals)
+
+
+def settle_for_exception(spec: registry.KindSpec, job: ClaimedJob, job_state: JobState, exc: Exception) -> Settle:
+    """Log a handler's failure once, at its classification, and decide its settle."""
+    classification = classify(exc)
+    log_failure(job, classification, exc)
+    if not connection.is_usable():
+        connection.close()
+    return settle_error(
+        classification,
+        error_chain(exc, 20_000),
+        job_state,
+        registry.retry_policy(spec),
+        defer_seconds=getattr(exc, "delay_seconds", 30.0),
+    )
+
+
+def poison_reason(spec: registry.KindSpec | None, job: ClaimedJob) -> str | None:
+    """Why this claimed job can never run (no handler, payload off its schema), or None."""
+    if spec is None:
+        return f"no handler is registered for kind {job.kind!r}"
+    try:
+        spec.schema.validate(job.payload)
+    except PayloadError as exc:
+        return f"invalid payload: {exc}"
+    return None
+
+
+def subject(spec: registry.KindSpec, job: ClaimedJob) -> str:
+    return spec.subject(job.payload) if spec.subject is not None else ""
+
+
+_LEVELS = {
+    Severity.INFO: logging.INFO,
+    Severity.WARNING: logging.WARNING,
+    Severity.ERROR: logging.ERROR,
+    Severity.PAGE: logging.CRITICAL,
+}
+
+
+def log_failure(job: ClaimedJob, classification: Classification, exc: BaseException) -> None:
+    extra = {
+        **job_fields(job),
+        "category": classification.category.value,
+        "severity": classification.severity.value,
+        "error": error_chain(exc, 1000),
+    }
+    if classification.alert:
+        extra["alert"] = True
+        metrics.ALERT_EVENTS.labels(category=classification.category, severity=classification.severity).inc()
+    metrics.ERROR_EVENTS.labels(category=classification.category, severity=classification.severity).inc()
+    logger.log(_LEVELS[classification.severity], "job handler failed", extra=extra)
+
+
+def job_fields(job: ClaimedJob) -> dict:
+    return {
+        "job_id": str(job.job_id),
+        "kind": job.kind,
+        "queue": job.queue,
+        "attempt": job.attempts,
+        "correlation_id": job.correlation_id,
+    }

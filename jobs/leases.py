@@ -1,0 +1,424 @@
+"""Leases: the claim, the heartbeats that keep leases alive, hand-backs, and the reaper.
+
+A worker claims only what its executors start at once (jobs.worker), so a lease is held
+by a running handler, or for the milliseconds between the claim and the start. While a
+worker lives its heartbeat (``worker_heartbeat``, on its own thread and connection)
+extends every lease it holds, on the database clock; a running handler's lease never
+lapses under a live worker, whatever its kind's timeout. When the heartbeat stops, the
+leases run out about two heartbeat periods later and any worker's reaper rescues them.
+
+**Crash attribution.** The reaper rescues all of a dead worker's jobs at once and decides
+whose attempt the crash spends:
+
+* the worker held only this job: the crash is pinned on it. Its attempt stays spent and,
+  on its last one, it is dead-lettered as ``crashed_worker``;
+* the worker held several: nobody can say which killed it. Each one's attempt is refunded
+  and its ``crashes`` counted: it becomes a *suspect*, claimed only by a worker running
+  nothing else, which then runs nothing else beside it (``claim_suspect``). A second
+  crash is pinned on it alone. A suspect that settles (finish, retry, reschedule) is
+  cleared: its row is deleted, or ``crashes`` is reset.
+
+So a job that kills its worker spends only its own attempts, and one that ran beside it
+spends none of its own on that crash.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from django.db import connection
+
+from jobs import sql
+from jobs.models import LAST_ERROR_MAX, DeadLetterCause
+from jobs.repository import (
+    ALERT_FOR_LETTERS,
+    DEAD_LETTER_COLUMNS,
+    LETTER_RETURNING,
+    NOTIFY_ALERT_JOBS,
+    alert_job_params,
+    bounded,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedJob:
+    id: int
+    job_id: uuid.UUID
+    kind: str
+    queue: str
+    payload: dict = field(repr=False)  # application data: kept out of reprs and logs
+    attempts: int
+    max_attempts: int
+    deferrals: int
+    lease_token: uuid.UUID
+    lease_seconds: float
+    tenant: str
+    correlation_id: str
+    # A fence row for this job_id existed when it was claimed: its effect already happened.
+    processed: bool = False
+    # It was rescued from a worker that died holding it among others (jobs.crashes > 0):
+    # it runs alone, so that a second crash is pinned on it or on nothing.
+    suspect: bool = False
+
+
+# Fair claim, one statement. `tenants` walks the distinct tenants that have claimable work
+# (a skip-scan over jobs_job_claimable_idx: one index probe per tenant), starting after the
+# caller's rotating cursor and wrapping, at most %(max_tenants)s of them. Each tenant then
+# contributes its oldest rows by (priority, run_at), an even share of the batch, locked with
+# SKIP LOCKED; the batch interleaves them by rank within tenant, then by walk position, and
+# the cursor moves past the furthest tenant served (round-robin even at batch size 1). A tenant with a 300k
+# backlog therefore gets one slot in each round, like everyone else, and no claim touches
+# more than max_tenants * share rows. A worker claims only for executors that start the
+# job now, so attempts is counted here, by the claim, as the attempt starting; a job that
+# kills its worker has already counted up. Suspects (crashes > 0) are left to claim_suspect.
+# The lease expiry is written from now(): any reaper, on any host, honours the claimant's
+# lease as Postgres measures it.
+CLAIM = """
+WITH RECURSIVE tenants(tenant, n) AS (
+    (SELECT t.tenant, 1 FROM (
+        (SELECT j.tenant FROM jobs j
+          WHERE j.locked_at IS NULL AND j.run_at <= now() AND j.queue = ANY(%(queues)s)
+            AND j.tenant > %(after)s
+          ORDER BY j.tenant LIMIT 1)
+        UNION ALL
+        (SELECT j.tenant FROM jobs j
+          WHERE j.locked_at IS NULL AND j.run_at <= now() AND j.queue = ANY(%(queues)s)
+          ORDER BY j.tenant LIMIT 1)
+     ) t LIMIT 1)
+  UNION ALL
+    SELECT nxt.tenant, tenants.n + 1 FROM tenants, LATERAL (
+        SELECT j.tenant FROM jobs j
+         WHERE j.locked_at IS NULL AND j.run_at <= now() AND j.queue = ANY(%(queues)s)
+           AND j.tenant > tenants.tenant
+         ORDER BY j.tenant LIMIT 1) nxt
+     WHERE tenants.n < %(max_tenants)s
+),
+share AS (SELECT ceil(%(batch)s::numeric / count(*))::int AS k FROM tenants),
+locked AS (
+    SELECT c.*, tenants.n FROM tenants, LATERAL (
+        SELECT j.id, j.tenant, j.priority, j.run_at FROM jobs j
+         WHERE j.locked_at IS NULL AND j.run_at <= now() AND j.queue = ANY(%(queues)s)
+           AND j.tenant = tenants.tenant AND j.crashes = 0
+         ORDER BY j.priority, j.run_at
+         LIMIT (SELECT k FROM share)
+         FOR UPDATE SKIP LOCKED) c
+),
+chosen AS (
+    SELECT id, tenant, n FROM (
+        SELECT id, tenant, n, priority,
+               row_number() OVER (PARTITION BY tenant ORDER BY priority, run_at) AS rank
+          FROM locked) r
+     ORDER BY priority, rank, n
+     LIMIT %(batch)s
+)
+UPDATE jobs j
+   SET locked_by = %(worker)s,
+       lease_token = gen_random_uuid(),
+       locked_at = now(),
+       heartbeat_at = now(),
+       lease_expires_at = now() + make_interval(secs => coalesce(%(lease)s, (%(leases)s::jsonb ->> j.kind)::float8, %(default_lease)s)),
+       attempts = j.attempts + 1
+  FROM chosen
+ WHERE j.id = chosen.id
+RETURNING j.id, j.job_id, j.kind, j.queue, j.payload, j.attempts, j.max_attempts, j.deferrals,
+          j.lease_token, extract(epoch FROM j.lease_expires_at - j.locked_at)::float8,
+          j.tenant, j.correlation_id,
+          (SELECT tenant FROM chosen ORDER BY n DESC LIMIT 1),
+          -- A scalar subquery, not EXISTS: the planner turns a correlated EXISTS here into a
+          -- hashed scan of all of processed_jobs (days of rows); this is one PK probe per row.
+          coalesce((SELECT true FROM processed_jobs p WHERE p.job_id = j.job_id), false)
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimResult:
+    jobs: list[ClaimedJob]
+    # Where the next claim's tenant walk starts, so many tenants are served round-robin.
+    next_after: str
+
+
+def claim(
+    *,
+    worker: str,
+    queues: Sequence[str],
+    batch: int,
+    lease_seconds: float | None,
+    kind_leases: dict[str, float],
+    default_lease: float,
+    after: str,
+    max_tenants: int,
+) -> ClaimResult:
+    """Claim up to ``batch`` jobs for ``worker``; see :data:`CLAIM`."""
+    rows = sql.bookkeeping(
+        CLAIM,
+        {
+            "worker": worker,
+            "queues": list(queues),
+            "batch": batch,
+            "lease": lease_seconds,
+            "leases": json.dumps(kind_leases),
+            "default_lease": default_lease,
+            "after": after,
+            "max_tenants": max_tenants,
+        },
+    )
+    if not rows:
+        return ClaimResult([], "")
+    # The next claim's walk starts after the furthest tenant this one served, so tenants
+    # beyond a batch's reach (or max_tenants') get their turn next, round-robin.
+    next_after = rows[0][12]
+    return ClaimResult([_claimed(r) for r in rows], next_after)
+
+
+def _claimed(r: tuple) -> ClaimedJob:
+    return ClaimedJob(
+        id=r[0],
+        job_id=r[1],
+        kind=r[2],
+        queue=r[3],
+        payload=r[4] if isinstance(r[4], dict) else json.loads(r[4]) if isinstance(r[4], str) else r[4],
+        attempts=r[5],
+        max_attempts=r[6],
+        deferrals=r[7],
+        lease_token=r[8],
+        lease_seconds=r[9],
+        tenant=r[10],
+        correlation_id=r[11],
+        processed=r[13],
+    )
+
+
+# The oldest due suspect, for a worker running nothing else (index jobs_job_suspect_idx).
+CLAIM_SUSPECT = """
+UPDATE jobs j
+   SET locked_by = %(worker)s,
+       lease_token = gen_random_uuid(),
+       locked_at = now(),
+       heartbeat_at = now(),
+       lease_expires_at = now() + make_interval(secs => coalesce(%(lease)s, (%(leases)s::jsonb ->> j.kind)::float8, %(default_lease)s)),
+       attempts = j.attempts + 1
+  FROM (SELECT id FROM jobs
+         WHERE locked_at IS NULL AND crashes > 0 AND run_at <= now() AND queue = ANY(%(queues)s)
+         ORDER BY run_at LIMIT 1
+         FOR UPDATE SKIP LOCKED) s
+ WHERE j.id = s.id
+RETURNING j.id, j.job_id, j.kind, j.queue, j.payload, j.attempts, j.max_attempts, j.deferrals,
+          j.lease_token, extract(epoch FROM j.lease_expires_at - j.locked_at)::float8,
+          j.tenant, j.correlation_id, '',
+          coalesce((SELECT true FROM processed_jobs p WHERE p.job_id = j.job_id), false)
+"""
+
+
+def claim_suspect(
+    *,
+    worker: str,
+    queues: Sequence[str],
+    lease_seconds: float | None,
+    kind_leases: dict[str, float],
+    default_lease: float,
+) -> ClaimedJob | None:
+    """Claim the oldest due suspect, to run alone; see the module docstring."""
+    rows = sql.bookkeeping(
+        CLAIM_SUSPECT,
+        {
+            "worker": worker,
+            "queues": list(queues),
+            "lease": lease_seconds,
+            "leases": json.dumps(kind_leases),
+            "default_lease": default_lease,
+        },
+    )
+    if not rows:
+        return None
+    job = _claimed(rows[0])
+    return ClaimedJob(**{**{f: getattr(job, f) for f in job.__dataclass_fields__}, "suspect": True})
+
+
+# Is a suspect due (index jobs_job_suspect_idx)? Asked by the maintenance thread, so the
+# dispatcher's claim stays one statement.
+_SUSPECT_WAITING = """
+SELECT EXISTS (SELECT 1 FROM jobs WHERE locked_at IS NULL AND crashes > 0 AND run_at <= now() AND queue = ANY(%s))
+"""
+
+
+def suspect_waiting(queues: Sequence[str]) -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute(_SUSPECT_WAITING, [list(queues)])
+        return bool(cursor.fetchone()[0])
+
+
+# --- heartbeats -----------------------------------------------------------------------
+
+# The worker's heartbeat: its `workers` row (created if missing: a row pruned during a long
+# outage comes back) and every lease it still holds (index jobs_job_locked_by_idx), extended
+# from now(). Leases rescued meanwhile are no longer locked_by this worker and are left alone.
+_WORKER_HEARTBEAT = """
+WITH beat AS (
+    INSERT INTO workers (id, hostname, pid, concurrency, queues, started_at, heartbeat_at)
+    VALUES (%(worker)s, %(hostname)s, %(pid)s, %(concurrency)s, %(queues)s, now(), now())
+    ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()
+    RETURNING 1
+),
+extended AS (
+    UPDATE jobs SET lease_expires_at = now() + make_interval(secs => %(lease)s), heartbeat_at = now()
+     WHERE locked_by = %(worker)s AND locked_at IS NOT NULL
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM extended), (SELECT count(*) FROM beat)
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerIdentity:
+    worker: str
+    hostname: str
+    pid: int
+    concurrency: int
+    queues: str
+
+
+def worker_heartbeat(identity: WorkerIdentity, lease_seconds: float) -> int:
+    """Beat: the worker's row and every lease it holds, extended by ``lease_seconds`` from
+    now. Returns how many leases were extended."""
+    rows = sql.bookkeeping(
+        _WORKER_HEARTBEAT,
+        {
+            "worker": identity.worker,
+            "hostname": identity.hostname[:255],
+            "pid": identity.pid,
+            "concurrency": identity.concurrency,
+            "queues": identity.queues,
+            "lease": lease_seconds,
+        },
+    )
+    return int(rows[0][0])
+
+
+def worker_deregister(worker: str) -> None:
+    """A clean exit: the worker's row goes (it holds no lease any more)."""
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM workers WHERE id = %s", [worker])
+
+
+# Workers whose heartbeat is older than `stale` seconds: dead (their leases, if any, were
+# or will be rescued by REAP). A small table: a sequential scan.
+_PRUNE_WORKERS = "DELETE FROM workers WHERE heartbeat_at < now() - make_interval(secs => %s)"
+
+
+def prune_workers(stale_seconds: float) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(_PRUNE_WORKERS, [stale_seconds])
+        return cursor.rowcount
+
+
+# One job's heartbeat (JobContext.heartbeat): its lease extended from now, guarded on the
+# claim's token (primary key).
+_HEARTBEAT = """
+UPDATE jobs SET heartbeat_at = now(), lease_expires_at = now() + make_interval(secs => %s)
+ WHERE id = %s AND lease_token = %s
+"""
+
+
+def heartbeat(job_id: int, token: uuid.UUID, lease_seconds: float) -> bool:
+    """Extend a held lease by ``lease_seconds`` from now; False when it was already taken."""
+    with connection.cursor() as cursor:
+        cursor.execute(_HEARTBEAT, [lease_seconds, job_id, token])
+        return cursor.rowcount == 1
+
+
+# --- hand-backs -----------------------------------------------------------------------
+
+# Give leases back, due at once. `refund` undoes the claim's attempt for jobs that never
+# started, or whose attempt ended for a reason not theirs (the database went away).
+_RELEASE = """
+UPDATE jobs j
+   SET locked_by = NULL, lease_token = NULL, locked_at = NULL, lease_expires_at = NULL,
+       heartbeat_at = NULL, run_at = least(j.run_at, now()),
+       attempts = CASE WHEN %s THEN greatest(j.attempts - 1, 0) ELSE j.attempts END,
+       last_error = CASE WHEN %s = '' THEN j.last_error ELSE %s END
+  FROM unnest(%s::bigint[], %s::uuid[]) AS s(id, token)
+ WHERE j.id = s.id AND j.lease_token = s.token
+"""
+
+
+def release(leases: Iterable[tuple[int, uuid.UUID]], *, refund: bool, error: str = "") -> int:
+    """Hand these leases back (guarded on their tokens); returns how many still matched."""
+    leases = list(leases)
+    if not leases:
+        return 0
+    error = bounded(error)
+    return sql.bookkeeping(_RELEASE, [refund, error, error, [i for i, _ in leases], [t for _, t in leases]])
+
+
+# --- the reaper -----------------------------------------------------------------------
+
+# A worker with one expired lease is dead (its heartbeat extends all of them together):
+# every job it still holds is rescued in this one statement (index jobs_job_locked_by_idx),
+# so the count of what it held is whole. Per job, by `together` (what its worker held):
+# alone, on its last attempt -> dead letter `crashed_worker`; alone otherwise -> back to the
+# queue, attempt spent; beside others -> back, attempt refunded, crashes + 1 (a suspect).
+REAP = f"""
+WITH dead_workers AS (
+    SELECT DISTINCT locked_by FROM jobs
+     WHERE locked_at IS NOT NULL AND lease_expires_at < now()
+),
+held AS (
+    SELECT j.id, j.locked_by, j.attempts >= j.max_attempts AS last_attempt,
+           (SELECT count(*) FROM jobs o WHERE o.locked_by = j.locked_by AND o.locked_at IS NOT NULL) AS together
+      FROM jobs j
+     WHERE j.locked_at IS NOT NULL AND j.locked_by IN (SELECT locked_by FROM dead_workers)
+     FOR UPDATE OF j SKIP LOCKED
+),
+dead AS (
+    DELETE FROM jobs j USING held h
+     WHERE j.id = h.id AND h.together = 1 AND h.last_attempt
+    RETURNING j.*
+),
+buried AS (
+    INSERT INTO dead_letters ({DEAD_LETTER_COLUMNS})
+    SELECT job_id, kind, queue, payload, priority, tenant, correlation_id, attempts, max_attempts,
+           '{DeadLetterCause.CRASHED_WORKER.value}', 'transient',
+           left('its worker (' || locked_by || ') died running only this job, on its last attempt',
+                {LAST_ERROR_MAX}),
+           created_at, dedupe_key
+      FROM dead
+    RETURNING {LETTER_RETURNING}
+),
+{ALERT_FOR_LETTERS.format(letters="buried")},
+freed AS (
+    UPDATE jobs j
+       SET last_error = left(CASE WHEN h.together = 1
+                                  THEN 'its worker (' || j.locked_by || ') died running only this job'
+                                  ELSE 'its worker (' || j.locked_by || ') died holding ' || h.together
+                                       || ' jobs; attempt refunded, runs alone next'
+                             END, {LAST_ERROR_MAX}),
+           attempts = CASE WHEN h.together = 1 THEN j.attempts ELSE greatest(j.attempts - 1, 0) END,
+           crashes = CASE WHEN h.together = 1 THEN j.crashes ELSE j.crashes + 1 END,
+           locked_by = NULL, lease_token = NULL, locked_at = NULL, lease_expires_at = NULL,
+           heartbeat_at = NULL
+      FROM held h
+     WHERE j.id = h.id AND NOT (h.together = 1 AND h.last_attempt)
+    RETURNING j.id, h.together > 1 AS suspect
+)
+SELECT (SELECT count(*) FROM freed), (SELECT count(*) FROM buried),
+       (SELECT count(*) FROM buried WHERE kind = 'send_alert'), (SELECT count(*) FROM freed WHERE suspect),
+       {NOTIFY_ALERT_JOBS}
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Reaped:
+    released: int
+    dead_lettered: int
+    unalerted: int  # of the dead letters, send_alert jobs (which raise no alert of their own)
+    suspects: int  # of the released, those whose attempt was refunded (held beside others)
+
+
+def reap_expired_leases() -> Reaped:
+    """Rescue the jobs of dead workers; see :data:`REAP`. Durable: it writes dead letters."""
+    rows = sql.durable(REAP, alert_job_params())
+    freed, buried, unalerted, suspects, _ = rows[0]
+    return Reaped(freed, buried, unalerted, suspects)

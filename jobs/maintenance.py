@@ -1,0 +1,136 @@
+"""The maintenance thread: the worker's heartbeat, the reaper, the singletons, the gauges,
+and the watch on handlers past their timeout.
+
+It runs on a connection of its own, so a worker whose executors are all busy still beats
+and still rescues other workers' leases. Each step's database failure is logged and the
+step retried on the next tick; anything else that escapes is a bug, and the thread's death
+stops the worker (jobs.worker) like any other thread's.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from jobs import leases, repository
+from jobs.invoke import job_fields
+from jobs.settling import DB_ERRORS
+from vpay import metrics
+from vpay.errors import error_chain
+
+if TYPE_CHECKING:
+    from jobs.worker import Worker
+
+logger = logging.getLogger("jobs.worker")
+
+TICK = 0.25
+GAUGE_PERIOD = 5.0
+
+
+def reap(worker_id: str = "") -> tuple[int, int]:
+    """Rescue dead workers' jobs (``jobs.leases.REAP``); returns (released, dead-lettered)."""
+    reaped = leases.reap_expired_leases()
+    if reaped.released or reaped.dead_lettered:
+        metrics.LEASES_REAPED.labels(result="released").inc(reaped.released)
+        metrics.LEASES_REAPED.labels(result="dead_lettered").inc(reaped.dead_lettered)
+        # Each new dead letter raised its own alert (jobs.alerts) except send_alert jobs'.
+        logger.warning(
+            "rescued the jobs of a dead worker",
+            extra={
+                "reaper": worker_id,
+                "released": reaped.released,
+                "suspects": reaped.suspects,
+                "dead_lettered": reaped.dead_lettered,
+                "alert": bool(reaped.unalerted),
+            },
+        )
+    return reaped.released, reaped.dead_lettered
+
+
+def refresh_gauges() -> None:
+    metrics.OLDEST_CLAIMABLE_AGE.set(repository.oldest_claimable_age())
+    metrics.QUEUE_DEPTH.clear()
+    for queue, kind, claimable, leased, _total in repository.depth():
+        metrics.QUEUE_DEPTH.labels(queue=queue, kind=kind, state="claimable").set(claimable)
+        metrics.QUEUE_DEPTH.labels(queue=queue, kind=kind, state="leased").set(leased)
+
+
+class Maintenance:
+    """The steps, each due on its own period; :meth:`run` is the thread's body."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        now = time.monotonic()
+        self._due = {
+            "beat": now,
+            "reap": now + worker.reap_period,
+            "singletons": now + worker.reap_period,
+            "gauges": now,
+        }
+
+    def run(self) -> None:
+        from django.db import connections
+
+        try:
+            while not self.worker._stopping.wait(TICK):
+                self.tick(time.monotonic())
+            # Draining: keep beating (the executors still hold leases) until they are done.
+            while self.worker.running_count() and not self.worker._exit_now.wait(TICK):
+                now = time.monotonic()
+                if now >= self._due["beat"]:
+                    self._due["beat"] = now + self.worker.heartbeat_seconds
+                    self._step("beat", self.worker.heartbeat)
+        finally:
+            connections.close_all()
+
+    def tick(self, now: float) -> None:
+        worker = self.worker
+        self.watch_timeouts(now)
+        if worker.settler_has_pending():
+            self._step("hand_back", worker.settler.hand_back_pending)
+        if now >= self._due["beat"]:
+            self._due["beat"] = now + worker.heartbeat_seconds
+            self._step("beat", worker.heartbeat)
+        if now >= self._due["reap"]:
+            self._due["reap"] = now + worker.reap_period
+            self._step("reap", lambda: (reap(worker.worker_id), worker.check_suspects()))
+            self._step("prune", lambda: leases.prune_workers(worker.lease_seconds * 4))
+        if now >= self._due["singletons"]:
+            self._due["singletons"] = now + worker.reap_period
+            self._step("singletons", seed_missing_singletons)
+        if worker.metrics_port is not None and now >= self._due["gauges"]:
+            self._due["gauges"] = now + GAUGE_PERIOD
+            self._step("gauges", refresh_gauges)
+
+    def _step(self, name: str, step) -> None:
+        from django.db import connection
+
+        try:
+            step()
+        except DB_ERRORS as exc:
+            logger.warning("maintenance query failed; will retry", extra={"step": name, "error": error_chain(exc, 300)})
+            connection.close()
+
+    def watch_timeouts(self, now: float) -> None:
+        """Alert once for a handler past its timeout. It keeps its lease and its executor
+        until it returns (Python cannot stop a thread); its heartbeat refuses from now on,
+        and its answer, when it comes, settles the job as usual."""
+        for running in self.worker.running_snapshot():
+            ctx = running.ctx
+            if ctx is None or running.warned:
+                continue
+            if now - ctx.started_monotonic > ctx.timeout_seconds:
+                running.warned = True
+                logger.error(
+                    "job exceeded its timeout; it keeps its lease and its executor until it returns",
+                    extra={**job_fields(running.job), "timeout": ctx.timeout_seconds, "alert": True},
+                )
+
+
+def seed_missing_singletons() -> list[str]:
+    """Re-create any singleton whose row is gone (dead-lettered, cancelled, discarded): the
+    outbox drain and the sweeps must not wait for a worker restart."""
+    from jobs.singletons import seed_singletons
+
+    return seed_singletons()

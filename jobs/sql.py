@@ -1,0 +1,52 @@
+"""The queue's two ways of running a statement: as durable evidence, or as lease bookkeeping.
+
+Every queue statement goes through one of these, so which commits may be lost to a
+database crash is decided in one place, statement by statement, where it is written.
+"""
+
+from __future__ import annotations
+
+from django.db import connection
+
+
+def durable(sql: str, params) -> list[tuple] | int:
+    """Run one statement whose commit must be durable (the server's ``synchronous_commit``):
+    in autocommit its own transaction, else a statement of the caller's.
+
+    Returns the rows of a statement that returns rows, else its row count.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall() if cursor.description else cursor.rowcount
+
+
+def bookkeeping(sql: str, params) -> list[tuple] | int:
+    """Run one pure lease-bookkeeping statement (claim, finish, release, a lease's heartbeat)
+    with asynchronous commit.
+
+    Losing such a commit to a database crash only hands the job out again, which every
+    handler is built to absorb (at-least-once, fenced). And WAL is sequential: any later
+    synchronous commit, such as a handler's effect, makes it durable too. Skipping the
+    flush is worth most of a claim's cost. Sent as one round trip (simple protocol).
+
+    Never for evidence: a dead letter, or the error a retry records, goes through
+    :func:`durable`. A crash that took a dead letter back would leave the job leased, and
+    the reaper would rewrite it, the real error gone.
+
+    Inside a caller's transaction (a test, an admin action) it runs as a plain statement
+    of that transaction: committing someone else's transaction is never ours to do.
+    """
+    if connection.in_atomic_block or not connection.get_autocommit():
+        return durable(sql, params)
+    with connection.cursor() as cursor:
+        try:
+            cursor.execute(f"BEGIN; SET LOCAL synchronous_commit TO off; {sql}; COMMIT", params)
+            cursor.nextset()  # SET
+            cursor.nextset()  # the statement
+            result = cursor.fetchall() if cursor.description else cursor.rowcount
+        except BaseException:
+            # The explicit transaction may be left open and aborted: never reuse it.
+            connection.close()
+            raise
+        cursor.nextset()  # COMMIT
+    return result
