@@ -21,8 +21,8 @@ from django.utils.text import Truncator
 
 from jobs import fence
 from jobs.durations import humanize_seconds
+from jobs.health_sql import queue_summary
 from jobs.models import Alert, DeadLetter, DeadLetterState, Job, ProcessedJob, TransactionNow, db_ago
-from jobs.repository import queue_summary
 from jobs.services import dead_letters as ops
 
 EXCERPT = 80

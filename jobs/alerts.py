@@ -58,7 +58,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.urls import reverse
 
-from jobs import registry, repository
+from jobs import alert_sql, registry
 from jobs.context import JobContext
 from jobs.kinds import JobKind
 from jobs.outcome import Outcome
@@ -130,7 +130,7 @@ def raise_alert(
     title = (title or key).strip()
     if len(title) > _TITLE_MAX:
         title = title[: _TITLE_MAX - 1] + "…"
-    return repository.raise_alert(
+    return alert_sql.raise_alert(
         key=key,
         title=title,
         severity=severity.value,
@@ -153,7 +153,7 @@ def absolute_link(link: str) -> str:
     return settings.VPAY_PUBLIC_URL.rstrip("/") + "/" + link.lstrip("/")
 
 
-def incident_body(alert: repository.AlertRow) -> dict:
+def incident_body(alert: alert_sql.AlertRow) -> dict:
     """The JSON document POSTed to ``ALERT_WEBHOOK_URL``.
 
     Flat fields an incident tool maps directly (``title``, ``severity``, ``dedup_key``,
@@ -189,22 +189,22 @@ def incident_body(alert: repository.AlertRow) -> dict:
 def send_alert(ctx: JobContext) -> Outcome:
     """Log the alert (once) and POST it (once, when configured). Not fenced: both are
     compare-and-swaps on the alert row; the POST is retried while the endpoint fails."""
-    alert = repository.get_alert(ctx.payload["alert_id"])
+    alert = alert_sql.get_alert(ctx.payload["alert_id"])
     if alert is None:  # deleted by hand: nothing left to say
         return Outcome.done()
     if alert.logged_at is None:
         with transaction.atomic():
-            if repository.mark_alert_logged(alert.id):
+            if alert_sql.mark_alert_logged(alert.id):
                 _log(alert)
     url = settings.ALERT_WEBHOOK_URL
     if not url or alert.sent_at is not None:
         return Outcome.done()
     _post(alert, url)
-    repository.mark_alert_sent(alert.id)
+    alert_sql.mark_alert_sent(alert.id)
     return Outcome.done()
 
 
-def _log(alert: repository.AlertRow) -> None:
+def _log(alert: alert_sql.AlertRow) -> None:
     severity = Severity(alert.severity)
     logger.log(
         _LOG_LEVEL.get(severity, logging.CRITICAL),
@@ -223,19 +223,19 @@ def _log(alert: repository.AlertRow) -> None:
     metrics.ALERT_EVENTS.labels(category=category, severity=severity.value).inc()
 
 
-def _post(alert: repository.AlertRow, url: str) -> None:
+def _post(alert: alert_sql.AlertRow, url: str) -> None:
     """One POST; raises a classified error (never one that names the URL) when it failed."""
     body = incident_body(alert)
     try:
         response = _client().post(url, json=body, headers={"Idempotency-Key": body["dedup_key"]})
     except httpx.HTTPError as exc:
         error = _scrub(error_chain(exc, 500), url)
-        repository.record_alert_failure(alert.id, f"alert endpoint unreachable: {error}")
+        alert_sql.record_alert_failure(alert.id, f"alert endpoint unreachable: {error}")
         raise TransientError(f"alert {alert.id}: endpoint unreachable: {error}") from None
     if 200 <= response.status_code < 300:
         return
     error = f"alert endpoint answered HTTP {response.status_code}"
-    repository.record_alert_failure(alert.id, error)
+    alert_sql.record_alert_failure(alert.id, error)
     if response.status_code in (408, 425, 429) or response.status_code >= 500:
         raise TransientError(f"alert {alert.id}: {error}")
     # Any other 4xx (bad token, wrong URL, a redirect we do not follow) will not heal by

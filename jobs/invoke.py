@@ -112,11 +112,22 @@ def run_job(job: ClaimedJob, ctx_holder: list, *, concurrency: int | None) -> Ra
 
 
 def database_went_away(exc: BaseException) -> bool:
-    """The connection itself failed (terminated, network), as opposed to a statement failing
-    on a healthy connection (a timeout, a constraint): the former is never the job's doing."""
-    return isinstance(exc, OperationalError | InterfaceError | psycopg.OperationalError | psycopg.InterfaceError) and (
-        not connection.is_usable()
-    )
+    """The connection itself failed (terminated, crashed server, network), as opposed to a
+    statement failing on a healthy connection (a timeout, a constraint): the former is
+    never the job's doing. By SQLSTATE: class 08 (connection exception) and 57P01-03
+    (admin or crash shutdown, cannot connect now); an error with no SQLSTATE is the
+    client's own (the socket went away); a connection Django already closed or psycopg
+    marked broken says the same."""
+    if not isinstance(exc, OperationalError | InterfaceError | psycopg.OperationalError | psycopg.InterfaceError):
+        return False
+    raw = connection.connection
+    if raw is None or raw.closed or raw.broken:
+        return True
+    cause = exc.__cause__ if isinstance(exc.__cause__, psycopg.Error) else exc
+    sqlstate = getattr(cause, "sqlstate", None)
+    if sqlstate is None:
+        return isinstance(cause, psycopg.OperationalError | psycopg.InterfaceError)
+    return sqlstate.startswith("08") or sqlstate in ("57P01", "57P02", "57P03")
 
 
 def _call(spec: registry.KindSpec, ctx: JobContext) -> Outcome:

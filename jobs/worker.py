@@ -43,6 +43,7 @@ from django.db import connection
 from jobs import leases, registry
 from jobs.context import JobContext
 from jobs.decisions import Disposition
+from jobs.dispatch import Dispatcher
 from jobs.invoke import Ran, run_job
 from jobs.leases import ClaimedJob, WorkerIdentity
 from jobs.listener import listen
@@ -55,7 +56,6 @@ from vpay.errors import error_chain
 logger = logging.getLogger("jobs.worker")
 
 IDLE_SLEEP = 1.0  # an idle dispatcher waits this long for a NOTIFY before claiming again
-CLAIM_BACKOFF_CAP = 10.0
 # The worker heartbeat: every beat extends every held lease to 2 beats (plus a margin), so a
 # dead worker's jobs are rescued about two periods after its last beat.
 HEARTBEAT_SECONDS = 5.0
@@ -131,16 +131,13 @@ class Worker:
         self.settler = Settler(self._report)
         self._completer = Completer(self.settler)
         self._running: dict[int, Running] = {}
-        self._cv = threading.Condition()  # guards _running, _solo, _wake_generation
+        self._cv = threading.Condition()  # guards _running and _solo (and the dispatcher's wakes)
         self._solo = False  # a suspect is running: nothing else starts beside it
-        self._suspect_waiting = False
-        self._wake_generation = 0
         self._handoff: queue.SimpleQueue = queue.SimpleQueue()
+        self.dispatcher = Dispatcher(self)
         self._stopping = threading.Event()
         self._exit_now = threading.Event()
         self._grace_deadline: float | None = None
-        self._tenant_after = ""
-        self._claim_failures = 0
         self._threads: list[threading.Thread] = []
         self.crashed = False  # a thread died: the process should exit non-zero
 
@@ -181,7 +178,7 @@ class Worker:
         metrics.WORKER_CONCURRENCY.set(self.concurrency)
         maintenance = Maintenance(self)
         named = [
-            ("vpay-dispatch", self._dispatch),
+            ("vpay-dispatch", self.dispatcher.run),
             ("vpay-complete", self._completer.run),
             ("vpay-maintain", maintenance.run),
             (
@@ -292,116 +289,16 @@ class Worker:
 
             start_http_server(self.metrics_port, addr=self.metrics_addr)
 
-    # --- the dispatcher -------------------------------------------------------------------
-
-    def _dispatch(self) -> None:
-        try:
-            while not self._stopping.is_set():
-                with self._cv:
-                    # A waiting suspect runs alone: stop claiming until what runs has finished.
-                    self._cv.wait_for(
-                        lambda: (
-                            self._stopping.is_set()
-                            or (
-                                not self._solo
-                                and len(self._running) < self.concurrency
-                                and not (self._suspect_waiting and self._running)
-                            )
-                        )
-                    )
-                    if self._stopping.is_set():
-                        return
-                    free = self.concurrency - len(self._running)
-                    alone = not self._running
-                    generation = self._wake_generation
-                jobs = self._claim(free, alone)
-                if jobs is None:  # the claim failed: back off
-                    self._wait_for_work(generation, self._claim_backoff())
-                    continue
-                for job in jobs:
-                    self._handoff.put(job)
-                if jobs and (len(jobs) == free or jobs[0].suspect):
-                    continue  # more may be waiting: claim again once a slot frees
-                if self.burst and not jobs and self.running_count() == 0 and self._claim_failures == 0:
-                    self._stopping.set()
-                    return
-                self._wait_for_work(generation, self.idle_sleep)
-        finally:
-            connection.close()
+    # --- the dispatcher's side of the slots -------------------------------------------------
 
     def _claim(self, free: int, alone: bool) -> list[ClaimedJob] | None:
-        """Claim up to ``free`` jobs (a suspect, alone, when nothing runs), registered as
-        running before this returns. None when the claim failed."""
-        lease = self.lease_seconds if self._heartbeating else None
-        try:
-            jobs: list[ClaimedJob] = []
-            if alone and self._suspect_waiting:
-                suspect = leases.claim_suspect(
-                    worker=self.worker_id,
-                    queues=self.queues,
-                    lease_seconds=lease,
-                    kind_leases=self._kind_leases,
-                    default_lease=self._default_lease,
-                )
-                if suspect is not None:
-                    jobs = [suspect]
-                else:
-                    self._suspect_waiting = False
-            if not jobs:
-                result = leases.claim(
-                    worker=self.worker_id,
-                    queues=self.queues,
-                    batch=free,
-                    lease_seconds=lease,
-                    kind_leases=self._kind_leases,
-                    default_lease=self._default_lease,
-                    after=self._tenant_after,
-                    max_tenants=self.max_tenants,
-                )
-                jobs = result.jobs
-                if jobs:
-                    self._tenant_after = result.next_after
-        except DB_ERRORS as exc:
-            # Postgres briefly unreachable is what this retry exists for; exiting would turn
-            # a blip into a restart loop.
-            self._claim_failures += 1
-            metrics.CLAIM_FAILURES.inc()
-            logger.warning(
-                "claim failed; retrying after backoff",
-                extra={"error": error_chain(exc, 500), "consecutive_failures": self._claim_failures},
-            )
-            connection.close()
-            return None
-        self._claim_failures = 0
-        if jobs:
-            with self._cv:
-                for job in jobs:
-                    self._running[job.id] = Running(job)
-                if jobs[0].suspect:
-                    self._solo = True
-            self._report.add("claimed", len(jobs))
-            metrics.RUNNING_JOBS.set(self.running_count())
-        return jobs
-
-    def _claim_backoff(self) -> float:
-        return min(self.idle_sleep * (2 ** min(self._claim_failures - 1, 10)), CLAIM_BACKOFF_CAP)
+        return self.dispatcher.claim(free, alone)
 
     def _wake(self) -> None:
-        with self._cv:
-            self._wake_generation += 1
-            self._cv.notify_all()
-
-    def _wait_for_work(self, generation: int, timeout: float) -> None:
-        """Wait for a wake newer than ``generation`` (taken before the claim, so a NOTIFY
-        that arrived while it ran is not lost), a stop, or ``timeout``."""
-        with self._cv:
-            self._cv.wait_for(lambda: self._wake_generation != generation or self._stopping.is_set(), timeout)
+        self.dispatcher.wake()
 
     def check_suspects(self) -> None:
-        """Maintenance: note whether a suspect waits, for the dispatcher's next claim."""
-        if leases.suspect_waiting(self.queues):
-            self._suspect_waiting = True
-            self._wake()
+        self.dispatcher.check_suspects()
 
     # --- executors --------------------------------------------------------------------------
 
@@ -439,6 +336,16 @@ class Worker:
                     self._solo = False
                 self._cv.notify_all()
             metrics.RUNNING_JOBS.set(self.running_count())
+
+    def register(self, jobs: list[ClaimedJob]) -> None:
+        """Claimed jobs are running from the claim on (a suspect alone)."""
+        with self._cv:
+            for job in jobs:
+                self._running[job.id] = Running(job)
+            if jobs[0].suspect:
+                self._solo = True
+        self._report.add("claimed", len(jobs))
+        metrics.RUNNING_JOBS.set(self.running_count())
 
     def running_count(self) -> int:
         with self._cv:
@@ -499,7 +406,7 @@ class Worker:
     def run_once(self) -> int:
         """Claim one job (a due suspect first), run it on this thread and settle it. Returns
         how many jobs were claimed (0 or 1). Leases are the kinds' own (no heartbeat)."""
-        self._suspect_waiting = self._suspect_waiting or leases.suspect_waiting(self.queues)
+        self.dispatcher.suspect_waiting = self.dispatcher.suspect_waiting or leases.suspect_waiting(self.queues)
         jobs = self._claim(1, alone=True)
         for job in jobs or []:
             self.run_claimed(job)

@@ -13,7 +13,7 @@ import threading
 import pytest
 from django.db import connection, transaction
 
-from jobs import alerts, queue, repository
+from jobs import alert_sql, alerts, queue
 from jobs.alerts import ALERT_RETRY, raise_alert
 from jobs.models import Alert, DeadLetter, DeadLetterState
 from jobs.worker import Worker
@@ -104,7 +104,7 @@ def test_a_configuration_dead_letter_pages(alert_settings):
     Worker(concurrency=1, queues=["default"]).run_once()
     alert = Alert.objects.get()
     assert alert.severity == "page"
-    assert alerts.incident_body(repository.get_alert(alert.pk))["severity"] == "critical"
+    assert alerts.incident_body(alert_sql.get_alert(alert.pk))["severity"] == "critical"
     assert DeadLetter.objects.get(job_id=result.id).cause == "configuration"
 
 

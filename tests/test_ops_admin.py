@@ -11,7 +11,7 @@ from django.contrib.admin.models import LogEntry
 from django.contrib.messages import get_messages
 from django.urls import reverse
 
-from jobs import queue, repository
+from jobs import health_sql, operator_sql, queue
 from jobs.models import DeadLetter, DeadLetterState, Job
 from jobs.services import dead_letters as ops
 from tests.ops_support import OPERATOR_PERMS, db_ago, make_letter, staff_user
@@ -258,7 +258,7 @@ def test_the_service_refuses_a_blank_reason_and_the_database_is_the_final_guard(
     from django.db import IntegrityError, transaction
 
     with pytest.raises(IntegrityError), transaction.atomic():
-        repository.discard_dead_letter(letter.pk, actor="ops", reason=" ")
+        operator_sql.discard_dead_letter(letter.pk, actor="ops", reason=" ")
 
 
 # --- the pages ----------------------------------------------------------------------------
@@ -352,7 +352,7 @@ def test_the_jobs_page_summarises_depth_by_queue_and_kind_with_the_oldest_claima
     execute("UPDATE jobs SET run_at = now() - interval '2 hours 3 minutes' WHERE queue = 'default' AND run_at <= now()")
     claim(queues=("slow",))
 
-    summary = {(r.queue, r.kind): r for r in repository.queue_summary()}
+    summary = {(r.queue, r.kind): r for r in health_sql.queue_summary()}
     assert (summary["default", "task"].claimable, summary["default", "task"].scheduled) == (3, 1)
     assert summary["slow", "task"].leased == 1
     assert 7380 <= summary["default", "task"].oldest_claimable_seconds < 7400
@@ -400,7 +400,7 @@ def test_cancel_moves_a_waiting_job_into_a_cancelled_discarded_dead_letter_and_r
     list(itertools.product(list(DeadLetterState), ["task", "gone_kind"], [False, True], [False, True], [False, True])),
 )
 def test_replay_refusal_table(state, kind, live, past_horizon, force):
-    status = repository.LetterStatus(1, state, kind, uuid.uuid4(), "exhausted", past_horizon, live, False)
+    status = operator_sql.LetterStatus(1, state, kind, uuid.uuid4(), "exhausted", past_horizon, live, False)
     if state == DeadLetterState.REPLAYED:
         expected = ops.Refusal.ALREADY_REPLAYED
     elif state == DeadLetterState.DISCARDED:

@@ -365,7 +365,7 @@ def test_run_once_on_an_empty_queue_claims_nothing_and_is_not_a_claim_failure():
     worker = Worker(concurrency=1)
     failures = REGISTRY.get_sample_value("vpay_jobs_claim_failures_total") or 0.0
     assert worker.run_once() == 0
-    assert worker._claim_failures == 0
+    assert worker.dispatcher.claim_failures == 0
     assert (REGISTRY.get_sample_value("vpay_jobs_claim_failures_total") or 0.0) == failures
     assert worker.report().claimed == 0
 

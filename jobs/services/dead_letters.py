@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from django.db import transaction
 
-from jobs import fence, registry, repository
+from jobs import fence, operator_sql, registry
 from jobs.models import DeadLetter, DeadLetterState, Job
 from vpay.admin_log import log_change
 
@@ -81,7 +81,7 @@ class Result:
         return "done" if self.done else _MESSAGES[self.refusal]
 
 
-def replay_refusal(status: repository.LetterStatus | None, *, force: bool) -> Refusal | None:
+def replay_refusal(status: operator_sql.LetterStatus | None, *, force: bool) -> Refusal | None:
     """Why this dead letter may not be replayed now (None: it may). Pure: the status is read
     by the caller, under a row lock when it is about to act."""
     if status is None:
@@ -99,8 +99,8 @@ def replay_refusal(status: repository.LetterStatus | None, *, force: bool) -> Re
     return None
 
 
-def _statuses(ids: Iterable[int], *, lock: bool) -> dict[int, repository.LetterStatus]:
-    found = repository.letter_status(
+def _statuses(ids: Iterable[int], *, lock: bool) -> dict[int, operator_sql.LetterStatus]:
+    found = operator_sql.letter_status(
         list(ids), ttl_seconds=fence.ttl_seconds(), margin_seconds=REPLAY_FENCE_MARGIN_SECONDS, lock=lock
     )
     return {s.id: s for s in found}
@@ -126,7 +126,7 @@ def dead_letter_replay(*, letter_id: int, actor: str, force: bool = False, user_
         if refusal is not None:
             return Result(letter_id, False, refusal)
         forced = force and status.past_horizon
-        job_pk = repository.replay_dead_letter(letter_id, actor=_actor(actor), forced=forced)
+        job_pk = operator_sql.replay_dead_letter(letter_id, actor=_actor(actor), forced=forced)
         if job_pk is None:  # a job took the job_id or dedupe key between the read and the insert
             return Result(letter_id, False, Refusal.JOB_LIVE)
         if user_id is not None:
@@ -141,7 +141,7 @@ def dead_letter_discard(*, letter_id: int, actor: str, reason: str, user_id: int
     if not reason:
         return Result(letter_id, False, Refusal.REASON_REQUIRED)
     with transaction.atomic():
-        if not repository.discard_dead_letter(letter_id, actor=_actor(actor), reason=reason):
+        if not operator_sql.discard_dead_letter(letter_id, actor=_actor(actor), reason=reason):
             return Result(letter_id, False, _not_pending(letter_id))
         if user_id is not None:
             log_change(user_id, DeadLetter, letter_id, f"dead letter {letter_id}", f"Discarded: {reason}")
@@ -155,9 +155,9 @@ def job_cancel(*, job_pk: int, actor: str, reason: str, user_id: int | None = No
     if not reason:
         return Result(job_pk, False, Refusal.REASON_REQUIRED)
     with transaction.atomic():
-        letter_id = repository.cancel_job(job_pk, actor=_actor(actor), reason=reason)
+        letter_id = operator_sql.cancel_job(job_pk, actor=_actor(actor), reason=reason)
         if letter_id is None:
-            leased = repository.job_is_leased(job_pk)
+            leased = operator_sql.job_is_leased(job_pk)
             return Result(job_pk, False, Refusal.NOT_FOUND if leased is None else Refusal.JOB_RUNNING)
         if user_id is not None:
             log_change(user_id, Job, job_pk, f"job {job_pk}", f"Cancelled into dead letter {letter_id}: {reason}")

@@ -15,7 +15,7 @@ from datetime import datetime
 
 from django.core.management.base import BaseCommand, CommandError
 
-from jobs import repository
+from jobs import operator_sql
 from jobs.durations import SECONDS_PER_UNIT, humanize_seconds
 from jobs.models import DeadLetterState
 from jobs.services import dead_letters as ops
@@ -137,7 +137,7 @@ class Command(BaseCommand):
         }
         if verb == "list":
             state = options["state"]
-            letters = repository.select_dead_letters(**selection, states=None if state == "all" else [state])
+            letters = operator_sql.select_dead_letters(**selection, states=None if state == "all" else [state])
             self._print_table(letters)
             return
         filtered = any(selection[k] is not None for k in ("kinds", "queues", "since_seconds", "since_at"))
@@ -151,7 +151,7 @@ class Command(BaseCommand):
         # Explicit ids are taken in any state (and refused one by one, with the reason);
         # a filter selects only what is pending.
         states = None if options["ids"] else [DeadLetterState.PENDING_REVIEW]
-        ids = [row.id for row in repository.select_dead_letters(**selection, states=states)]
+        ids = [row.id for row in operator_sql.select_dead_letters(**selection, states=states)]
         missing = sorted(set(options["ids"]) - set(ids))
         for letter_id in missing:
             self.stderr.write(f"#{letter_id}: does not exist")
@@ -209,7 +209,7 @@ class Command(BaseCommand):
                 self.stdout.write(f"would refuse #{letter_id}: {ops.Result(letter_id, False, refusal).message}")
         self.stdout.write(f"dry run: would {verb} {len(would)}, refuse {len(verdicts) - len(would)}; nothing written")
 
-    def _print_table(self, letters: list[repository.LetterRow]) -> None:
+    def _print_table(self, letters: list[operator_sql.LetterRow]) -> None:
         header = ("id", "state", "kind", "queue", "cause", "tries", "age", "correlation", "last error")
         rows = [
             (
