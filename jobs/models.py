@@ -340,3 +340,54 @@ class SweepStepStreak(models.Model):
 
     def __str__(self) -> str:
         return f"sweep step {self.step}: {self.failures} failed passes"
+
+
+class BreakerState(models.TextChoices):
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+
+BREAKER_ERROR_MAX = 500
+
+
+class Breaker(models.Model):
+    """One vendor's circuit breaker (``rail:<code>``, ``webhook_host:<host>``), shared by
+    every worker and the web process (``jobs.breakers``).
+
+    A row is created by its vendor's first failure: no row means closed. Every write is a
+    compare-and-swap on ``version`` (``jobs.breaker_repository``); every instant is the
+    database's.
+    """
+
+    name = models.CharField(primary_key=True, max_length=300)
+    state = models.CharField(max_length=16, choices=BreakerState.choices, db_default=BreakerState.CLOSED)
+    failures = models.IntegerField(db_default=0, help_text="Consecutive transient failures.")
+    version = models.BigIntegerField(db_default=0, help_text="Bumped by every write (the compare-and-swap guard).")
+    opened_at = models.DateTimeField(null=True, blank=True)
+    probe_token = models.UUIDField(null=True, blank=True, help_text="The half-open probe in flight, if any.")
+    probe_started_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True, db_default="", help_text="The last failure, redacted and bounded.")
+    updated_at = models.DateTimeField(db_default=TransactionNow())
+
+    class Meta:
+        db_table = "breakers"
+        constraints = [
+            models.CheckConstraint(condition=Q(state__in=BreakerState.values), name="jobs_breaker_state_known"),
+            models.CheckConstraint(condition=Q(failures__gte=0), name="jobs_breaker_failures_non_negative"),
+            # An open or half-open breaker knows since when; a probe is only ever half-open's.
+            models.CheckConstraint(
+                condition=Q(state=BreakerState.CLOSED) | Q(opened_at__isnull=False),
+                name="jobs_breaker_open_has_opened_at",
+            ),
+            models.CheckConstraint(
+                condition=Q(state=BreakerState.HALF_OPEN) | Q(probe_token__isnull=True),
+                name="jobs_breaker_probe_only_half_open",
+            ),
+            models.CheckConstraint(
+                condition=Q(last_error__length__lte=BREAKER_ERROR_MAX), name="jobs_breaker_last_error_bounded"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"breaker {self.name} ({self.state})"
