@@ -41,13 +41,24 @@ class ApiError(Exception):
     must never contain a secret; ``code`` is for machines; ``param`` names the field."""
 
     def __init__(
-        self, status: int, code: str, message: str, *, param: str | None = None, type: str = INVALID_REQUEST
+        self,
+        status: int,
+        code: str,
+        message: str,
+        *,
+        param: str | None = None,
+        type: str = INVALID_REQUEST,
+        retry_after: int | None = None,
     ) -> None:
         super().__init__(message)
         self.status, self.code, self.message, self.param, self.type = status, code, message, param, type
+        self.retry_after = retry_after  # seconds, sent as Retry-After (a 503 that will pass)
 
     def response(self) -> JsonResponse:
-        return error_response(self.status, self.code, self.message, param=self.param, type=self.type)
+        response = error_response(self.status, self.code, self.message, param=self.param, type=self.type)
+        if self.retry_after is not None:
+            response["Retry-After"] = str(self.retry_after)
+        return response
 
 
 def error_response(

@@ -163,7 +163,13 @@ class ProviderRequest(models.Model):
                 name="charges_providerrequest_excerpts_bounded",
             ),
         ]
-        indexes = [models.Index(fields=["charge", "operation", "-id"], name="provider_requests_charge_op")]
+        indexes = [
+            models.Index(fields=["charge", "operation", "-id"], name="provider_requests_charge_op"),
+            # A rail's requests in flight (charges.repository._RAIL_IN_FLIGHT, the ceiling).
+            models.Index(
+                fields=["rail", "sent_at"], condition=Q(answered_at__isnull=True), name="provider_requests_in_flight"
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.method} {self.path} -> {self.status_code}"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models.functions import Now
 
 from charges.models import (
@@ -150,6 +150,58 @@ def record_sent(
         idempotency_key=idempotency_key,
     )
     return row.pk
+
+
+# Serializes the in-flight count and the insert of one rail's request rows across workers,
+# so two cannot both take the last slot. A transaction-scoped advisory lock: there is no
+# rails table to lock a row of (rails are configuration), and it is released at commit.
+_LOCK_RAIL_IN_FLIGHT = "SELECT pg_advisory_xact_lock(hashtextextended('vpay:rail_in_flight:' || %s, 0))"
+
+# The rail's requests in flight: sent, unanswered, and younger than the bound (the rail
+# timeout plus a margin; the adapter ends every exchange by its deadline, so an older
+# unanswered row is a crashed worker's and holds no slot). And the seconds until the
+# earliest of them passes the bound (the latest a slot can stay taken). Served by
+# provider_requests_in_flight (partial: answered rows, nearly all of them, cost nothing).
+_RAIL_IN_FLIGHT = """
+SELECT count(*), extract(epoch FROM min(sent_at) + make_interval(secs => %(bound)s) - now())::float8
+  FROM provider_requests
+ WHERE rail = %(rail)s AND answered_at IS NULL AND sent_at > now() - make_interval(secs => %(bound)s)
+"""
+
+
+def record_sent_within_ceiling(
+    charge_id: str,
+    operation: RequestOperation,
+    *,
+    rail: str,
+    method: str,
+    path: str,
+    idempotency_key: str | None,
+    ceiling: int,
+    bound_seconds: float,
+) -> tuple[int | None, float | None]:
+    """:func:`record_sent`, unless ``rail`` already has ``ceiling`` requests in flight.
+
+    Returns the new row's id (committed, before the request is sent) or None at the
+    ceiling, and the seconds until the earliest request in flight passes its bound."""
+    if connection.in_atomic_block:
+        raise RuntimeError("a rail request must be recorded (committed) before it is sent")
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(_LOCK_RAIL_IN_FLIGHT, [rail])
+            cursor.execute(_RAIL_IN_FLIGHT, {"rail": rail, "bound": bound_seconds})
+            in_flight, earliest_left = cursor.fetchone()
+        if in_flight >= ceiling:
+            return None, earliest_left
+        row = ProviderRequest.objects.create(
+            charge_id=charge_id,
+            operation=operation,
+            rail=rail,
+            method=method,
+            path=path[:300],
+            idempotency_key=idempotency_key,
+        )
+    return row.pk, earliest_left
 
 
 def record_answer(

@@ -51,6 +51,18 @@ class JobContext:
         """1 on the first run (the claim counted it)."""
         return self.job.attempts
 
+    @property
+    def deferrals_left(self) -> int:
+        """Deferrals this job may still answer before the runner dead-letters it at its
+        kind's deferral ceiling (``KindSpec.max_deferrals``). A kind whose unit must never
+        become a dead letter for waiting (a charge's poll) turns its deferral into another
+        disposition once none are left."""
+        from jobs import registry
+
+        spec = registry.get(self.kind)
+        ceiling = spec.max_deferrals if spec is not None else registry.DEFAULT_MAX_DEFERRALS
+        return max(ceiling - self.job.deferrals, 0)
+
     def remaining(self) -> float:
         """Seconds left before this job's timeout (elapsed time, not a wall clock)."""
         return self.timeout_seconds - (time.monotonic() - self.started_monotonic)

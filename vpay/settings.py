@@ -187,6 +187,15 @@ VPAY_RAILS_FILE = env.str("VPAY_RAILS_FILE", default="")
 VPAY_SANDBOX_RAIL_URL = env.str("VPAY_SANDBOX_RAIL_URL", default="http://127.0.0.1:8701")
 VPAY_RAIL_CONNECT_TIMEOUT_SECONDS = env.float("VPAY_RAIL_CONNECT_TIMEOUT_SECONDS", default=3.0)
 VPAY_RAIL_TIMEOUT_SECONDS = env.float("VPAY_RAIL_TIMEOUT_SECONDS", default=20.0)
+# Each rail's circuit breaker (jobs.breakers, shared by every process): it opens after this
+# many consecutive transient failures (no answer, 5xx, 408/409/425/429, an unreadable 2xx),
+# refuses calls for the cool-down, then lets one probe through (docs/charges.md).
+VPAY_RAIL_BREAKER_FAILURES = env.int("VPAY_RAIL_BREAKER_FAILURES", default=5)
+VPAY_RAIL_BREAKER_COOL_DOWN_SECONDS = env.float("VPAY_RAIL_BREAKER_COOL_DOWN_SECONDS", default=30.0)
+# The worker's ceiling of requests in flight to one rail, across all workers (a poll over it
+# defers). Independently, one rail may hold at most half of a worker's loop threads
+# (charges.services.rail_gate.worker_share), so a hung rail never starves a worker.
+VPAY_RAIL_MAX_IN_FLIGHT = env.int("VPAY_RAIL_MAX_IN_FLIGHT", default=8)
 # The RecoveryPolicy (charges/policy.py). Defaults are the design's numbers; the tests
 # shrink them through these same settings, so they run the code production runs.
 VPAY_CHARGE_NOT_FOUND_WINDOW_SECONDS = env.float("VPAY_CHARGE_NOT_FOUND_WINDOW_SECONDS", default=60.0)

@@ -9,6 +9,19 @@
    ``pay_token`` / ``redirect_url``, the intent ``→ requires_action`` when a URL was handed
    out, and the poll job pulled forward to now.
 
+The rail's guards (``rail_gate``), decided here for a merchant who is waiting:
+
+* **Breaker open**: the confirm is refused with a 503 ``rail_unavailable`` (and
+  ``Retry-After``) before step 1 writes anything. Sending into a rail known to be failing
+  would hold a web thread for up to the rail timeout and most likely leave the charge
+  ``submitting`` with an unanswered request — for a redirect charge a dead order failed a
+  minute later, for the payer a failed payment. Refused, the intent stays
+  ``requires_confirmation``: nothing was charged, nothing is ambiguous, and the merchant
+  can confirm again. A confirm that finds the cool-down over is the breaker's probe.
+* **The ceiling** of requests in flight does not apply: it bounds the worker's background
+  polls, and refusing a payment because polls fill the rail would put them ahead of it.
+  The confirm's request still counts as in flight for the polls.
+
 Why the grace: a worker claiming the poll job while step 2 runs would find a charge in
 ``submitting`` — exactly what a crash leaves — and the recovery table answers ``Wait`` for
 anything younger than the not-found window, so it would ask the rail nothing and park the
@@ -22,18 +35,20 @@ compare-and-swap wins, and the pull-forward in step 3 finds the parked job and m
 from __future__ import annotations
 
 import logging
+import math
 
 from django.db import transaction
 from django.db.models import Q
 from django.db.models.functions import Now
 
-from api.framework import ApiError
+from api.framework import API, ApiError
 from charges import repository
 from charges.models import Charge, CheckoutSession, PaymentIntent
 from charges.policy import from_settings
 from charges.rails import get_rail
 from charges.rails.adapter import RailConfigurationError, RailRejected, RailUnavailable
-from charges.services import rail_calls, transitions
+from charges.services import rail_calls, rail_gate, transitions
+from charges.services.rail_gate import RailDeferred
 from charges.states import INTENT_TERMINAL, CheckoutSessionStatus, IntentStatus, RailFlow
 from jobs import queue
 from jobs.alerts import Severity, raise_alert
@@ -74,6 +89,19 @@ def confirm_intent(merchant: Merchant, intent_id: str) -> PaymentIntent:
         rail = get_rail(intent.rail)
         if rail is None:
             raise ApiError(409, "rail_unknown", f"The rail {intent.rail!r} is no longer configured.", param="rail")
+        try:
+            ticket = rail_gate.admit(rail.code)
+        except RailDeferred as exc:
+            # The rail's breaker is open: refused before anything is written (this
+            # transaction rolls back), so the intent stays requires_confirmation and the
+            # merchant may confirm again (a 503 is never stored under an Idempotency-Key).
+            raise ApiError(
+                503,
+                "rail_unavailable",
+                f"The rail {rail.code!r} is failing right now; nothing was charged. Confirm again later.",
+                type=API,
+                retry_after=max(1, math.ceil(exc.delay_seconds)),
+            ) from None
         repository.intent_to(intent.id, IntentStatus.PROCESSING, [IntentStatus.REQUIRES_CONFIRMATION])
         charge = Charge.objects.create(
             intent=intent,
@@ -93,7 +121,9 @@ def confirm_intent(merchant: Merchant, intent_id: str) -> PaymentIntent:
         repository.touch_customer(intent.customer_id)
 
     try:
-        request_id, answer = rail_calls.submit(charge.id, rail, amount=charge.amount, currency=charge.currency)
+        request_id, answer = rail_calls.submit(
+            charge.id, rail, amount=charge.amount, currency=charge.currency, ticket=ticket, ceiling=False
+        )
     except RailUnavailable:
         # No answer we may act on (none, 5xx, 409, 429, an unreadable 200): the rail may
         # or may not have the charge, and only a definitive refusal ends one. It stays

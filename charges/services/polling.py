@@ -20,6 +20,7 @@ from charges.rails.adapter import RailConfigurationError, RailRejected, RailUnav
 from charges.recovery import Step, recovery_step
 from charges.repository import ChargeRow
 from charges.services import rail_calls, transitions
+from charges.services.rail_gate import RailDeferred, worker_share
 from charges.settlement import Settlement, settle
 from charges.states import CHARGE_TERMINAL, ChargeStatus, RailFlow, RailStatus
 from jobs import queue, registry
@@ -89,8 +90,15 @@ def poll_charge(ctx: JobContext) -> Outcome:
         raise ConfigurationError(f"charge {row.id}: rail {row.rail!r} is no longer configured")
     retry_after = 0.0
     try:
-        answer = rail_calls.status(row.id, rail, pay_token=row.pay_token)
+        answer = rail_calls.status(row.id, rail, pay_token=row.pay_token, share=worker_share(ctx.worker_concurrency))
         status, failure_code, pay_token = answer.status, answer.failure_code, answer.pay_token
+    except RailDeferred as exc:
+        # Nothing was sent (the rail's breaker is open, or it has its ceiling in flight).
+        # Past the horizon that is a non-answer like any other, and escalates (a charge
+        # nobody can ask about is exactly what a human must hear); before it, the poll waits.
+        if not past:
+            return _deferred(ctx, row, policy, exc)
+        status, failure_code, pay_token = RailStatus.UNAVAILABLE, None, None
     except RailUnavailable as exc:
         # Never a dead letter, whatever the rail said (503, 429, an unreadable 200): the
         # poll is the charge's liveness, and a poll parked for review would leave a live
@@ -126,6 +134,20 @@ def poll_charge(ctx: JobContext) -> Outcome:
     # 6. The next rung (row.polls counted the polls before this one), or later if the rail
     #    asked for that with Retry-After.
     return Outcome.reschedule_in(max(poll_delay(row.polls, policy), retry_after), f"rail answered {status.value}")
+
+
+def _deferred(ctx: JobContext, row: ChargeRow, policy: RecoveryPolicy, exc: RailDeferred) -> Outcome:
+    """A poll the rail's guards held back: deferred (no attempt spent, the rung not climbed:
+    no request was made) while the job has deferrals left. At the deferral ceiling it is
+    rescheduled on its ladder instead, never dead-lettered: the poll is the charge's
+    liveness, and the horizon, not the ceiling, is what tells a human about a charge the
+    rail has not been asked about (escalation, above). The reschedule resets the job's
+    deferral count, so a rail down for hours costs a poll one rung per ceiling's worth."""
+    if ctx.deferrals_left > 0:
+        return Outcome.defer(exc.delay_seconds, str(exc))
+    return Outcome.reschedule_in(
+        max(poll_delay(row.polls, policy), exc.delay_seconds), f"{exc}; deferral ceiling reached: next rung"
+    )
 
 
 def _wait(row: ChargeRow, seconds: float, policy: RecoveryPolicy) -> Outcome:
@@ -183,13 +205,17 @@ def resubmit_charge(ctx: JobContext) -> Outcome:
     if rail is None:
         raise ConfigurationError(f"charge {row.id}: rail {row.rail!r} is no longer configured")
     try:
-        request_id, answer = rail_calls.submit(row.id, rail, amount=row.amount, currency=row.currency)
+        request_id, answer = rail_calls.submit(
+            row.id, rail, amount=row.amount, currency=row.currency, share=worker_share(ctx.worker_concurrency)
+        )
     except RailRejected:
         transitions.fail_submitting(row.id, row.intent_id, transitions.SUBMIT_REJECTED, rail=row.rail)
         return Outcome.done()
     except RailUnavailable as exc:
         logger.warning("rail did not take a resubmit", extra={"charge_id": row.id, "error": error_chain(exc, 300)})
         return Outcome.done()
+    except RailDeferred:
+        return Outcome.done()  # nothing sent (breaker open, ceiling): the poll comes back to it, as above
     # RailConfigurationError propagates: paged and dead-lettered.
     with transaction.atomic():
         rail_calls.record_submit_answer(request_id, answer)

@@ -1,33 +1,66 @@
 """Rail calls with their evidence: each request is recorded (and committed) before it is
-sent, and answered after, whatever happened — the row crash recovery reads."""
+sent, and answered after, whatever happened — the row crash recovery reads.
+
+Before the row is written the rail's guards are asked (``rail_gate``: its breaker, this
+worker's share, the ceiling of requests in flight); a request they refuse is never sent,
+leaves no row, and raises ``rail_gate.RailDeferred``. Every result then reaches the
+breaker: ``RailUnavailable`` is a transient failure, any other outcome an answer.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from urllib.parse import quote
+
+from django.conf import settings
 
 from charges import repository
 from charges.metrics import RAIL_REQUESTS
 from charges.models import RequestOperation
 from charges.rails import RailConfig
-from charges.rails.adapter import RailAnswer, RailError, adapter_for
+from charges.rails.adapter import RailAnswer, RailError, RailUnavailable, adapter_for
+from charges.services import rail_gate
+from charges.services.rail_gate import SHARES, RailDeferred
+from jobs.breakers import Ticket
 from vpay.errors import error_chain
 
+# A request unanswered this long after the rail timeout is a crashed worker's: it no longer
+# holds a slot of the ceiling.
+IN_FLIGHT_MARGIN_SECONDS = 5.0
 
-def submit(charge_id: str, rail: RailConfig, *, amount: int, currency: str) -> tuple[int, RailAnswer]:
+__all__ = ["RailDeferred", "record_submit_answer", "status", "submit"]
+
+
+def submit(
+    charge_id: str,
+    rail: RailConfig,
+    *,
+    amount: int,
+    currency: str,
+    ticket: Ticket | None = None,
+    ceiling: bool = True,
+    share: int | None = None,
+) -> tuple[int, RailAnswer]:
     """POST the charge. Returns the request row's id and the answer, which the caller records
     (``record_submit_answer``) in the transaction that acts on it; a failure is recorded
-    here, then re-raised."""
-    request_id = repository.record_sent(
-        charge_id, RequestOperation.SUBMIT, rail=rail.code, method="POST", path="/charges", idempotency_key=charge_id
+    here, then re-raised.
+
+    ``ticket``: the breaker's, when the caller asked it already (the confirm, before it
+    wrote anything). ``ceiling=False``: the confirm's request counts as in flight but is
+    not refused by the ceiling (see confirm.py). ``share``: this worker's share of threads."""
+    return _call(
+        charge_id,
+        rail,
+        RequestOperation.SUBMIT,
+        "POST",
+        "/charges",
+        charge_id,
+        lambda: adapter_for(rail).submit(reference=charge_id, amount=amount, currency=currency),
+        ticket=ticket,
+        ceiling=ceiling,
+        share=share,
+        record_answer=False,
     )
-    try:
-        answer = adapter_for(rail).submit(reference=charge_id, amount=amount, currency=currency)
-    except RailError as exc:
-        _record_error(request_id, exc)
-        RAIL_REQUESTS.labels(rail=rail.code, operation="submit", result=str(exc.http_status or "no_answer")).inc()
-        raise
-    RAIL_REQUESTS.labels(rail=rail.code, operation="submit", result=str(answer.http_status)).inc()
-    return request_id, answer
 
 
 def record_submit_answer(request_id: int, answer: RailAnswer) -> None:
@@ -36,27 +69,92 @@ def record_submit_answer(request_id: int, answer: RailAnswer) -> None:
     )
 
 
-def status(charge_id: str, rail: RailConfig, *, pay_token: str | None) -> RailAnswer:
+def status(charge_id: str, rail: RailConfig, *, pay_token: str | None, share: int | None = None) -> RailAnswer:
     """GET the charge's status (404 is an answer: ``RailStatus.NOT_FOUND``), recorded."""
-    request_id = repository.record_sent(
+    _, answer = _call(
         charge_id,
+        rail,
         RequestOperation.STATUS,
-        rail=rail.code,
-        method="GET",
-        path=f"/charges/{quote(charge_id, safe='')}",  # never the query: it carries the pay_token
-        idempotency_key=None,
-    )
-    try:
-        answer = adapter_for(rail).status(reference=charge_id, pay_token=pay_token)
-    except RailError as exc:
-        _record_error(request_id, exc)
-        RAIL_REQUESTS.labels(rail=rail.code, operation="status", result=str(exc.http_status or "no_answer")).inc()
-        raise
-    RAIL_REQUESTS.labels(rail=rail.code, operation="status", result=str(answer.http_status)).inc()
-    repository.record_answer(
-        request_id, status_code=answer.http_status, rail_status=answer.status, excerpt=answer.body_excerpt
+        "GET",
+        f"/charges/{quote(charge_id, safe='')}",  # never the query: it carries the pay_token
+        None,
+        lambda: adapter_for(rail).status(reference=charge_id, pay_token=pay_token),
+        ticket=None,
+        ceiling=True,
+        share=share,
+        record_answer=True,
     )
     return answer
+
+
+def _call(
+    charge_id: str,
+    rail: RailConfig,
+    operation: RequestOperation,
+    method: str,
+    path: str,
+    idempotency_key: str | None,
+    send: Callable[[], RailAnswer],
+    *,
+    ticket: Ticket | None,
+    ceiling: bool,
+    share: int | None,
+    record_answer: bool,
+) -> tuple[int, RailAnswer]:
+    ticket = ticket or rail_gate.admit(rail.code)
+    if not SHARES.acquire(rail.code, share):
+        raise rail_gate.at_ceiling(rail.code, ticket, None, f"holds this worker's share ({share}) of threads")
+    try:
+        request_id = _record_sent(charge_id, rail, operation, method, path, idempotency_key, ticket, ceiling)
+        try:
+            answer = send()
+        except RailError as exc:
+            _record_error(request_id, exc)
+            RAIL_REQUESTS.labels(
+                rail=rail.code, operation=str(operation), result=str(exc.http_status or "no_answer")
+            ).inc()
+            if isinstance(exc, RailUnavailable):
+                rail_gate.failed(ticket, error_chain(exc, 300))
+            else:
+                rail_gate.answered(ticket)  # a refusal is an answer: the rail is up
+            raise
+        except BaseException:
+            rail_gate.abandoned(ticket)  # our failure, not the rail's: a probe hands its turn back
+            raise
+    finally:
+        SHARES.release(rail.code)
+    RAIL_REQUESTS.labels(rail=rail.code, operation=str(operation), result=str(answer.http_status)).inc()
+    if record_answer:
+        record_submit_answer(request_id, answer)
+    rail_gate.answered(ticket)
+    return request_id, answer
+
+
+def _record_sent(
+    charge_id: str,
+    rail: RailConfig,
+    operation: RequestOperation,
+    method: str,
+    path: str,
+    idempotency_key: str | None,
+    ticket: Ticket,
+    ceiling: bool,
+) -> int:
+    fields = {"rail": rail.code, "method": method, "path": path, "idempotency_key": idempotency_key}
+    if not ceiling:
+        return repository.record_sent(charge_id, operation, **fields)
+    request_id, earliest_left = repository.record_sent_within_ceiling(
+        charge_id,
+        operation,
+        **fields,
+        ceiling=settings.VPAY_RAIL_MAX_IN_FLIGHT,
+        bound_seconds=settings.VPAY_RAIL_TIMEOUT_SECONDS + IN_FLIGHT_MARGIN_SECONDS,
+    )
+    if request_id is None:
+        raise rail_gate.at_ceiling(
+            rail.code, ticket, earliest_left, f"has its ceiling ({settings.VPAY_RAIL_MAX_IN_FLIGHT}) in flight"
+        )
+    return request_id
 
 
 def _record_error(request_id: int, exc: RailError) -> None:
