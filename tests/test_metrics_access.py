@@ -51,6 +51,7 @@ def test_the_metrics_access_table(live_mode, token, cidrs, authorization, remote
 # --- the URLconf, through Django's test client ------------------------------------------------
 
 
+@pytest.mark.django_db  # a served scrape reads the breaker gauges
 def test_metrics_are_open_in_development_when_nothing_is_configured(client):
     response = client.get("/metrics")
     assert response.status_code == 200 and b"django_http_requests" in response.content
@@ -62,6 +63,7 @@ def test_live_mode_hides_metrics_until_someone_is_allowed(client, settings):
     assert response.status_code == 404 and b"django_http" not in response.content
 
 
+@pytest.mark.django_db  # a served scrape reads the breaker gauges
 def test_live_mode_serves_metrics_to_the_bearer_of_the_token_only(client, settings, caplog):
     settings.LIVE_MODE = True
     settings.VPAY_METRICS_TOKEN = TOKEN
@@ -75,6 +77,7 @@ def test_live_mode_serves_metrics_to_the_bearer_of_the_token_only(client, settin
     assert TOKEN[:-1] not in caplog.text
 
 
+@pytest.mark.django_db  # a served scrape reads the breaker gauges
 def test_live_mode_serves_metrics_to_an_allowed_network_by_its_peer_address_only(client, settings):
     settings.LIVE_MODE = True
     settings.VPAY_METRICS_ALLOW_CIDRS = NETS

@@ -29,3 +29,9 @@ JOB_DURATION = Histogram(
     ["kind"],
     buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30, 120, 600),
 )
+BREAKER_STATE = Gauge(
+    "vpay_breaker_state",
+    "A vendor breaker's state: 0 closed, 1 half-open, 2 open (every rail; other vendors while not closed)",
+    ["breaker"],
+)
+BREAKERS = Gauge("vpay_breakers", "Breakers by family (rail, webhook_host) and state", ["family", "state"])

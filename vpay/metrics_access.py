@@ -13,11 +13,14 @@ from __future__ import annotations
 import enum
 import hmac
 import ipaddress
+import logging
 from collections.abc import Sequence
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django_prometheus.exports import ExportToDjangoView
+
+logger = logging.getLogger(__name__)
 
 
 class Access(enum.Enum):
@@ -69,6 +72,7 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
         remote_addr=request.META.get("REMOTE_ADDR", ""),
     )
     if access is Access.ALLOW:
+        _refresh_sql_gauges()
         return ExportToDjangoView(request)
     if access is Access.NOT_FOUND:
         return HttpResponse("Not Found", status=404, content_type="text/plain")
@@ -80,3 +84,16 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
             headers={"WWW-Authenticate": 'Bearer realm="metrics"'},
         )
     return HttpResponse("Forbidden", status=403, content_type="text/plain")
+
+
+def _refresh_sql_gauges() -> None:
+    """Gauges read from the database at scrape time (the breakers). A database that cannot
+    answer leaves them as last read: the rest of the scrape is still worth serving."""
+    from django.db import DatabaseError
+
+    from jobs import breaker_gauges
+
+    try:
+        breaker_gauges.refresh()
+    except DatabaseError:
+        logger.warning("could not refresh the breaker gauges", exc_info=True)
