@@ -304,6 +304,11 @@ VPAY_WEBHOOK_LEASE_SECONDS = env.float("VPAY_WEBHOOK_LEASE_SECONDS", default=60.
 # worker lets one endpoint hold at most half its loop threads (webhooks.services.delivery
 # .worker_share), so a slow endpoint never starves a worker whatever this is set to.
 VPAY_WEBHOOK_MAX_IN_FLIGHT = env.int("VPAY_WEBHOOK_MAX_IN_FLIGHT", default=8)
+# Each receiver host's circuit breaker (webhooks/services/host_breakers.py): opens after this
+# many consecutive failed attempts (no answer, 5xx, 429), defers that host's deliveries for
+# the cool-down without spending a rung, then lets one probe through.
+VPAY_WEBHOOK_BREAKER_FAILURES = env.int("VPAY_WEBHOOK_BREAKER_FAILURES", default=10)
+VPAY_WEBHOOK_BREAKER_COOL_DOWN_SECONDS = env.float("VPAY_WEBHOOK_BREAKER_COOL_DOWN_SECONDS", default=60.0)
 # The fan-out drain's period while idle (emit() also wakes it at commit).
 VPAY_WEBHOOK_FAN_OUT_IDLE = env.float("VPAY_WEBHOOK_FAN_OUT_IDLE", default=5.0)
 # The backstop scan's period: re-enqueues due deliveries that lost their job, recovers expired leases.

@@ -6,13 +6,13 @@ import logging
 
 from django.conf import settings
 
-from jobs import registry
+from jobs import breakers, registry
 from jobs.context import JobContext
 from jobs.kinds import JobKind
 from jobs.outcome import Outcome
 from jobs.retry import RetryPolicy
 from jobs.schema import PayloadSchema
-from webhooks.services import delivery, fanout, scan
+from webhooks.services import delivery, fanout, host_breakers, scan
 
 logger = logging.getLogger("webhooks.handlers")
 
@@ -52,8 +52,21 @@ def _deliver_timeout() -> float:
     subject=lambda payload: f"delivery:{payload['delivery_id']}",
 )
 def deliver(ctx: JobContext) -> Outcome:
-    """One attempt of one delivery (unfenced: it calls the network; every write is a CAS)."""
+    """One attempt of one delivery (unfenced: it calls the network; every write is a CAS).
+
+    The host's breaker is asked first: open, the job defers before any attempt is claimed
+    (no rung spent). With no deferrals left the attempt goes ahead regardless, so the
+    ladder still ends the delivery (host_breakers' docstring)."""
+    ticket = None
+    name = host_breakers.breaker_for(ctx.payload["delivery_id"])
+    if name is not None and ctx.deferrals_left > 0:
+        try:
+            ticket = breakers.admit(name, host_breakers.limits())
+        except breakers.BreakerOpen as exc:
+            return Outcome.defer(exc.delay_seconds, str(exc))
     begun = delivery.begin_attempt(ctx.payload["delivery_id"], share=delivery.worker_share(ctx.worker_concurrency))
+    if begun.kind is not delivery.Begin.CLAIMED and ticket is not None:
+        breakers.release(ticket)  # nothing was sent
     if begun.kind is delivery.Begin.GONE:
         return Outcome.done()
     if begun.kind is not delivery.Begin.CLAIMED:
@@ -62,9 +75,12 @@ def deliver(ctx: JobContext) -> Outcome:
         return Outcome.reschedule_in(max(begun.wait, 0.0) + 0.05, begun.kind.value)
     assert begun.lease is not None
     try:
-        recorded = delivery.record(begun.lease, delivery.perform(begun.lease))
+        attempted = delivery.perform(begun.lease)
+        recorded = delivery.record(begun.lease, attempted)
     finally:
         delivery.release(begun)
+    if ticket is not None:
+        host_breakers.report(ticket, attempted.attempt_state, attempted.status_code)
     if recorded.stale:
         return Outcome.reschedule_in(0, "stale attempt: look at the delivery again")
     if recorded.delivery_state == delivery.DeliveryState.PENDING:

@@ -1,0 +1,93 @@
+"""A receiver host's breaker (webhooks/services/host_breakers.py) through the shipping loop
+(``Worker.run_once``), a real receiver process and the real database: failed attempts open
+it, its deliveries then defer without spending a rung, the probe closes it, and at the
+deferral ceiling the attempt goes ahead so the ladder still ends a delivery."""
+
+from __future__ import annotations
+
+import ipaddress
+
+import pytest
+from django.db import connection, transaction
+
+from jobs.models import Breaker, DeadLetter
+from jobs.worker import Worker
+from merchants.services import create_merchant
+from webhooks.event_types import EventType
+from webhooks.events import emit
+from webhooks.models import WebhookDelivery
+from webhooks.services import endpoints, fanout
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+@pytest.fixture(autouse=True)
+def _fast(settings):
+    settings.VPAY_WEBHOOK_ALLOW_CIDRS = (ipaddress.ip_network("127.0.0.1/32"),)
+    settings.VPAY_WEBHOOK_RETRY_SCHEDULE = (0.0,) * 6
+    settings.VPAY_WEBHOOK_TIMEOUT = 2.0
+    settings.VPAY_WEBHOOK_BREAKER_FAILURES = 2
+    settings.VPAY_WEBHOOK_BREAKER_COOL_DOWN_SECONDS = 60.0
+
+
+def sql(query, params=None):
+    with connection.cursor() as cursor:
+        cursor.execute(query, params)
+        return cursor.fetchall() if cursor.description else cursor.rowcount
+
+
+def host_breaker() -> Breaker | None:
+    return Breaker.objects.filter(name="webhook_host:127.0.0.1").first()
+
+
+def failing_host_with_two_deliveries(receiver) -> list[int]:
+    receiver.set_mode("/down", "status", status=500)
+    merchant = create_merchant("Acme")[0]
+    endpoints.create_endpoint(merchant, url=receiver.url("/down"), enabled_events=["*"])
+    with transaction.atomic():
+        for i in range(2):
+            emit(merchant, EventType.PAYMENT_INTENT_SUCCEEDED, {"id": f"pi_{i}", "object": "payment_intent"})
+    fanout.drain_once()
+    return list(WebhookDelivery.objects.order_by("id").values_list("id", flat=True))
+
+
+def run_due() -> int:
+    sql("UPDATE jobs SET run_at = now() WHERE kind = 'webhook_deliver'")
+    return Worker().run_once()
+
+
+def attempts() -> int:
+    return sql("SELECT count(*) FROM webhook_delivery_attempts")[0][0]
+
+
+def test_failed_attempts_open_the_hosts_breaker_and_its_deliveries_then_defer_without_a_rung(receiver):
+    failing_host_with_two_deliveries(receiver)
+    run_due()
+    assert attempts() == 2 and host_breaker().state == "open" and "HTTP 500" in host_breaker().last_error
+    run_due()
+    assert attempts() == 2  # nothing sent, no attempt claimed
+    assert sql("SELECT sum(attempts) FROM webhook_deliveries")[0][0] == 2  # no rung spent
+    rows = sql("SELECT attempts, deferrals, last_error FROM jobs WHERE kind = 'webhook_deliver'")
+    assert all(a == 0 and d == 1 and "webhook_host:127.0.0.1 is open" in e for a, d, e in rows)
+    assert len(receiver.received("/down")) == 2
+
+
+def test_after_the_cool_down_the_probe_reaches_the_host_and_closes_the_breaker(receiver):
+    failing_host_with_two_deliveries(receiver)
+    run_due()
+    assert host_breaker().state == "open"
+    receiver.set_mode("/down", "ok")
+    sql("UPDATE breakers SET opened_at = now() - interval '61 seconds'")
+    run_due()
+    assert host_breaker().state == "closed"
+    assert sql("SELECT state, count(*) FROM webhook_deliveries GROUP BY 1") == [("succeeded", 2)]
+
+
+def test_at_the_deferral_ceiling_the_attempt_goes_ahead_so_the_ladder_still_ends_the_delivery(receiver):
+    failing_host_with_two_deliveries(receiver)
+    run_due()
+    assert host_breaker().state == "open"
+    sql("UPDATE jobs SET deferrals = 100 WHERE kind = 'webhook_deliver'")
+    run_due()
+    assert DeadLetter.objects.count() == 0
+    assert attempts() == 4  # both attempted despite the open breaker: two more rungs spent
