@@ -6,7 +6,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from jobs import fence, leases
+from jobs import fence, leases, registry
 from jobs.leases import ClaimedJob
 from vpay.errors import TransientError
 
@@ -57,8 +57,6 @@ class JobContext:
         kind's deferral ceiling (``KindSpec.max_deferrals``). A kind whose unit must never
         become a dead letter for waiting (a charge's poll) turns its deferral into another
         disposition once none are left."""
-        from jobs import registry
-
         spec = registry.get(self.kind)
         ceiling = spec.max_deferrals if spec is not None else registry.DEFAULT_MAX_DEFERRALS
         return max(ceiling - self.job.deferrals, 0)
