@@ -49,6 +49,9 @@ FAST_POLICY = {
     "VPAY_CHARGE_CONFIRM_GRACE_SECONDS": 0.5,
     "VPAY_RAIL_CONNECT_TIMEOUT_SECONDS": 0.3,
     "VPAY_RAIL_TIMEOUT_SECONDS": 1.0,
+    # A rail answering 503 forever opens its breaker; a recovered rail is then heard at the
+    # next probe, a cool-down later (30 s by default).
+    "VPAY_RAIL_BREAKER_COOL_DOWN_SECONDS": 1.0,
 }
 
 
