@@ -13,7 +13,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from jobs import health_sql, leases
+from jobs import breaker_gauges, health_sql, leases
 from jobs.invoke import job_fields
 from jobs.settling import DB_ERRORS
 from vpay import metrics
@@ -49,6 +49,7 @@ def reap(worker_id: str = "") -> tuple[int, int]:
 
 
 def refresh_gauges() -> None:
+    breaker_gauges.refresh()
     metrics.OLDEST_CLAIMABLE_AGE.set(health_sql.oldest_claimable_age())
     metrics.QUEUE_DEPTH.clear()
     for queue, kind, claimable, leased, _total in health_sql.depth():

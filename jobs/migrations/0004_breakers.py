@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('jobs', '0002_sweep_step_streaks'),
+        ('jobs', '0003_runner_capacity'),
     ]
 
     operations = [
