@@ -21,3 +21,35 @@ def record_start(run: str, seq: int, enq: float) -> None:
             "INSERT INTO bench_latency (lib, run, seq, enq, started) VALUES ('vpay', %s, %s, %s, %s)",
             [run, seq, enq, started],
         )
+
+
+@task
+def slow_start(run: str, seq: int, seconds: float) -> None:
+    """The mixed workload's slow job: records its start (as ``record_start``), then takes
+    ``seconds``, as a rail poll or a webhook POST waiting on the network would."""
+    started = time.time()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO bench_latency (lib, run, seq, enq, started) VALUES ('vpay', %s, %s, %s, %s)",
+            [run, seq, 0.0, started],
+        )
+    time.sleep(seconds)
+
+
+@task(takes_context=True)
+def record_attempt(context, run: str, seq: int) -> None:
+    """The crash-cost neighbour: records which attempt ran it (1 = nobody else's crash cost it one)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO bench_latency (lib, run, seq, enq, started) VALUES ('vpay', %s, %s, %s, %s)",
+            [run, seq, float(context.attempt), time.time()],
+        )
+
+
+@task
+def kill_the_process() -> None:
+    """The crash-cost job: kills its own worker, as an OOM kill or a C extension's segfault would."""
+    import os
+    import signal
+
+    os.kill(os.getpid(), signal.SIGKILL)
