@@ -110,7 +110,9 @@ def vpay_mixed(rep: int) -> dict:
         c.execute("TRUNCATE jobs, processed_jobs, dead_letters, workers RESTART IDENTITY")
         c.execute("TRUNCATE bench_latency")
     slow = [
-        queue.JobRequest("task", {"task": "bench.bench_tasks.slow_start", "args": [f"mixed-{rep}", i, SLOW_SECONDS]})
+        queue.JobRequest(
+            "task", {"task": "bench.bench_tasks.slow_start", "args": [f"mixed-{rep}", i, SLOW_SECONDS], "kwargs": {}}
+        )
         for i in range(N_SLOW)
     ]
     noops = [queue.JobRequest("task", noop_payload()) for _ in range(N_NOOP)]
@@ -166,9 +168,15 @@ def crash_cost(rep: int, neighbours: int = 30) -> dict:
         c.execute("TRUNCATE jobs, processed_jobs, dead_letters, workers, alerts RESTART IDENTITY")
         c.execute("TRUNCATE bench_latency")
     queue.enqueue_many(
-        [queue.JobRequest("task", {"task": "bench.bench_tasks.kill_the_process", "args": []}, max_attempts=3)]
+        [
+            queue.JobRequest(
+                "task", {"task": "bench.bench_tasks.kill_the_process", "args": [], "kwargs": {}}, max_attempts=3
+            )
+        ]
         + [
-            queue.JobRequest("task", {"task": "bench.bench_tasks.record_attempt", "args": [f"crash-{rep}", i]})
+            queue.JobRequest(
+                "task", {"task": "bench.bench_tasks.record_attempt", "args": [f"crash-{rep}", i], "kwargs": {}}
+            )
             for i in range(neighbours)
         ]
     )

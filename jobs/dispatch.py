@@ -1,16 +1,23 @@
-"""The dispatcher thread: claim exactly what the worker's idle executors start now.
+"""Claiming: exactly what the worker's idle executors start now, claimed by an idle executor.
 
-It waits for a free executor (none while a suspect runs alone, and none while one waits
-to), claims ``concurrency - running`` jobs in one fair statement, registers them as
-running and hands them to the executors. It claims again at once when the claim filled
-every free slot (more may be waiting), else waits for a wake: a ``NOTIFY`` (the listener),
-a slot freeing, or the idle poll. A failed claim backs off (1 s doubling to 10 s); the
-worker does not exit on a database blip.
+There is no dispatcher thread between the claim and the start. An executor that has
+nothing to run takes a job handed to it, or claims: for itself and for every other idle
+executor at once (``concurrency - running`` jobs, one fair statement), keeping the first
+and handing the rest over. One executor claims at a time (a lock), so the count is right
+and a claim never outruns the executors; the others wait for a hand-over or their turn.
+An executor with nothing to claim waits for a wake: a ``NOTIFY`` (the listener), a slot
+freeing (a suspect may then run), or the idle poll. A failed claim backs off (1 s doubling
+to 10 s); the worker does not exit on a database blip.
+
+No claim while a suspect runs alone, nor while one waits to (the claims stop until what
+runs has finished, then an executor claims the suspect alone).
 """
 
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 from typing import TYPE_CHECKING
 
 from django.db import connection
@@ -39,39 +46,61 @@ class Dispatcher:
         self.claim_failures = 0
         self.suspect_waiting = False  # set by the maintenance thread (check_suspects)
         self._generation = 0  # wakes so far, under worker._cv
+        self._claiming = threading.Lock()  # one executor claims at a time
+        self._handed: queue.SimpleQueue = queue.SimpleQueue()  # claimed for an idle executor
 
-    def run(self) -> None:
+    def next_job(self) -> ClaimedJob | None:
+        """The next job for the calling (idle) executor; None once the worker stops."""
         w = self.worker
-        try:
-            while not w._stopping.is_set():
+        while not w._stopping.is_set():
+            try:
+                return self._handed.get_nowait()
+            except queue.Empty:
+                pass
+            with w._cv:
+                generation = self._generation
+                may = self._may_claim()
+            if not may or not self._claiming.acquire(blocking=False):
+                self._wait_for_work(generation, w.idle_sleep)  # a hand-over, a turn, a wake
+                continue
+            try:
                 with w._cv:
-                    w._cv.wait_for(self._may_claim)
-                    if w._stopping.is_set():
-                        return
+                    if not self._may_claim():
+                        continue
                     free = w.concurrency - len(w._running)
                     alone = not w._running
-                    generation = self._generation
                 jobs = self.claim(free, alone)
-                if jobs is None:  # the claim failed: back off
-                    self._wait_for_work(generation, self._backoff())
-                    continue
-                for job in jobs:
-                    w._handoff.put(job)
-                if jobs and (len(jobs) == free or jobs[0].suspect):
-                    continue  # more may be waiting: claim again once a slot frees
-                if w.burst and not jobs and w.running_count() == 0 and self.claim_failures == 0:
-                    w._stopping.set()
-                    return
-                self._wait_for_work(generation, w.idle_sleep)
-        finally:
-            connection.close()
+            finally:
+                self._claiming.release()
+            if jobs:
+                for job in jobs[1:]:
+                    self._handed.put(job)
+                if len(jobs) > 1:
+                    self.wake()  # the idle executors these were claimed for
+                return jobs[0]
+            if jobs is None:  # the claim failed: back off
+                self._wait_for_work(generation, self._backoff())
+                continue
+            if w.burst and w.running_count() == 0 and self.claim_failures == 0:
+                w._stopping.set()
+                self.wake()
+                return None
+            self._wait_for_work(generation, w.idle_sleep)
+        return None
+
+    def unstarted(self) -> list[ClaimedJob]:
+        """Jobs claimed for an executor that never took them (the worker stopped)."""
+        left = []
+        while True:
+            try:
+                left.append(self._handed.get_nowait())
+            except queue.Empty:
+                return left
 
     def _may_claim(self) -> bool:
         """Under ``worker._cv``: a slot is free, and no suspect runs or waits to run alone
         (a waiting suspect stops the claims until what runs has finished)."""
         w = self.worker
-        if w._stopping.is_set():
-            return True
         return not w._solo and len(w._running) < w.concurrency and not (self.suspect_waiting and w._running)
 
     def claim(self, free: int, alone: bool) -> list[ClaimedJob] | None:

@@ -1,21 +1,20 @@
-"""The worker: a dispatcher that claims only what its executors start now, the executors,
-a completer, a listener and a maintenance thread.
+"""The worker: executors that claim only what they start now, a completer, a listener and
+a maintenance thread.
 
-Capacity, not batches. The dispatcher claims ``concurrency - running`` jobs in one fair
-statement (``jobs.leases.CLAIM``) and hands each to an idle executor at once, so a claimed
-job always has a thread running it, N slow jobs at ``concurrency >= N`` start together, and a
-fast job never waits behind a slow one while a slot is free. It claims again as soon as a
-slot frees, a ``NOTIFY`` says work is due, or the idle poll comes round. Oban's producer
-(``limit - running``), River's (``MaxWorkers - active``) and Solid Queue's (idle threads) do
-the same; the prefetch is zero.
+Capacity, not batches. An idle executor claims ``concurrency - running`` jobs in one fair
+statement (``jobs.leases.CLAIM``), for itself and the other idle executors, keeps the first
+and hands the rest over at once (``jobs.dispatch``), so a claimed job always has a thread
+starting it, N slow jobs at ``concurrency >= N`` start together, and a fast job never
+waits behind a slow one while a slot is free. Oban's producer (``limit - running``),
+River's (``MaxWorkers - active``) and Solid Queue's (idle threads) do the same; the
+prefetch is zero.
 
 Threads, each with its own database connection:
 
-* ``vpay-dispatch``: claims and hands out;
-* ``vpay-exec-N`` (``concurrency`` of them): run one job at a time (``jobs.invoke``) and
-  write its settle (``jobs.settling``);
+* ``vpay-exec-N`` (``concurrency`` of them): claim when idle, run one job at a time
+  (``jobs.invoke``) and write its settle (``jobs.settling``);
 * ``vpay-complete``: acknowledges finishes in batches;
-* ``vpay-listen``: ``LISTEN`` (``jobs.listener``);
+* ``vpay-listen``: ``LISTEN`` (``jobs.listener``), waking idle executors;
 * ``vpay-maintain``: the worker heartbeat that keeps every held lease alive, the reaper,
   the singletons, gauges, timeouts (``jobs.maintenance``).
 
@@ -30,7 +29,6 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import socket
 import threading
 import time
@@ -78,9 +76,6 @@ class Running:
     @property
     def ctx(self) -> JobContext | None:
         return self.ctx_holder[0] if self.ctx_holder else None
-
-
-_STOP = object()  # an executor's signal to end
 
 
 class Worker:
@@ -133,7 +128,6 @@ class Worker:
         self._running: dict[int, Running] = {}
         self._cv = threading.Condition()  # guards _running and _solo (and the dispatcher's wakes)
         self._solo = False  # a suspect is running: nothing else starts beside it
-        self._handoff: queue.SimpleQueue = queue.SimpleQueue()
         self.dispatcher = Dispatcher(self)
         self._stopping = threading.Event()
         self._exit_now = threading.Event()
@@ -178,7 +172,6 @@ class Worker:
         metrics.WORKER_CONCURRENCY.set(self.concurrency)
         maintenance = Maintenance(self)
         named = [
-            ("vpay-dispatch", self.dispatcher.run),
             ("vpay-complete", self._completer.run),
             ("vpay-maintain", maintenance.run),
             (
@@ -231,14 +224,12 @@ class Worker:
                 self._exit_now.set()  # its job's settle may never come: do not wait out the grace
 
     def _wait_and_drain(self) -> bool:
-        """Wait for the dispatcher to stop, the executors to finish and the completer to
-        flush; at grace expiry (or a second signal) hand back what still runs."""
-        dispatcher = self._threads[0]
-        while dispatcher.is_alive() and not self._exit_now.is_set():
-            dispatcher.join(timeout=0.05)
-        for _ in range(self.concurrency):
-            self._handoff.put(_STOP)
+        """Wait for the executors to stop claiming and finish, and the completer to flush;
+        at grace expiry (or a second signal) hand back what still runs."""
         executors = [t for t in self._threads if t.name.startswith("vpay-exec")]
+        while not self._stopping.is_set() and not self._exit_now.is_set():
+            self._stopping.wait(0.05)
+        self._wake()
         abandoned = False
         while any(t.is_alive() for t in executors):
             if self._exit_now.is_set():
@@ -251,7 +242,6 @@ class Worker:
             time.sleep(0.02)
         self._completer.close()
         self._completer.drain(timeout=5.0)
-        self._stopping.set()
         if abandoned and not self._exit_now.is_set():
             self._release_everything_held()
         else:
@@ -303,11 +293,9 @@ class Worker:
     # --- executors --------------------------------------------------------------------------
 
     def _execute(self) -> None:
+        """An executor: run one job at a time, claiming when idle (jobs.dispatch)."""
         try:
-            while True:
-                job = self._handoff.get()
-                if job is _STOP:
-                    return
+            while (job := self.dispatcher.next_job()) is not None:
                 self.run_claimed(job)
         finally:
             connection.close()
@@ -366,6 +354,7 @@ class Worker:
 
     def _release_unstarted(self) -> None:
         """Jobs claimed but never handed to an executor (a stop raced the claim): back, attempt refunded."""
+        self.dispatcher.unstarted()
         with self._cv:
             unstarted = [r.job for r in self._running.values() if r.ctx is None]
         self._release([(j.id, j.lease_token) for j in unstarted], refund=True, error="")
@@ -378,6 +367,7 @@ class Worker:
         started go back with it refunded.
         """
         self.settler.finish(self._completer.take_unflushed())
+        self.dispatcher.unstarted()
         with self._cv:
             held = list(self._running.values())
         started = [(r.job.id, r.job.lease_token) for r in held if r.ctx is not None]

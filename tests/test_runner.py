@@ -112,7 +112,7 @@ def test_a_dead_workers_jobs_are_rescued_about_two_heartbeats_after_it_died(effe
     killed_at = time.monotonic()
     wait_for(lambda: scalar("SELECT locked_by FROM jobs WHERE job_id = %s", [job_id]) is None, 30, interval=0.02)
     assert time.monotonic() - killed_at < 8.0  # the lease (3 s) plus a reap period, with room for a slow CI
-    assert logged(rescuer, "rescued the jobs of a dead worker")
+    wait_for(lambda: logged(rescuer, "rescued the jobs of a dead worker"), 5, message="the rescue's log line")
 
 
 def test_a_worker_that_loses_its_database_hands_back_what_it_held_at_once(effects, start_worker):
