@@ -423,6 +423,10 @@ def main() -> None:
         "the batch loop since replaced by the capacity runner, docs/runner.md; it names the commit it profiled).\n\n"
     )
     s += "## Machine and PostgreSQL\n\n```\n" + facts.strip() + "\n```\n"
+    runner = HERE / "RUNNER.md"  # the runner's tables (bench/bench_runner.py), kept at the top
+    if runner.exists():
+        title, _, rest = s.partition("\n")
+        s = title + "\n\n" + runner.read_text().strip() + "\n\n## The batch model (before the capacity runner)\n" + rest
     Path(a.out).write_text(s)
     print(f"wrote {a.out}")
 
