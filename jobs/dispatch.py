@@ -75,8 +75,12 @@ class Dispatcher:
             if jobs:
                 for job in jobs[1:]:
                     self._handed.put(job)
-                if len(jobs) > 1:
-                    self.wake()  # the idle executors these were claimed for
+                if len(jobs) > 1 or len(jobs) == free:
+                    # The idle executors these were claimed for; and, when the claim took all
+                    # it asked for (more may be due), any executor that wanted its turn at
+                    # the lock meanwhile. A claim that came up short wakes nobody: the queue
+                    # is drained, and the next NOTIFY or idle poll brings the next claim.
+                    self.wake()
                 return jobs[0]
             if jobs is None:  # the claim failed: back off
                 self._wait_for_work(generation, self._backoff())
