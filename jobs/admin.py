@@ -19,7 +19,7 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.text import Truncator
 
-from jobs import fence
+from jobs import fence, registry
 from jobs.durations import humanize_seconds
 from jobs.health_sql import queue_summary
 from jobs.models import (
@@ -33,6 +33,7 @@ from jobs.models import (
     TransactionNow,
     db_ago,
 )
+from jobs.services import cancels
 from jobs.services import dead_letters as ops
 
 EXCERPT = 80
@@ -296,6 +297,7 @@ class JobAdmin(ReadOnlyAdmin):
             .get_queryset(request)
             .annotate(
                 status_sql=Case(
+                    When(locked_at__isnull=False, cancel_requested_at__isnull=False, then=Value("cancelling")),
                     When(locked_at__isnull=False, then=Value("leased")),
                     When(run_at__lte=TransactionNow(), then=Value("claimable")),
                     default=Value("scheduled"),
@@ -328,22 +330,38 @@ class JobAdmin(ReadOnlyAdmin):
     def has_cancel_permission(self, request):
         return request.user.has_perm("jobs.cancel_job")
 
-    @admin.action(description="Cancel selected jobs (into dead letters)…", permissions=["cancel"])
+    @admin.action(description="Cancel selected jobs…", permissions=["cancel"])
     def cancel_selected(self, request, queryset):
         jobs = list(queryset.order_by("id"))
         actor, user_id = request.user.get_username(), request.user.pk
+        reason = request.POST.get("reason", "")
+        if request.POST.get("post") == "yes" and ops.clean_reason(reason):
+            for job in jobs:  # one transaction each; one message each, saying what happened
+                try:
+                    done = cancels.job_cancel(job_pk=job.pk, actor=actor, reason=reason, user_id=user_id)
+                except cancels.CancelRefused as refused:
+                    messages.warning(request, f"Refused: {refused}.")
+                else:
+                    messages.success(request, f"Job #{job.pk}: {done.message}.")
+            return None
         return self._act_with_reason(
             request,
             jobs,
-            act=lambda job, reason: ops.job_cancel(job_pk=job.pk, actor=actor, reason=reason, user_id=user_id),
+            act=None,  # a valid post was handled above
             verb="Cancelled",
             noun="job",
-            reason_required="A reason is required to cancel: it is recorded on the dead letter.",
+            reason_required="A reason is required to cancel: it is recorded with the cancel.",
             template="admin/jobs/job/cancel_form.html",
             title="Cancel jobs",
             jobs=jobs,
             leased=sum(1 for job in jobs if job.locked_at is not None),
+            not_cancellable=sorted({job.kind for job in jobs if _not_cancellable(job.kind)}),
         )
+
+
+def _not_cancellable(kind: str) -> bool:
+    spec = registry.get(kind)
+    return spec is not None and not spec.cancellable
 
 
 @admin.register(ProcessedJob)

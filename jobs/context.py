@@ -6,7 +6,8 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from jobs import fence, leases, registry
+from jobs import cancels, fence, leases, registry
+from jobs.current import JobCancelled
 from jobs.leases import ClaimedJob
 from vpay.errors import TransientError
 
@@ -70,21 +71,26 @@ class JobContext:
 
         Raises :class:`JobTimedOut` once the kind's timeout has passed since the handler
         started (the heartbeat does not restart that clock: a timeout is the whole run's
-        budget), and :class:`LeaseLost` if the lease was taken. A running worker's own
+        budget), :class:`~jobs.current.JobCancelled` once an operator asked to cancel the
+        job, and :class:`LeaseLost` if the lease was taken. A running worker's own
         heartbeat keeps every lease it holds alive; this one also extends the job's lease
         when the handler owns its transactions (a step-method test has no worker
         heartbeat). A loop-fenced handler's job row must not be written from inside its
         transaction (the worker's heartbeat would wait on that row lock), so there it
-        only checks the clock.
+        only reads the cancel flag (one primary-key SELECT).
         """
         if self.remaining() < 0:
             raise JobTimedOut(
                 f"job {self.job.job_id} ({self.job.kind}) ran past its {self.timeout_seconds:g} s timeout"
             )
         if self.loop_fenced:
-            return
-        if not leases.heartbeat(self.job.id, self.job.lease_token, self.job.lease_seconds):
+            cancel_requested = cancels.requested(self.job.id, self.job.lease_token)
+        else:
+            cancel_requested = leases.heartbeat(self.job.id, self.job.lease_token, self.job.lease_seconds)
+        if cancel_requested is None:
             raise LeaseLost(f"lease on job {self.job.job_id} was taken over")
+        if cancel_requested:
+            raise JobCancelled(self.job.job_id)
 
     def first_time(self, subject: str = "") -> bool:
         """The fence for this job; see :func:`jobs.fence.first_time`."""

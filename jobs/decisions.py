@@ -24,6 +24,7 @@ class Disposition(enum.StrEnum):
     RESCHEDULED = "rescheduled"  # not a failure, runs again later (attempts reset)
     DEFERRED = "deferred"  # re-queued without spending an attempt
     DEAD_LETTERED = "dead_lettered"  # moved to dead_letters
+    CANCELLED = "cancelled"  # an operator's cancel ended it: a dead letter, closed (jobs.cancels)
     LOST = "lost"  # our lease was taken before we could settle: answer discarded
     RELEASED = "released"  # handed back unsettled (drain ran out of grace, or never started)
 

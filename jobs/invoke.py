@@ -19,6 +19,7 @@ from django.db import InterfaceError, OperationalError, connection, transaction
 
 from jobs import fence, registry, repository
 from jobs.context import JobContext, LeaseLost
+from jobs.current import JobCancelled, bound
 from jobs.decisions import AttemptsChange, Disposition, JobState, Settle, settle_error, settle_outcome
 from jobs.leases import ClaimedJob
 from jobs.outcome import Action, Outcome
@@ -96,6 +97,11 @@ def run_job(job: ClaimedJob, ctx_holder: list, *, concurrency: int | None) -> Ra
     except (_LeaseGone, LeaseLost):
         logger.warning("lease lost while the handler ran", extra=job_fields(job))
         return Ran(Settle(Disposition.LOST))
+    except JobCancelled as cancelled:
+        if cancelled.job_id == job.job_id:  # its heartbeat saw the request (a fenced body rolled back)
+            logger.info("handler stopped for a cancel", extra=job_fields(job))
+            return Ran(Settle(Disposition.CANCELLED))
+        return Ran(settle_for_exception(spec, job, job_state, cancelled))
     except Exception as exc:  # noqa: BLE001 - any handler failure is classified, never fatal to the worker
         if database_went_away(exc):
             # Not the job's failure: the connection under it is gone. Hand it back at once,
@@ -131,7 +137,8 @@ def database_went_away(exc: BaseException) -> bool:
 
 
 def _call(spec: registry.KindSpec, ctx: JobContext) -> Outcome:
-    outcome = spec.handler(ctx)
+    with bound(ctx):  # current_job() on this thread, for code the handler calls
+        outcome = spec.handler(ctx)
     if not isinstance(outcome, Outcome):
         raise TypeError(f"handler for {spec.kind.value!r} returned {type(outcome).__name__}, not Outcome")
     return outcome

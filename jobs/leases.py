@@ -315,18 +315,21 @@ def prune_workers(stale_seconds: float) -> int:
 
 
 # One job's heartbeat (JobContext.heartbeat): its lease extended from now, guarded on the
-# claim's token (primary key).
+# claim's token (primary key); it also says whether an operator asked to cancel (jobs.cancels).
 _HEARTBEAT = """
 UPDATE jobs SET heartbeat_at = now(), lease_expires_at = now() + make_interval(secs => %s)
  WHERE id = %s AND lease_token = %s
+RETURNING cancel_requested_at IS NOT NULL
 """
 
 
-def heartbeat(job_id: int, token: uuid.UUID, lease_seconds: float) -> bool:
-    """Extend a held lease by ``lease_seconds`` from now; False when it was already taken."""
+def heartbeat(job_id: int, token: uuid.UUID, lease_seconds: float) -> bool | None:
+    """Extend a held lease by ``lease_seconds`` from now. None when it was already taken,
+    else whether a cancel has been requested."""
     with connection.cursor() as cursor:
         cursor.execute(_HEARTBEAT, [lease_seconds, job_id, token])
-        return cursor.rowcount == 1
+        row = cursor.fetchone()
+        return row[0] if row else None
 
 
 # --- hand-backs -----------------------------------------------------------------------

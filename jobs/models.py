@@ -81,12 +81,18 @@ class Job(models.Model):
     heartbeat_at = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(db_default="", blank=True)
     created_at = models.DateTimeField(db_default=TransactionNow())
+    # An operator's cancel of a running job (jobs.services.cancels): who, why and when (the
+    # database clock). The handler sees it at its next heartbeat (JobCancelled); the job's
+    # next settle ends it cancelled unless the handler finished first (docs/runner.md).
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    cancel_requested_by = models.CharField(max_length=150, db_default="", blank=True)
+    cancel_reason = models.TextField(db_default="", blank=True)
 
     objects = JobQuerySet.as_manager()
 
     class Meta:
         db_table = "jobs"
-        permissions = [("cancel_job", "Can cancel jobs that are not running")]
+        permissions = [("cancel_job", "Can cancel jobs")]
         constraints = [
             models.UniqueConstraint(fields=["job_id"], name="jobs_job_job_id_unique"),
             # Every row in this table is live, so this is "unique while live": a finished
@@ -120,6 +126,12 @@ class Job(models.Model):
             models.CheckConstraint(
                 condition=Q(last_error__length__lte=LAST_ERROR_MAX), name="jobs_job_last_error_bounded"
             ),
+            # A cancel request always says who asked and why.
+            models.CheckConstraint(
+                condition=Q(cancel_requested_at__isnull=True)
+                | (~Q(cancel_requested_by="") & Q(cancel_reason__regex=r"\S")),
+                name="jobs_job_cancel_request_recorded",
+            ),
         ]
         indexes = [
             # Used by jobs.leases.CLAIM: the tenant skip-scan and each tenant's
@@ -141,6 +153,13 @@ class Job(models.Model):
             # Used by jobs.leases.SUSPECT_WAITING: is a suspect waiting to run alone.
             models.Index(
                 fields=["run_at"], condition=Q(locked_at__isnull=True, crashes__gt=0), name="jobs_job_suspect_idx"
+            ),
+            # Used by jobs.cancels.SWEEP: waiting jobs that carry a cancel request (a handed-back
+            # or rescued run). Almost always empty, so probing it every beat costs nothing.
+            models.Index(
+                fields=["id"],
+                condition=Q(locked_at__isnull=True, cancel_requested_at__isnull=False),
+                name="jobs_job_cancel_waiting_idx",
             ),
         ]
 

@@ -1,6 +1,6 @@
-"""The SQL of operators' actions on dead letters and live jobs: replay, discard, cancel,
-and the reads behind them (``jobs.services.dead_letters``, the admin, ``deadletters``).
-Every age and horizon is computed by PostgreSQL."""
+"""The SQL of operators' actions on dead letters: replay, discard, and the reads behind
+them (``jobs.services.dead_letters``, the admin, ``deadletters``); a job's cancel is in
+``jobs.cancels``. Every age and horizon is computed by PostgreSQL."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ from dataclasses import dataclass
 
 from django.db import connection
 
-from jobs.models import LAST_ERROR_MAX
-from jobs.repository import DEAD_LETTER_COLUMNS, NOTIFY_CHANNEL
+from jobs.repository import NOTIFY_CHANNEL
 
 # What an operator's action needs to know about each dead letter, read in one statement.
 # `past_horizon`: the fence row of this job_id's effect, if the effect ever happened, may
@@ -105,41 +104,6 @@ def discard_dead_letter(letter_id: int, *, actor: str, reason: str) -> bool:
     with connection.cursor() as cursor:
         cursor.execute(_DISCARD, {"id": letter_id, "actor": actor, "reason": reason})
         return cursor.fetchone() is not None
-
-
-# Cancel moves a job that is not running into dead_letters, closed as discarded with the
-# operator's reason, in one statement. `locked_at IS NULL` is the guard: a claim that holds
-# (or is taking) the row makes the DELETE wait for it and then match nothing.
-_CANCEL = f"""
-WITH gone AS (
-    DELETE FROM jobs WHERE id = %(id)s AND locked_at IS NULL RETURNING *
-)
-INSERT INTO dead_letters ({DEAD_LETTER_COLUMNS}, state, discarded_by, discarded_at, discard_reason)
-SELECT job_id, kind, queue, payload, priority, tenant, correlation_id, attempts, max_attempts,
-       'cancelled', '', left('cancelled by ' || %(actor)s || ': ' || %(reason)s, {LAST_ERROR_MAX}),
-       created_at, dedupe_key, 'discarded', %(actor)s, now(), %(reason)s
-  FROM gone
-RETURNING id
-"""
-
-
-def cancel_job(job_pk: int, *, actor: str, reason: str) -> int | None:
-    """Move the job (if not leased) to a cancelled dead letter; its id, or None."""
-    with connection.cursor() as cursor:
-        cursor.execute(_CANCEL, {"id": job_pk, "actor": actor, "reason": reason})
-        row = cursor.fetchone()
-    return row[0] if row else None
-
-
-_JOB_STATE = "SELECT locked_at IS NOT NULL FROM jobs WHERE id = %s"
-
-
-def job_is_leased(job_pk: int) -> bool | None:
-    """True when the job is leased, False when waiting, None when it is gone."""
-    with connection.cursor() as cursor:
-        cursor.execute(_JOB_STATE, [job_pk])
-        row = cursor.fetchone()
-    return row[0] if row else None
 
 
 # The shell's selection (manage.py deadletters): filters, newest first, bounded.

@@ -54,6 +54,13 @@ class KindSpec:
     fenced: bool = False
     # What the job acts on, stored on its fence row (see ProcessedJob.subject).
     subject: Callable[[dict], str] | None = None
+    # Why an operator may not cancel this kind's jobs (jobs.services.cancels), or None when
+    # they may: the refusal quotes it, so it says what to do instead.
+    not_cancellable: str | None = None
+
+    @property
+    def cancellable(self) -> bool:
+        return self.not_cancellable is None
 
     @property
     def lease_seconds(self) -> float:
@@ -74,16 +81,25 @@ def register(
     singleton: Singleton | None = None,
     fenced: bool = False,
     subject: Callable[[dict], str] | None = None,
+    cancellable: bool = True,
+    not_cancellable_reason: str = "",
 ) -> Callable[[Callable[[JobContext], Outcome]], Callable[[JobContext], Outcome]]:
     """Register the decorated function as the handler of ``kind``.
 
     ``retry`` may be a callable read at use time (for policies that come from settings).
+    ``cancellable=False`` where cancelling is wrong, with ``not_cancellable_reason`` saying
+    why and what the operator does instead.
     """
+    if cancellable == bool(not_cancellable_reason.strip()):
+        raise ValueError(f"kind {kind.value!r}: a reason is given exactly when it is not cancellable")
+    refusal = None if cancellable else not_cancellable_reason.strip()
 
     def decorate(handler: Callable[[JobContext], Outcome]) -> Callable[[JobContext], Outcome]:
         if kind.value in _REGISTRY:
             raise RuntimeError(f"kind {kind.value!r} is already registered")
-        spec = KindSpec(kind, handler, schema, timeout_seconds, retry, max_deferrals, singleton, fenced, subject)  # type: ignore[arg-type]
+        spec = KindSpec(
+            kind, handler, schema, timeout_seconds, retry, max_deferrals, singleton, fenced, subject, refusal
+        )  # type: ignore[arg-type]
         _REGISTRY[kind.value] = spec
         return handler
 

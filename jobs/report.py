@@ -18,6 +18,7 @@ class Report:
     rescheduled: int = 0
     deferred: int = 0
     dead_lettered: int = 0
+    cancelled: int = 0
     lost: int = 0
     released: int = 0
     unsettled: int = 0  # the settle write itself failed; the lease was handed back later

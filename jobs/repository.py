@@ -185,7 +185,9 @@ def finish_many(leases: Sequence[tuple[int, uuid.UUID]]) -> set[int]:
 
 # Back to the queue after `delay` (primary key, guarded on the token). A job that settles
 # has shown it does not kill its worker: a suspect's crashes are cleared (jobs.leases). Due
-# at once: NOTIFY, so an idle worker takes it now rather than at its next poll.
+# at once: NOTIFY, so an idle worker takes it now rather than at its next poll. A job an
+# operator asked to cancel is not re-queued: matching nothing, the settle ends it cancelled
+# instead (jobs.cancels).
 _RESCHEDULE = f"""
 WITH moved AS (
     UPDATE jobs
@@ -197,7 +199,7 @@ WITH moved AS (
                                         ELSE attempts END,
            deferrals = CASE WHEN %(attempts)s = 'reset' THEN 0 ELSE deferrals END + %(add_deferral)s,
            last_error = %(error)s
-     WHERE id = %(id)s AND lease_token = %(token)s
+     WHERE id = %(id)s AND lease_token = %(token)s AND cancel_requested_at IS NULL
     RETURNING queue
 )
 SELECT count(*), count(pg_notify('{NOTIFY_CHANNEL}', queue)) FILTER (WHERE %(delay)s <= 0) FROM moved

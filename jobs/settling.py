@@ -23,7 +23,7 @@ import uuid
 import psycopg
 from django.db import DatabaseError, InterfaceError, connection
 
-from jobs import leases, repository
+from jobs import cancels, leases, repository
 from jobs.decisions import Disposition, Settle
 from jobs.invoke import job_fields
 from jobs.kinds import JobKind
@@ -75,7 +75,9 @@ class Settler:
             self.hand_back_pending()
             return
         try:
-            if settle.disposition is Disposition.DEAD_LETTERED:
+            if settle.disposition is Disposition.CANCELLED:  # the handler obeyed a cancel
+                matched = cancels.settle_cancelled(job)
+            elif settle.disposition is Disposition.DEAD_LETTERED:
                 matched = (
                     repository.dead_letter(
                         job.id,
@@ -96,6 +98,9 @@ class Settler:
                     error=settle.error,
                     durable=settle.disposition is Disposition.RETRIED,
                 )
+            if not matched and settle.disposition is not Disposition.CANCELLED and cancels.settle_cancelled(job):
+                settle = Settle(Disposition.CANCELLED)  # a cancel request refused the re-queue (jobs.cancels)
+                matched = True
         except DB_ERRORS as exc:
             self.failed(job, exc)
             return

@@ -173,3 +173,61 @@ def record_setting(label: str, name: str) -> None:
     with connection.cursor() as cursor:
         cursor.execute("SELECT current_setting(%s)", [name])
         _record(label, cursor.fetchone()[0])
+
+
+@task
+def heartbeat_until_cancelled(label: str, seconds: float, started_file: str) -> None:
+    """A long task that cooperates: it creates ``started_file``, then heartbeats through
+    ``current_job()`` every 50 ms for ``seconds``, and records its effect only if it was
+    never cancelled (a cancel rolls the effect back with the task's transaction anyway)."""
+    from jobs import current_job
+
+    with open(started_file, "a") as handle:
+        handle.write("started\n")  # one line per run: a second run shows
+    _record(label + ":began")
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        current_job().heartbeat()
+        time.sleep(0.05)
+    _record(label)
+
+
+def _request_own_cancel(reason: str) -> None:
+    """Ask, from another connection (committed at once, as an operator's would be), to
+    cancel the job running on this thread."""
+    from jobs import current_job
+    from jobs.services import cancels
+
+    job_id = current_job().job_id
+
+    def operator() -> None:
+        try:
+            cancels.job_cancel(job_id=job_id, actor="olga", reason=reason)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=operator)
+    thread.start()
+    thread.join()
+
+
+@task
+def cancelled_while_running(label: str, then: str) -> None:
+    """Records an effect, is cancelled by an operator meanwhile, then heartbeats (obeys),
+    returns (finishes first) or fails transiently."""
+    from jobs import current_job
+
+    _record(label)
+    _request_own_cancel(f"stop {label}")
+    if then == "heartbeat":
+        current_job().heartbeat()
+    elif then == "fail":
+        raise TransientError("failed after the cancel request")
+
+
+@task
+def raise_job_cancelled_unasked() -> None:
+    """Nobody asked to cancel it: a JobCancelled of its own is just an error."""
+    from jobs import JobCancelled
+
+    raise JobCancelled()

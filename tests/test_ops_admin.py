@@ -11,7 +11,7 @@ from django.contrib.admin.models import LogEntry
 from django.contrib.messages import get_messages
 from django.urls import reverse
 
-from jobs import health_sql, operator_sql, queue
+from jobs import health_sql, leases, operator_sql, queue
 from jobs.models import DeadLetter, DeadLetterState, Job
 from jobs.services import dead_letters as ops
 from tests.ops_support import OPERATOR_PERMS, db_ago, make_letter, staff_user
@@ -362,24 +362,29 @@ def test_the_jobs_page_summarises_depth_by_queue_and_kind_with_the_oldest_claima
     assert "leased" in page and "scheduled" in page and "claimable" in page
 
 
-def test_cancel_moves_a_waiting_job_into_a_cancelled_discarded_dead_letter_and_refuses_a_leased_one(client, operator):
+def test_cancel_ends_a_waiting_job_asks_a_running_one_to_stop_and_refuses_a_charge_poll_saying_why(client, operator):
     waiting = queue.enqueue("task", task_payload("tests.tasks.record", "cancel-me"), correlation_id="c-1")
     running = queue.enqueue("task", task_payload(), queue="busy")
+    poll = queue.enqueue("poll_charge", {"charge_id": "ch_1"}, queue="polls")
+    leases.worker_heartbeat(leases.WorkerIdentity("worker-a", "host", 1, 1, "busy"), 30)  # a live worker
     claim(queues=("busy",))
     ids = list(Job.objects.order_by("id").values_list("pk", flat=True))
     url = reverse("admin:jobs_job_changelist")
 
     form = client.post(url, {"action": "cancel_selected", "index": 0, "_selected_action": ids})
-    assert form.status_code == 200 and b"running" in form.content
+    assert form.status_code == 200 and b"running" in form.content and b"poll_charge" in form.content
     blank = client.post(url, {"action": "cancel_selected", "_selected_action": ids, "post": "yes", "reason": " "})
-    assert blank.status_code == 400 and count("jobs") == 2
+    assert blank.status_code == 400 and count("jobs") == 3
 
     done = client.post(
         url, {"action": "cancel_selected", "_selected_action": ids, "post": "yes", "reason": "wrong amount"}
     )
-    assert any("Cancelled 1 job" in m for m in texts(done))
-    assert any("is running" in m for m in texts(done))
-    assert list(Job.objects.values_list("job_id", flat=True)) == [running]
+    assert any("cancelled: dead letter #" in m for m in texts(done))
+    assert any("cancel requested" in m for m in texts(done))
+    assert any("cannot be cancelled" in m and "Resolve the charge instead" in m for m in texts(done))
+    assert set(Job.objects.values_list("job_id", flat=True)) == {running, poll}
+    assert Job.objects.get(job_id=running).cancel_requested_by == "olga"
+    assert Job.objects.get(job_id=poll).cancel_requested_at is None
     letter = DeadLetter.objects.get(job_id=waiting)
     assert (letter.cause, letter.state, letter.discarded_by, letter.discard_reason, letter.correlation_id) == (
         "cancelled",
@@ -390,6 +395,8 @@ def test_cancel_moves_a_waiting_job_into_a_cancelled_discarded_dead_letter_and_r
     )
     assert letter.payload["args"] == ["cancel-me"]
     assert LogEntry.objects.filter(object_id=str(letter.pk)).exists()
+    listing = client.get(url).content.decode()
+    assert "cancelling" in listing
 
 
 # --- the replay decision, cell by cell -------------------------------------------------------

@@ -8,8 +8,10 @@ import threading
 import pytest
 from django.db import connection, transaction
 
-from jobs import queue
+from jobs import leases, queue
+from jobs.cancel_decisions import JobPhase
 from jobs.models import DeadLetter, DeadLetterState
+from jobs.services import cancels
 from jobs.services import dead_letters as ops
 from tests.conftest import wait_for
 from tests.ops_support import make_letter
@@ -60,9 +62,9 @@ def test_two_operators_replaying_the_same_letter_at_once_enqueue_it_once():
     assert letter.state == DeadLetterState.REPLAYED and letter.replayed_by in {"olga", "omar"}
 
 
-def test_a_cancel_waiting_on_a_claim_in_flight_matches_nothing_once_the_claim_commits():
+def test_a_cancel_waiting_on_a_claim_in_flight_becomes_a_request_once_the_claim_commits():
     job_id = queue.enqueue("task", task_payload(), correlation_id="race")
-    job_pk = scalar("SELECT id FROM jobs WHERE job_id = %s", [job_id])
+    leases.worker_heartbeat(leases.WorkerIdentity("worker-a", "host", 1, 1, "default"), 30)  # the claimant lives
     claim_holds_the_row = threading.Event()
     cancel_is_waiting = threading.Event()
 
@@ -71,18 +73,18 @@ def test_a_cancel_waiting_on_a_claim_in_flight_matches_nothing_once_the_claim_co
             (claimed,) = claim().jobs  # the claim's UPDATE holds the row lock until commit
             claim_holds_the_row.set()
             wait_for(cancel_is_waiting.is_set, timeout=10)
-            # Give the cancel's DELETE time to block on our row lock.
+            # Give the cancel's row lock time to queue behind ours.
             wait_for(lambda: scalar("SELECT count(*) FROM pg_locks WHERE NOT granted") > 0, timeout=10)
         return claimed.job_id
 
     def operator_cancels():
         claim_holds_the_row.wait(10)
         cancel_is_waiting.set()
-        return ops.job_cancel(job_pk=job_pk, actor="olga", reason="wrong amount")
+        return cancels.job_cancel(job_id=job_id, actor="olga", reason="wrong amount")
 
     claimed_id, result = in_threads(worker_claims, operator_cancels)
     assert claimed_id == job_id
-    # The cancel re-checked the committed row (now leased) and did nothing.
-    assert (result.done, result.refusal) == (False, ops.Refusal.JOB_RUNNING)
-    assert count("jobs", "job_id = %s AND locked_at IS NOT NULL", [job_id]) == 1
+    # The cancel read the committed row (now leased by a live worker): a request, not a delete.
+    assert (result.ended, result.phase) == (False, JobPhase.RUNNING)
+    assert count("jobs", "job_id = %s AND locked_at IS NOT NULL AND cancel_requested_by = 'olga'", [job_id]) == 1
     assert not DeadLetter.objects.filter(job_id=job_id).exists()

@@ -228,7 +228,7 @@ def test_a_late_worker_whose_lease_was_reaped_matches_nothing_with_any_settle():
     )
     assert repository.dead_letter(late.id, late.lease_token, cause="permanent", category="permanent", error="x") is None
     assert leases.release([(late.id, late.lease_token)], refund=True) == 0
-    assert leases.heartbeat(late.id, late.lease_token, 30) is False
+    assert leases.heartbeat(late.id, late.lease_token, 30) is None
     # ...and B's lease is untouched by all of them.
     row = job_row(job_id)
     assert (row["locked_by"], row["lease_token"], row["attempts"]) == ("worker-b", current.lease_token, 2)

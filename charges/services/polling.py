@@ -41,7 +41,23 @@ SCAN_PAGE = 500
 SCAN_MAX_PAGES = 200  # 100k live charges a pass; the next pass continues where it stopped
 
 
-@registry.register(JobKind.POLL_CHARGE, schema=CHARGE_PAYLOAD, timeout_seconds=RAIL_JOB_TIMEOUT_SECONDS)
+# Cancelling a poll settles nothing: the charge stays in flight at the rail, the backstop
+# scan enqueues a new poll for it, and a cancelled run could stop between the rail's answer
+# and its settlement. The operator acts on the charge, never on its poll.
+POLL_NOT_CANCELLABLE = (
+    "a charge's poll is how its charge reaches succeeded, failed or unresolved; a cancelled poll "
+    "leaves the charge in flight and the backstop scan enqueues it again. Resolve the charge "
+    "instead: settle it at the rail, and its next poll records the rail's answer (docs/charges.md)"
+)
+
+
+@registry.register(
+    JobKind.POLL_CHARGE,
+    schema=CHARGE_PAYLOAD,
+    timeout_seconds=RAIL_JOB_TIMEOUT_SECONDS,
+    cancellable=False,
+    not_cancellable_reason=POLL_NOT_CANCELLABLE,
+)
 def poll_charge(ctx: JobContext) -> Outcome:
     """One poll: terminal guard, horizon, crash recovery, rail, settlement table, next rung.
 

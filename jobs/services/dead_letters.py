@@ -1,4 +1,4 @@
-"""What operators do to dead letters and live jobs: replay, discard, cancel.
+"""What operators do to dead letters: replay, discard (cancelling a job: ``jobs.services.cancels``).
 
 The admin and ``manage.py deadletters`` both call these; nothing else writes a dead
 letter's review state. Each operation on one row is its own transaction: the row is locked,
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from django.db import transaction
 
 from jobs import fence, operator_sql, registry
-from jobs.models import DeadLetter, DeadLetterState, Job
+from jobs.models import DeadLetter, DeadLetterState
 from vpay.admin_log import log_change
 
 # Time left on a fence row for a replay to be claimed and see it. An hour covers a queue
@@ -47,7 +47,6 @@ class Refusal(enum.StrEnum):
     JOB_LIVE = "job_live"
     UNKNOWN_KIND = "unknown_kind"
     REASON_REQUIRED = "reason_required"
-    JOB_RUNNING = "job_running"
 
 
 _MESSAGES = {
@@ -62,7 +61,6 @@ _MESSAGES = {
     Refusal.JOB_LIVE: "has a live job with the same job_id or dedupe key; let that one finish first",
     Refusal.UNKNOWN_KIND: "is of a kind with no registered handler",
     Refusal.REASON_REQUIRED: "needs a reason (non-blank text)",
-    Refusal.JOB_RUNNING: "is running (leased by a worker); only a waiting job can be cancelled",
 }
 
 
@@ -73,7 +71,7 @@ class Result:
     id: int
     done: bool
     refusal: Refusal | None = None
-    # Replay: the new job row; cancel: the dead letter it became.
+    # Replay: the new job row.
     created_id: int | None = None
 
     @property
@@ -146,25 +144,6 @@ def dead_letter_discard(*, letter_id: int, actor: str, reason: str, user_id: int
         if user_id is not None:
             log_change(user_id, DeadLetter, letter_id, f"dead letter {letter_id}", f"Discarded: {reason}")
     return Result(letter_id, True)
-
-
-def job_cancel(*, job_pk: int, actor: str, reason: str, user_id: int | None = None) -> Result:
-    """Move a waiting (not leased) job into ``dead_letters`` as cancelled and discarded, with
-    who, when and why: never dropped, and never taken from under a worker."""
-    reason = clean_reason(reason)
-    if not reason:
-        return Result(job_pk, False, Refusal.REASON_REQUIRED)
-    with transaction.atomic():
-        letter_id = operator_sql.cancel_job(job_pk, actor=_actor(actor), reason=reason)
-        if letter_id is None:
-            leased = operator_sql.job_is_leased(job_pk)
-            return Result(job_pk, False, Refusal.NOT_FOUND if leased is None else Refusal.JOB_RUNNING)
-        if user_id is not None:
-            log_change(user_id, Job, job_pk, f"job {job_pk}", f"Cancelled into dead letter {letter_id}: {reason}")
-            log_change(
-                user_id, DeadLetter, letter_id, f"dead letter {letter_id}", f"Created by cancelling job {job_pk}"
-            )
-    return Result(job_pk, True, created_id=letter_id)
 
 
 def clean_reason(reason: str | None) -> str:
