@@ -9,11 +9,14 @@ class ChargesConfig(AppConfig):
     def ready(self) -> None:
         # System checks and the job handlers (poll, resubmit, backstop) register on import.
         from charges import checks  # noqa: F401
+        from charges.ceilings import rail_ceilings
         from charges.services import polling  # noqa: F401
         from charges.services.checkout_expiry import expire_checkout_sessions
         from customers.retention import register_in_use
+        from jobs.ceilings import register_ceilings
         from jobs.housekeeping import register_sweep_step
 
+        register_ceilings("charges", rail_ceilings)
         # Checkout sessions past 24 h expire in the hourly sweep_expired.
         register_sweep_step("checkout_sessions", expire_checkout_sessions)
 

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 from django.db import connection
 
-from jobs import leases, registry
+from jobs import ceilings, leases, registry
 from jobs.context import JobContext
 from jobs.decisions import Disposition
 from jobs.dispatch import Dispatcher
@@ -200,6 +200,7 @@ class Worker:
                 "heartbeat": self.heartbeat_seconds,
                 "lease": self.lease_seconds,
                 "prefetch": 0,
+                "ceilings": ceilings.publish(self),  # every ceiling, also set as vpay_ceiling gauges
             },
         )
         abandoned = self._wait_and_drain()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -12,10 +13,10 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError, connection, connections
 
-from jobs import registry
+from jobs import ceilings, registry
 from jobs.checks import fence_ttl_problems
 from jobs.migration_check import migration_problems
-from jobs.worker import HEARTBEAT_SECONDS, Worker, default_worker_id
+from jobs.worker import HEARTBEAT_SECONDS, LEASE_BEATS, LEASE_MARGIN_SECONDS, Worker, default_worker_id
 from vpay.errors import error_chain
 
 
@@ -33,22 +34,24 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser):
+        # Defaults are None so that jobs.ceilings can say where each value came from
+        # (flag, env var, default); it resolves them.
         parser.add_argument(
             "--concurrency",
             type=int,
-            default=int(os.environ.get("VPAY_WORKER_CONCURRENCY", 4)),
+            default=None,
             help="Executor threads, each running one job at a time on its own database connection; "
             "the worker claims only what they can start now (default 4; VPAY_WORKER_CONCURRENCY).",
         )
         parser.add_argument(
             "--queues",
-            default=os.environ.get("VPAY_WORKER_QUEUES", "default"),
-            help="Comma-separated queues to claim from (default: default).",
+            default=None,
+            help="Comma-separated queues to claim from (default: default; VPAY_WORKER_QUEUES).",
         )
         parser.add_argument(
             "--heartbeat",
             type=float,
-            default=float(os.environ.get("VPAY_WORKER_HEARTBEAT_SECONDS", HEARTBEAT_SECONDS)),
+            default=None,
             metavar="SECONDS",
             help=f"How often the worker beats, extending every lease it holds to two beats plus 2 s "
             f"(default {HEARTBEAT_SECONDS:g}; VPAY_WORKER_HEARTBEAT_SECONDS). A dead worker's jobs are "
@@ -57,9 +60,9 @@ class Command(BaseCommand):
         parser.add_argument(
             "--grace",
             type=float,
-            default=30.0,
+            default=None,
             metavar="SECONDS",
-            help="On SIGTERM, how long in-flight jobs may take to finish (default 30).",
+            help="On SIGTERM, how long in-flight jobs may take to finish (default 30; VPAY_WORKER_GRACE_SECONDS).",
         )
         parser.add_argument("--burst", action="store_true", help="Drain what is claimable now, then exit 0.")
         parser.add_argument(
@@ -71,10 +74,26 @@ class Command(BaseCommand):
             help="Address the metrics server binds (default 127.0.0.1; VPAY_METRICS_ADDR).",
         )
         parser.add_argument(
+            "--print-config",
+            action="store_true",
+            help="Print every ceiling the worker would run under (value and source), then exit 0 without starting.",
+        )
+        parser.add_argument(
+            "--format",
+            choices=("table", "json"),
+            default="table",
+            help="--print-config's output: an aligned table (default) or JSON.",
+        )
+        parser.add_argument(
             "--worker-id", default=None, help="Name in locked_by and pg_stat_activity (default host:pid:random)."
         )
 
     def handle(self, *args, **opts):
+        try:
+            options = ceilings.worker_options(opts)
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        opts.update(options.values)
         queues = [q.strip() for q in opts["queues"].split(",") if q.strip()]
         if opts["concurrency"] < 1:
             raise CommandError("--concurrency must be at least 1")
@@ -84,6 +103,10 @@ class Command(BaseCommand):
             raise CommandError("--grace must not be negative")
         if not queues:
             raise CommandError("--queues names no queue")
+
+        if opts["print_config"]:
+            self._print_config(opts, queues, options)
+            return
 
         worker_id = opts["worker_id"] or default_worker_id()
         db_options = connections.settings["default"].setdefault("OPTIONS", {})
@@ -119,6 +142,8 @@ class Command(BaseCommand):
             metrics_port=opts["metrics_port"],
             metrics_addr=opts["metrics_addr"],
         )
+        # Read by the "worker started" line and the ceiling gauges (jobs.ceilings.publish).
+        worker.option_sources = options.sources
 
         def log_thread_death(args):
             # Through logging, so the redaction filter sees it (the default hook prints raw).
@@ -149,3 +174,18 @@ class Command(BaseCommand):
             # second signal, left to the reaper). Do not wait for them.
             sys.stderr.flush()
             os._exit(1 if worker.forced else 0)
+
+    def _print_config(self, opts: dict, queues: list[str], options: ceilings.WorkerOptions) -> None:
+        """The ceilings this command would start a worker under; no database, no worker."""
+        found = ceilings.collect(
+            concurrency=opts["concurrency"],
+            queues=queues,
+            heartbeat_seconds=opts["heartbeat"],
+            lease_seconds=opts["heartbeat"] * LEASE_BEATS + LEASE_MARGIN_SECONDS,
+            grace_seconds=opts["grace"],
+            sources=options.sources,
+        )
+        if opts["format"] == "json":
+            self.stdout.write(json.dumps(ceilings.as_dicts(found), indent=2))
+        else:
+            self.stdout.write(ceilings.as_table(found))
