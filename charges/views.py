@@ -18,7 +18,7 @@ from charges.services.confirm import confirm_intent
 from charges.services.intents import MAX_RETURN_URL, clean_return_url, create_intent, create_session
 from charges.states import CHARGE_LIVE, IntentStatus
 from charges.wire import render_intent, render_session
-from jobs import queue
+from jobs import port as queue
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,7 @@
+import logging
+
 from django.apps import AppConfig
+from django.conf import settings
 
 
 class JobsConfig(AppConfig):
@@ -8,3 +11,9 @@ class JobsConfig(AppConfig):
     def ready(self) -> None:
         # Registering the queue's own kinds and its system checks is a side effect of import.
         from jobs import alerts, checks, housekeeping, tasks_backend  # noqa: F401
+
+        if settings.VPAY_QUEUE_ADAPTER == "inprocess":
+            from jobs.inprocess import NOT_DURABLE
+
+            # Said at every start, so nobody mistakes a development process for a durable one.
+            logging.getLogger("jobs.inprocess").warning(NOT_DURABLE, extra={"alert": True})

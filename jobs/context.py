@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from jobs import cancels, fence, leases, registry
 from jobs.current import JobCancelled
 from jobs.leases import ClaimedJob
+from jobs.rowless import rowless
 from vpay.errors import TransientError
 
 
@@ -83,6 +84,8 @@ class JobContext:
             raise JobTimedOut(
                 f"job {self.job.job_id} ({self.job.kind}) ran past its {self.timeout_seconds:g} s timeout"
             )
+        if rowless(self.job):  # an in-process job has no row: no lease to extend, no request to read
+            return
         if self.loop_fenced:
             cancel_requested = cancels.requested(self.job.id, self.job.lease_token)
         else:

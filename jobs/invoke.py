@@ -23,6 +23,7 @@ from jobs.current import JobCancelled, bound
 from jobs.decisions import AttemptsChange, Disposition, JobState, Settle, settle_error, settle_outcome
 from jobs.leases import ClaimedJob
 from jobs.outcome import Action, Outcome
+from jobs.rowless import rowless
 from jobs.schema import PayloadError
 from vpay import metrics
 from vpay.errors import Classification, PoisonError, Severity, classify, error_chain
@@ -83,7 +84,7 @@ def run_job(job: ClaimedJob, ctx_holder: list, *, concurrency: int | None) -> Ra
                 leases=[(job.id, job.lease_token)],
                 ttl_seconds=fence.ttl_seconds(),
             )
-            if not finished:
+            if not finished and not rowless(job):  # an in-process job has no row to delete
                 raise _LeaseGone  # someone else owns the job now: our effect must not commit
             if not fenced:
                 raise _Duplicate  # a concurrent run committed this job_id first

@@ -131,6 +131,13 @@ def pull_forward(dedupe_key: str, floor: timedelta | float = 0) -> bool:
     return repository.pull_forward(dedupe_key, _seconds(floor, "floor"))
 
 
+def validated(request: JobRequest) -> tuple:
+    """``request`` checked exactly as :func:`enqueue` checks it, as a row in
+    :data:`jobs.repository.BULK_COLUMNS` order with its payload as JSON text, or
+    :class:`EnqueueError`. Nothing is written (the in-process adapter's admission)."""
+    return _validated(request, {})
+
+
 _KINDS = frozenset(JobKind.values)
 
 

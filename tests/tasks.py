@@ -231,3 +231,13 @@ def raise_job_cancelled_unasked() -> None:
     from jobs import JobCancelled
 
     raise JobCancelled()
+
+
+@task
+def append_then_fail_until(path: str, text: str, succeed_on: int) -> None:
+    """Appends ``text`` to ``path`` (outside the database: every attempt shows), then fails
+    transiently until the file holds ``succeed_on`` of them."""
+    append_to_file.call(path, text)
+    with open(path) as handle:
+        if handle.read().count(text) < succeed_on:
+            raise TransientError(f"attempt failed on purpose ({text})")

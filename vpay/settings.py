@@ -168,6 +168,14 @@ TASKS = {
 # How long a processed_jobs fence row is kept. Startup refuses a TTL shorter than the
 # longest retry window of any kind plus margin (jobs/checks.py).
 VPAY_PROCESSED_JOBS_TTL_SECONDS = env.int("VPAY_PROCESSED_JOBS_TTL_SECONDS", default=7 * 24 * 3600)
+# The queue adapter payment and webhook code enqueue through (jobs/port.py): "postgres"
+# (durable, worked by runworker) or "inprocess" (jobs run at commit in this process and die
+# with it: development and embedding only, refused in live mode).
+VPAY_QUEUE_ADAPTER = env.str("VPAY_QUEUE_ADAPTER", default="postgres")
+if VPAY_QUEUE_ADAPTER not in ("postgres", "inprocess"):
+    raise ImproperlyConfigured(f"VPAY_QUEUE_ADAPTER must be postgres or inprocess, not {VPAY_QUEUE_ADAPTER!r}")
+if LIVE_MODE and VPAY_QUEUE_ADAPTER == "inprocess":
+    raise ImproperlyConfigured("VPAY_QUEUE_ADAPTER=inprocess cannot be used in live mode: its jobs are not durable")
 # Retry policy of application tasks (the `task` kind). Defaults are the queue's policy:
 # 5 attempts, full-jitter exponential backoff, base 30 s, cap 1 h.
 VPAY_TASK_MAX_ATTEMPTS = env.int("VPAY_TASK_MAX_ATTEMPTS", default=5)

@@ -35,7 +35,7 @@ def emit(merchant: Merchant | str, type: EventType | str, obj: dict) -> Event:
 def _wake_fan_out() -> None:
     """Make the outbox drain due now (it otherwise waits its idle period)."""
     from jobs.kinds import JobKind
-    from jobs.queue import pull_forward
+    from jobs.port import pull_forward
     from jobs.registry import Singleton
 
     try:

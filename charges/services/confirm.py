@@ -50,7 +50,7 @@ from charges.rails.adapter import RailConfigurationError, RailRejected, RailUnav
 from charges.services import rail_calls, rail_gate, transitions
 from charges.services.rail_gate import RailDeferred
 from charges.states import INTENT_TERMINAL, CheckoutSessionStatus, IntentStatus, RailFlow
-from jobs import queue
+from jobs import port as queue
 from jobs.alerts import Severity, raise_alert
 from jobs.kinds import JobKind
 from merchants.models import Merchant

@@ -23,11 +23,12 @@ from charges.services import rail_calls, transitions
 from charges.services.rail_gate import RailDeferred, worker_share
 from charges.settlement import Settlement, settle
 from charges.states import CHARGE_TERMINAL, ChargeStatus, RailFlow, RailStatus
-from jobs import queue, registry
+from jobs import port as queue
+from jobs import registry
 from jobs.context import JobContext
 from jobs.kinds import JobKind
 from jobs.outcome import Outcome
-from jobs.queue import JobRequest
+from jobs.port import JobRequest
 from jobs.schema import PayloadSchema
 from vpay.errors import ConfigurationError, error_chain
 

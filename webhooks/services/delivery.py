@@ -36,7 +36,7 @@ from django.db import DatabaseError, transaction
 from django.urls import reverse
 
 from jobs.alerts import Severity, admin_path, raise_alert
-from jobs.queue import pull_forward
+from jobs.port import pull_forward
 from vpay.errors import error_chain
 from webhooks import metrics, repository, sealing, ssrf
 from webhooks.decisions import AttemptResult, Next, after_failure, attempt_result, delivery_delay

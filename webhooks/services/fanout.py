@@ -29,7 +29,7 @@ from django.urls import reverse
 
 from jobs.alerts import Severity, raise_alert
 from jobs.kinds import JobKind
-from jobs.queue import JobRequest, enqueue_many
+from jobs.port import JobRequest, enqueue_many
 from vpay.errors import Category, classify, error_chain
 from webhooks import metrics, repository
 from webhooks.decisions import (

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from django.db import transaction
 
 from jobs.kinds import JobKind
-from jobs.queue import enqueue
+from jobs.port import enqueue
 from vpay.admin_log import log_change
 from webhooks import repository
 from webhooks.models import DeliveryState, WebhookDelivery

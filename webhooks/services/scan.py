@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from django.db import transaction
 
 from jobs.kinds import JobKind
-from jobs.queue import JobRequest, enqueue_many
+from jobs.port import JobRequest, enqueue_many
 from webhooks import repository
 from webhooks.models import DeliveryState
 from webhooks.services.delivery import dedupe_key, recover_expired

@@ -1,0 +1,151 @@
+"""The queue as a port: how payment and webhook code put work on the queue.
+
+One interface, two adapters chosen by ``VPAY_QUEUE_ADAPTER``:
+
+* ``postgres`` (the default): :mod:`jobs.queue`, a row in ``jobs`` written in the caller's
+  transaction, worked by ``runworker``. Durable.
+* ``inprocess``: :mod:`jobs.inprocess`, jobs run at commit in this process. Not durable;
+  live mode refuses it.
+
+The contract both keep (tests/test_queue_port.py runs it on each):
+
+* every job has a deterministic name, its ``dedupe_key``: while a job of that name is
+  live, enqueueing the name again is a no-op (returns ``None``; ``enqueue_many`` does not
+  count it);
+* a job enqueued in a transaction exists only if the transaction commits: it runs after
+  the commit, never after a rollback;
+* delivered at least once: a handler may run again after a failure (retried on its kind's
+  policy), so its effect must be idempotent by the job's name or subject;
+* ``pull_forward(name)`` makes the waiting job of that name due now.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
+from datetime import timedelta
+from typing import Protocol
+
+from django.conf import settings
+
+from jobs import queue
+from jobs.kinds import JobKind
+from jobs.queue import EnqueueError, JobRequest
+
+__all__ = ["EnqueueError", "JobRequest", "adapter", "enqueue", "enqueue_many", "pull_forward", "use"]
+
+ADAPTERS = ("postgres", "inprocess")
+
+
+class QueueAdapter(Protocol):
+    name: str
+    durable: bool
+
+    def enqueue(self, kind: JobKind | str, payload: Mapping, *, dedupe_key: str, **options) -> uuid.UUID | None: ...
+
+    def enqueue_many(self, requests: Iterable[JobRequest]) -> int: ...
+
+    def pull_forward(self, dedupe_key: str, floor: timedelta | float = 0) -> bool: ...
+
+
+class PostgresQueue:
+    """:mod:`jobs.queue` exactly as it is, behind the port (a named job is required)."""
+
+    name = "postgres"
+    durable = True
+
+    def enqueue(self, kind: JobKind | str, payload: Mapping, *, dedupe_key: str, **options) -> uuid.UUID | None:
+        _named(dedupe_key)
+        return queue.enqueue(kind, payload, dedupe_key=dedupe_key, **options)
+
+    def enqueue_many(self, requests: Iterable[JobRequest]) -> int:
+        requests = list(requests)
+        for request in requests:
+            _named(request.dedupe_key)
+        return queue.enqueue_many(requests)
+
+    def pull_forward(self, dedupe_key: str, floor: timedelta | float = 0) -> bool:
+        return queue.pull_forward(dedupe_key, floor)
+
+
+def _named(dedupe_key: str | None) -> None:
+    if not dedupe_key:
+        raise EnqueueError("a job enqueued through the port needs a deterministic name (dedupe_key)")
+
+
+_lock = threading.Lock()
+_configured: QueueAdapter | None = None
+_override: QueueAdapter | None = None
+
+
+def adapter() -> QueueAdapter:
+    """The adapter ``VPAY_QUEUE_ADAPTER`` names (one per process), or the one :func:`use` set."""
+    global _configured
+    if _override is not None:
+        return _override
+    if _configured is None:
+        with _lock:
+            if _configured is None:
+                _configured = build(settings.VPAY_QUEUE_ADAPTER)
+    return _configured
+
+
+def build(name: str) -> QueueAdapter:
+    if name == "postgres":
+        return PostgresQueue()
+    if name == "inprocess":
+        from jobs.inprocess import InProcessQueue
+
+        return InProcessQueue()
+    raise ValueError(f"VPAY_QUEUE_ADAPTER must be one of {', '.join(ADAPTERS)}, not {name!r}")
+
+
+@contextlib.contextmanager
+def use(chosen: QueueAdapter) -> Iterator[QueueAdapter]:
+    """Route the port through ``chosen`` for the block, process-wide (embedding, the
+    conformance suite): handlers running on other threads reach the same adapter."""
+    global _override
+    previous, _override = _override, chosen
+    try:
+        yield chosen
+    finally:
+        _override = previous
+
+
+def enqueue(
+    kind: JobKind | str,
+    payload: Mapping,
+    *,
+    dedupe_key: str,
+    delay: timedelta | float | None = None,
+    queue: str = "default",
+    priority: int = 0,
+    tenant: str | None = None,
+    correlation_id: str | None = None,
+    max_attempts: int | None = None,
+) -> uuid.UUID | None:
+    """Enqueue the job named ``dedupe_key``; its id, or ``None`` if that name is live.
+    The arguments mean what :func:`jobs.queue.enqueue`'s do."""
+    return adapter().enqueue(
+        kind,
+        payload,
+        dedupe_key=dedupe_key,
+        delay=delay,
+        queue=queue,
+        priority=priority,
+        tenant=tenant,
+        correlation_id=correlation_id,
+        max_attempts=max_attempts,
+    )
+
+
+def enqueue_many(requests: Iterable[JobRequest]) -> int:
+    """Enqueue named jobs (each request carries its ``dedupe_key``); how many were new."""
+    return adapter().enqueue_many(requests)
+
+
+def pull_forward(dedupe_key: str, floor: timedelta | float = 0) -> bool:
+    """Make the waiting job named ``dedupe_key`` due now, if due more than ``floor`` from now."""
+    return adapter().pull_forward(dedupe_key, floor)

@@ -1,0 +1,221 @@
+"""The queue port's conformance suite, run on both adapters (``postgres``, ``inprocess``):
+what payment and webhook code may rely on whichever adapter the configuration chose.
+
+The PostgreSQL adapter's jobs are worked by a real :class:`~jobs.worker.Worker` on its own
+thread and connection (its step method, until the queue is empty); the in-process
+adapter's by its own thread, through the same ``jobs.invoke.run_job``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from django.db import connection, transaction
+from django.test import override_settings
+
+from jobs import port
+from jobs.inprocess import InProcessQueue
+from jobs.port import EnqueueError, JobRequest, PostgresQueue
+from jobs.worker import Worker
+
+pytestmark = pytest.mark.django_db(transaction=True)
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def task(name: str, *args) -> dict:
+    return {"task": f"tests.tasks.{name}", "args": list(args), "kwargs": {}}
+
+
+class Harness:
+    """An adapter behind the port, and a way to work its jobs until none is left."""
+
+    def __init__(self, adapter) -> None:
+        self.adapter = adapter
+
+    def run_jobs(self, timeout: float = 15.0) -> None:
+        """Work every job due within a second, on another thread and connection (so an open
+        transaction here hides nothing from the adapter, as a separate worker would see it)."""
+        thread = threading.Thread(target=self._work, args=(timeout,))
+        thread.start()
+        thread.join()
+
+    def _work(self, timeout: float) -> None:
+        try:
+            if isinstance(self.adapter, InProcessQueue):
+                assert self.adapter.wait_idle(timeout, within=1.0), "the in-process queue did not go idle"
+                return
+            worker = Worker(worker_id="port-conformance")
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                if worker.run_once() == 0:
+                    with connection.cursor() as cursor:
+                        cursor.execute("SELECT count(*) FROM jobs WHERE run_at <= now() + interval '1 second'")
+                        if cursor.fetchone()[0] == 0:
+                            return
+                    time.sleep(0.02)
+        finally:
+            connection.close()
+
+
+@pytest.fixture(params=["postgres", "inprocess"])
+def harness(request, effects):
+    adapter = PostgresQueue() if request.param == "postgres" else InProcessQueue()
+    # Retries within the test's patience: the task kind reads its policy at use.
+    with (
+        override_settings(VPAY_TASK_MAX_ATTEMPTS=3, VPAY_TASK_RETRY_BASE_SECONDS=0.05, VPAY_TASK_RETRY_CAP_SECONDS=0.1),
+        port.use(adapter),
+    ):
+        yield Harness(adapter)
+    if isinstance(adapter, InProcessQueue):
+        adapter.stop()
+
+
+def test_a_job_enqueued_in_a_transaction_runs_only_after_the_commit(harness, effects):
+    with transaction.atomic():
+        assert port.enqueue("task", task("record", "port:commit"), dedupe_key="port:commit") is not None
+        harness.run_jobs(timeout=2.0)
+        assert effects("port:") == []
+    harness.run_jobs()
+    assert effects("port:") == [("port:commit", "")]
+
+
+def test_a_job_enqueued_in_a_rolled_back_transaction_never_runs(harness, effects):
+    with pytest.raises(RuntimeError), transaction.atomic():
+        port.enqueue("task", task("record", "port:rollback"), dedupe_key="port:rollback")
+        raise RuntimeError("the business write failed")
+    harness.run_jobs()
+    assert effects("port:") == []
+    # The name is not held by the job that never was.
+    assert port.enqueue("task", task("record", "port:rollback"), dedupe_key="port:rollback") is not None
+
+
+def test_a_name_enqueued_twice_runs_once(harness, effects):
+    with transaction.atomic():
+        assert port.enqueue("task", task("record", "port:twice", "first"), dedupe_key="port:twice") is not None
+        assert port.enqueue("task", task("record", "port:twice", "second"), dedupe_key="port:twice") is None
+    assert port.enqueue("task", task("record", "port:twice", "third"), dedupe_key="port:twice", delay=0) is None
+    harness.run_jobs()
+    assert effects("port:") == [("port:twice", "first")]
+
+
+def test_enqueue_many_counts_only_the_new_names(harness, effects):
+    requests = [JobRequest("task", task("record", f"port:many{i}"), dedupe_key=f"port:many{i}") for i in (1, 2, 1)]
+    assert port.enqueue_many(requests) == 2
+    harness.run_jobs()
+    assert sorted(effects("port:")) == [("port:many1", ""), ("port:many2", "")]
+
+
+def test_a_failing_job_is_retried_per_its_kinds_policy_then_frees_its_name(harness, tmp_path):
+    marks = tmp_path / "attempts"
+    port.enqueue("task", task("append_then_fail_until", str(marks), "x", 99), dedupe_key="port:fail")
+    harness.run_jobs()
+    assert marks.read_text() == "xxx"  # VPAY_TASK_MAX_ATTEMPTS=3, then a dead letter
+    assert port.enqueue("task", task("record", "port:fail"), dedupe_key="port:fail") is not None
+
+
+def test_a_job_whose_first_run_fails_is_delivered_again_and_its_effect_lands(harness, effects, tmp_path):
+    marks = tmp_path / "attempts"
+    port.enqueue("task", task("append_then_fail_until", str(marks), "x", 2), dedupe_key="port:again")
+    harness.run_jobs()
+    assert marks.read_text() == "xx"  # at least once: the failed delivery was not the last
+
+
+def test_the_handler_gets_its_payload(harness, effects):
+    port.enqueue("task", task("record", "port:payload", 'héllo, 世界 "quoted"'), dedupe_key="port:payload")
+    harness.run_jobs()
+    assert effects("port:") == [("port:payload", 'héllo, 世界 "quoted"')]
+
+
+def test_pull_forward_makes_a_delayed_job_due_now(harness, effects):
+    port.enqueue("task", task("record", "port:later"), dedupe_key="port:later", delay=3600)
+    harness.run_jobs(timeout=2.0)
+    assert effects("port:") == []
+    assert port.pull_forward("port:later") is True
+    harness.run_jobs()
+    assert effects("port:") == [("port:later", "")]
+    assert port.pull_forward("port:later") is False  # finished: nothing waits under that name
+
+
+def test_a_job_that_heartbeats_and_answers_reschedule_keeps_its_name_live(harness):
+    # sweep_expired heartbeats after each step and reschedules itself an hour out.
+    assert port.enqueue("sweep_expired", {}, dedupe_key="port:sweep") is not None
+    harness.run_jobs()
+    assert port.enqueue("sweep_expired", {}, dedupe_key="port:sweep") is None
+
+
+def test_a_job_without_a_name_is_refused_and_nothing_runs(harness, effects):
+    with pytest.raises(EnqueueError, match="deterministic name"):
+        port.enqueue("task", task("record", "port:anonymous"), dedupe_key="")
+    with pytest.raises(EnqueueError, match="deterministic name"):
+        port.enqueue_many([JobRequest("task", task("record", "port:anonymous"))])
+    harness.run_jobs(timeout=2.0)
+    assert effects("port:") == []
+
+
+def test_an_invalid_request_is_refused_as_the_queue_refuses_it(harness):
+    with pytest.raises(EnqueueError, match="unknown job kind"):
+        port.enqueue("no_such_kind", {}, dedupe_key="port:unknown")
+    with pytest.raises(EnqueueError, match="not JSON-serializable"):
+        port.enqueue("task", task("record", object()), dedupe_key="port:unserializable")
+
+
+# --- configuration ---------------------------------------------------------------------------
+
+
+def test_the_configured_adapter_is_postgres_by_default():
+    assert port.adapter().name == "postgres" and port.adapter().durable
+
+
+def test_payment_and_webhook_code_reach_the_queue_only_through_the_port():
+    offenders = [
+        str(path.relative_to(ROOT))
+        for app in ("charges", "webhooks")
+        for path in (ROOT / app).rglob("*.py")
+        if "jobs.queue" in path.read_text() or "from jobs import queue" in path.read_text()
+    ]
+    assert offenders == []
+
+
+def _manage(*args: str, **env: str) -> subprocess.CompletedProcess:
+    from tests.conftest import database_url
+    from tests.test_live_mode import FERNET_KEY
+
+    return subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env={
+            "PATH": "/usr/bin:/bin",
+            "DJANGO_SECRET_KEY": "x" * 50,
+            "VPAY_SECRETS_KEY": FERNET_KEY,
+            "DATABASE_URL": database_url(),
+            **env,
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_live_mode_refuses_the_in_process_adapter_and_names_the_setting():
+    result = _manage("check", VPAY_LIVE_MODE="true", VPAY_QUEUE_ADAPTER="inprocess")
+    assert result.returncode != 0
+    assert "VPAY_QUEUE_ADAPTER=inprocess cannot be used in live mode" in result.stderr, result.stderr[-2000:]
+
+
+def test_the_in_process_adapter_says_at_startup_that_it_is_not_durable():
+    result = _manage("check", VPAY_QUEUE_ADAPTER="inprocess", VPAY_LOG_FORMAT="json")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "NOT durable" in result.stdout + result.stderr
+    quiet = _manage("check", VPAY_LOG_FORMAT="json")
+    assert "NOT durable" not in quiet.stdout + quiet.stderr
+
+
+def test_an_unknown_adapter_is_refused_by_name():
+    result = _manage("check", VPAY_QUEUE_ADAPTER="redis")
+    assert result.returncode != 0
+    assert "VPAY_QUEUE_ADAPTER must be postgres or inprocess" in result.stderr
