@@ -7,6 +7,16 @@ read the charge); neither ever reads this host's clock.
 from __future__ import annotations
 
 from charges.policy import RecoveryPolicy
+from jobs.ask_again import Ladder
+
+
+def ladder(policy: RecoveryPolicy) -> Ladder:
+    """The charge poll's ladder, as the runner's poll-with-backoff primitive takes it: rising
+    rungs whose last repeats, and past the horizon an hourly ask that never stops (a late
+    success is the normal way an unresolved charge ends)."""
+    return Ladder.of(
+        policy.ladder, repeat_last=True, horizon=policy.horizon, past_horizon_every=policy.past_horizon_every
+    )
 
 
 def poll_delay(polls_so_far: int, policy: RecoveryPolicy, *, past_horizon: bool = False) -> float:
@@ -17,12 +27,11 @@ def poll_delay(polls_so_far: int, policy: RecoveryPolicy, *, past_horizon: bool 
     """
     if past_horizon:
         return policy.past_horizon_every
-    index = min(max(polls_so_far, 0), len(policy.ladder) - 1)
-    return policy.ladder[index]
+    return ladder(policy).next_wait(max(polls_so_far, 0) + 1)
 
 
 def past_the_horizon(age_seconds: float, policy: RecoveryPolicy) -> bool:
     """Whether a charge of this age (from ``charges.created_at``, on the database clock)
     is past the horizon. ``created_at`` is written before the rail is ever called, so this
     is the age of the payer's exposure, not of our bookkeeping."""
-    return age_seconds >= policy.horizon
+    return ladder(policy).past(age_seconds)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 
+from jobs.ask_again import Ladder
+
 # Roughly 5 s, 5 min, 30 min, 2 h, 5 h, 10 h, 10 h: eight tries over about 27.6 hours, so a
 # receiver that is down for a day still gets its events once it is back.
 DEFAULT_SCHEDULE: tuple[float, ...] = (5.0, 300.0, 1800.0, 7200.0, 18000.0, 36000.0, 36000.0)
@@ -31,9 +33,8 @@ def delivery_delay(attempt: int, schedule: Sequence[float] = DEFAULT_SCHEDULE) -
     """
     if attempt < 1:
         raise ValueError("attempt is 1-based")
-    if attempt > len(schedule):
-        return None
-    return float(schedule[attempt - 1])
+    # The runner's poll-with-backoff primitive; the schedule stays the delivery's own.
+    return Ladder.of(schedule).next_wait(attempt)
 
 
 def parse_schedule(text: str) -> tuple[float, ...]:
