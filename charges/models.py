@@ -223,21 +223,3 @@ class CheckoutSession(models.Model):
 
     def __repr__(self) -> str:
         return f"<CheckoutSession {self.id} {self.status} intent={self.intent_id}>"
-
-
-class BackstopCursor(models.Model):
-    """Where the backstop scan's next pass starts: one row, the last charge id a pass that
-    stopped at its page cap reached ("" once a pass reached the end of the table)."""
-
-    ROW = 1
-
-    id = models.SmallIntegerField(primary_key=True)
-    after_id = models.TextField(blank=True, db_default="")
-    updated_at = models.DateTimeField(db_default=Now())
-
-    class Meta:
-        db_table = "charge_backstop_cursor"
-        constraints = [models.CheckConstraint(condition=Q(id=1), name="charge_backstop_cursor_one_row")]
-
-    def __str__(self) -> str:
-        return f"backstop continues after {self.after_id or 'the start'}"

@@ -16,7 +16,6 @@ from django.db.models.functions import Now
 
 from charges.models import (
     EXCERPT_MAX,
-    BackstopCursor,
     Charge,
     CheckoutSession,
     PaymentIntent,
@@ -337,17 +336,3 @@ def live_page(after: str, limit: int) -> list[tuple[str, str]]:
             {"after": after, "limit": limit, "prefix": POLL_DEDUPE_PREFIX, "kind": JobKind.POLL_CHARGE.value},
         )
         return cursor.fetchall()
-
-
-def backstop_cursor() -> str:
-    """The id the backstop's next pass starts after ("" for the start of the table)."""
-    return BackstopCursor.objects.filter(pk=BackstopCursor.ROW).values_list("after_id", flat=True).first() or ""
-
-
-def save_backstop_cursor(after: str) -> None:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "INSERT INTO charge_backstop_cursor (id, after_id, updated_at) VALUES (%s, %s, now())"
-            " ON CONFLICT (id) DO UPDATE SET after_id = EXCLUDED.after_id, updated_at = now()",
-            [BackstopCursor.ROW, after],
-        )

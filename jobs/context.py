@@ -6,7 +6,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from jobs import cancels, fence, leases, registry
+from jobs import cancels, checkpoints, fence, leases, registry
 from jobs.current import JobCancelled
 from jobs.leases import ClaimedJob
 from jobs.rowless import rowless
@@ -22,6 +22,9 @@ class JobTimedOut(TransientError):
     on the kind's backoff (the attempt is spent), like any transient failure."""
 
 
+_UNREAD = object()
+
+
 @dataclass
 class JobContext:
     """The claimed job, its deadline, and the heartbeat a long handler calls."""
@@ -35,6 +38,8 @@ class JobContext:
     # (one webhook endpoint's share) sizes itself by it.
     worker_concurrency: int | None = None
     started_monotonic: float = field(default_factory=time.monotonic)
+    # The persisted cursor, read on first use (jobs.checkpoints); _UNREAD until then.
+    _cursor: object = field(default=_UNREAD, repr=False)
 
     @property
     def job_id(self) -> uuid.UUID:
@@ -90,6 +95,43 @@ class JobContext:
             cancel_requested = cancels.requested(self.job.id, self.job.lease_token)
         else:
             cancel_requested = leases.heartbeat(self.job.id, self.job.lease_token, self.job.lease_seconds)
+        self._obey(cancel_requested)
+
+    @property
+    def cursor(self) -> object:
+        """Where the previous run of this job got to (its last :meth:`checkpoint`), or None
+        on a fresh pass. After a checkpoint in this run, that cursor, as JSON reads it back."""
+        if self._cursor is _UNREAD:
+            self._cursor = None if rowless(self.job) else checkpoints.stored(self.job.id, self.job.lease_token)
+        return self._cursor
+
+    def checkpoint(self, cursor: object) -> None:
+        """A heartbeat that also persists ``cursor`` (JSON, small: ``jobs.checkpoints``) in
+        the same statement; ``None`` clears it, so the next run starts a new pass. Call it
+        once the work up to ``cursor`` has committed. Raises what :meth:`heartbeat` raises,
+        the cursor stored first (a run past its timeout keeps its progress for the retry),
+        and :class:`~jobs.checkpoints.CheckpointRefused` in a loop-fenced kind, whose work
+        commits only at the end of its body. An in-process job keeps it in memory only."""
+        if self.loop_fenced:
+            raise checkpoints.CheckpointRefused(
+                f"kind {self.job.kind!r} is fenced by the loop: its work commits only when the body ends, "
+                "so a checkpoint could outrun a rollback; it has nothing to resume"
+            )
+        text = checkpoints.encode(cursor)
+        self._cursor = None if text is None else checkpoints.decode(text)
+        if rowless(self.job):
+            cancel_requested: bool | None = False
+        else:
+            cancel_requested = leases.heartbeat(
+                self.job.id, self.job.lease_token, self.job.lease_seconds, checkpoint=text
+            )
+        if cancel_requested is not None and self.remaining() < 0:
+            raise JobTimedOut(
+                f"job {self.job.job_id} ({self.job.kind}) ran past its {self.timeout_seconds:g} s timeout"
+            )
+        self._obey(cancel_requested)
+
+    def _obey(self, cancel_requested: bool | None) -> None:
         if cancel_requested is None:
             raise LeaseLost(f"lease on job {self.job.job_id} was taken over")
         if cancel_requested:

@@ -7,13 +7,19 @@ lease: when the only worker dies holding this job, the next worker's boot reaper
 Later apps add their own expiries with :func:`register_sweep_step`; ``jobs`` imports none
 of them. A step that fails (or skips rows) on ``SWEEP_STEP_ALERT_AFTER`` consecutive passes
 alerts once (``jobs.sweep_health``).
+
+The sweep's checkpoint is one cursor per step that pages by keyset (``jobs.paging``), kept
+under the step's name: each step sees its own as ``ctx.cursor`` (:class:`StepContext`), so
+a pass that crashed or rescheduled ``more`` resumes every step where it stopped. Steps
+that delete the head of their table page after page (fences, idempotency records) need
+none: what they retired is gone.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from jobs import registry, repository, sweep_health
 from jobs.context import JobContext
@@ -40,6 +46,29 @@ class StepResult(NamedTuple):
     more: bool = False
     failed: int = 0
     """Rows that failed and were skipped (already logged by id at WARN)."""
+
+
+class StepContext:
+    """The sweep's JobContext as one step sees it: ``cursor`` and ``checkpoint`` are that
+    step's own entry in the sweep's checkpoint; everything else is the job's."""
+
+    def __init__(self, ctx: JobContext, name: str, cursors: dict[str, Any]) -> None:
+        self._ctx, self._name, self._cursors = ctx, name, cursors
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._ctx, attr)
+
+    @property
+    def cursor(self) -> Any:
+        return self._cursors.get(self._name)
+
+    def checkpoint(self, cursor: Any) -> None:
+        if cursor is None:
+            self._cursors.pop(self._name, None)
+        else:
+            self._cursors[self._name] = cursor
+        # One row for the sweep: every step's cursor, or none once all passes ended.
+        self._ctx.checkpoint(dict(self._cursors) or None)
 
 
 SweepStep = Callable[[JobContext], StepResult]
@@ -100,9 +129,11 @@ def sweep_expired(ctx: JobContext) -> Outcome:
     counts: dict[str, int] = {}
     failed: list[Exception] = []
     more = False
+    # Cursors of steps no longer registered are dropped with the next checkpoint.
+    cursors = {name: c for name, c in (ctx.cursor or {}).items() if name in steps}
     for name, step in steps.items():
         try:
-            result = step(ctx)
+            result = step(StepContext(ctx, name, cursors))  # type: ignore[arg-type]
         except Exception as exc:  # noqa: BLE001 - one step's failure must not stop the others
             failed.append(exc)
             logger.warning("sweep step failed", extra={"step": name, "error": error_chain(exc, 300)})

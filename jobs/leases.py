@@ -32,13 +32,7 @@ from dataclasses import dataclass, field
 from django.db import connection
 
 from jobs import sql
-from jobs.models import LAST_ERROR_MAX, DeadLetterCause
 from jobs.repository import (
-    ALERT_FOR_LETTERS,
-    DEAD_LETTER_COLUMNS,
-    LETTER_RETURNING,
-    NOTIFY_ALERT_JOBS,
-    alert_job_params,
     bounded,
 )
 
@@ -316,18 +310,29 @@ def prune_workers(stale_seconds: float) -> int:
 
 # One job's heartbeat (JobContext.heartbeat): its lease extended from now, guarded on the
 # claim's token (primary key); it also says whether an operator asked to cancel (jobs.cancels).
+# With a checkpoint (JobContext.checkpoint) the cursor rides in the same statement, so a
+# stored cursor always belongs to a live lease; a cursor that moved resets `recoveries`
+# (SET reads the old row, so `checkpoint` on the right is the previous cursor).
 _HEARTBEAT = """
-UPDATE jobs SET heartbeat_at = now(), lease_expires_at = now() + make_interval(secs => %s)
- WHERE id = %s AND lease_token = %s
+UPDATE jobs SET heartbeat_at = now(), lease_expires_at = now() + make_interval(secs => %(lease)s),
+       checkpoint = CASE WHEN %(write)s THEN %(cursor)s::jsonb ELSE checkpoint END,
+       recoveries = CASE WHEN %(write)s AND checkpoint IS DISTINCT FROM %(cursor)s::jsonb THEN 0
+                         ELSE recoveries END
+ WHERE id = %(id)s AND lease_token = %(token)s
 RETURNING cancel_requested_at IS NOT NULL
 """
 
+_UNCHANGED = object()
 
-def heartbeat(job_id: int, token: uuid.UUID, lease_seconds: float) -> bool | None:
-    """Extend a held lease by ``lease_seconds`` from now. None when it was already taken,
-    else whether a cancel has been requested."""
+
+def heartbeat(job_id: int, token: uuid.UUID, lease_seconds: float, checkpoint: object = _UNCHANGED) -> bool | None:
+    """Extend a held lease by ``lease_seconds`` from now, storing ``checkpoint`` (a JSON
+    text, or None to clear it) when given. None when the lease was already taken, else
+    whether a cancel has been requested."""
+    write = checkpoint is not _UNCHANGED
+    params = {"lease": lease_seconds, "write": write, "cursor": checkpoint if write else None}
     with connection.cursor() as cursor:
-        cursor.execute(_HEARTBEAT, [lease_seconds, job_id, token])
+        cursor.execute(_HEARTBEAT, {**params, "id": job_id, "token": token})
         row = cursor.fetchone()
         return row[0] if row else None
 
@@ -356,72 +361,4 @@ def release(leases: Iterable[tuple[int, uuid.UUID]], *, refund: bool, error: str
     return sql.bookkeeping(_RELEASE, [refund, error, error, [i for i, _ in leases], [t for _, t in leases]])
 
 
-# --- the reaper -----------------------------------------------------------------------
-
-# A worker with one expired lease is dead (its heartbeat extends all of them together):
-# every job it still holds is rescued in this one statement (index jobs_job_locked_by_idx),
-# so the count of what it held is whole. Per job, by `together` (what its worker held):
-# alone, on its last attempt -> dead letter `crashed_worker`; alone otherwise -> back to the
-# queue, attempt spent; beside others -> back, attempt refunded, crashes + 1 (a suspect).
-REAP = f"""
-WITH dead_workers AS (
-    SELECT DISTINCT locked_by FROM jobs
-     WHERE locked_at IS NOT NULL AND lease_expires_at < now()
-),
-held AS (
-    SELECT j.id, j.locked_by, j.attempts >= j.max_attempts AS last_attempt,
-           (SELECT count(*) FROM jobs o WHERE o.locked_by = j.locked_by AND o.locked_at IS NOT NULL) AS together
-      FROM jobs j
-     WHERE j.locked_at IS NOT NULL AND j.locked_by IN (SELECT locked_by FROM dead_workers)
-     FOR UPDATE OF j SKIP LOCKED
-),
-dead AS (
-    DELETE FROM jobs j USING held h
-     WHERE j.id = h.id AND h.together = 1 AND h.last_attempt
-    RETURNING j.*
-),
-buried AS (
-    INSERT INTO dead_letters ({DEAD_LETTER_COLUMNS})
-    SELECT job_id, kind, queue, payload, priority, tenant, correlation_id, attempts, max_attempts,
-           '{DeadLetterCause.CRASHED_WORKER.value}', 'transient',
-           left('its worker (' || locked_by || ') died running only this job, on its last attempt',
-                {LAST_ERROR_MAX}),
-           created_at, dedupe_key
-      FROM dead
-    RETURNING {LETTER_RETURNING}
-),
-{ALERT_FOR_LETTERS.format(letters="buried")},
-freed AS (
-    UPDATE jobs j
-       SET last_error = left(CASE WHEN h.together = 1
-                                  THEN 'its worker (' || j.locked_by || ') died running only this job'
-                                  ELSE 'its worker (' || j.locked_by || ') died holding ' || h.together
-                                       || ' jobs; attempt refunded, runs alone next'
-                             END, {LAST_ERROR_MAX}),
-           attempts = CASE WHEN h.together = 1 THEN j.attempts ELSE greatest(j.attempts - 1, 0) END,
-           crashes = CASE WHEN h.together = 1 THEN j.crashes ELSE j.crashes + 1 END,
-           locked_by = NULL, lease_token = NULL, locked_at = NULL, lease_expires_at = NULL,
-           heartbeat_at = NULL
-      FROM held h
-     WHERE j.id = h.id AND NOT (h.together = 1 AND h.last_attempt)
-    RETURNING j.id, h.together > 1 AS suspect
-)
-SELECT (SELECT count(*) FROM freed), (SELECT count(*) FROM buried),
-       (SELECT count(*) FROM buried WHERE kind = 'send_alert'), (SELECT count(*) FROM freed WHERE suspect),
-       {NOTIFY_ALERT_JOBS}
-"""
-
-
-@dataclass(frozen=True, slots=True)
-class Reaped:
-    released: int
-    dead_lettered: int
-    unalerted: int  # of the dead letters, send_alert jobs (which raise no alert of their own)
-    suspects: int  # of the released, those whose attempt was refunded (held beside others)
-
-
-def reap_expired_leases() -> Reaped:
-    """Rescue the jobs of dead workers; see :data:`REAP`. Durable: it writes dead letters."""
-    rows = sql.durable(REAP, alert_job_params())
-    freed, buried, unalerted, suspects, _ = rows[0]
-    return Reaped(freed, buried, unalerted, suspects)
+# The reaper (REAP, reap_expired_leases) is in jobs/reaper.py.

@@ -13,7 +13,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from jobs import breaker_gauges, cancels, health_sql, leases
+from jobs import breaker_gauges, cancels, health_sql, leases, reaper
 from jobs.invoke import job_fields
 from jobs.settling import DB_ERRORS
 from vpay import metrics
@@ -29,9 +29,9 @@ GAUGE_PERIOD = 5.0
 
 
 def reap(worker_id: str = "") -> tuple[int, int]:
-    """Rescue dead workers' jobs (``jobs.leases.REAP``), then end those of them (and any run
+    """Rescue dead workers' jobs (``jobs.reaper.REAP``), then end those of them (and any run
     handed back) that an operator had asked to cancel; returns (released, dead-lettered)."""
-    reaped = leases.reap_expired_leases()
+    reaped = reaper.reap_expired_leases()
     cancels.sweep_waiting()
     if reaped.released or reaped.dead_lettered:
         metrics.LEASES_REAPED.labels(result="released").inc(reaped.released)

@@ -87,6 +87,12 @@ class Job(models.Model):
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
     cancel_requested_by = models.CharField(max_length=150, db_default="", blank=True)
     cancel_reason = models.TextField(db_default="", blank=True)
+    # Where an iterating handler got to (JobContext.checkpoint), written with its lease's
+    # heartbeat; the next run, after a crash, a retry or a reschedule, starts from it. NULL
+    # on a fresh pass. `recoveries` counts the reaper's rescues since it last moved: past
+    # VPAY_JOB_RECOVERY_CAP the reaper dead-letters the job as no_progress (jobs.reaper).
+    checkpoint = models.JSONField(null=True, blank=True)
+    recoveries = models.IntegerField(db_default=0)
 
     objects = JobQuerySet.as_manager()
 
@@ -141,7 +147,7 @@ class Job(models.Model):
                 condition=Q(locked_at__isnull=True),
                 name="jobs_job_claimable_idx",
             ),
-            # Used by jobs.leases.REAP: leases past their expiry.
+            # Used by jobs.reaper.REAP: leases past their expiry.
             models.Index(
                 fields=["lease_expires_at"],
                 condition=Q(locked_at__isnull=False),
@@ -232,6 +238,7 @@ class DeadLetterCause(models.TextChoices):
     LEASE_EXHAUSTED = "lease_exhausted", "Worker died on the last attempt"
     CRASHED_WORKER = "crashed_worker", "Its worker died running only this job, on its last attempt"
     CANCELLED = "cancelled", "Cancelled by an operator"
+    NO_PROGRESS = "no_progress", "Rescued past the recovery cap without its checkpoint moving"
 
 
 class DeadLetterQuerySet(models.QuerySet):

@@ -5,6 +5,10 @@ page of candidate keys *after* the last key seen, retire each in its own transac
 row that fails at WARN (by id) and go on. Keyset paging, not ``OFFSET`` and not "the first
 page again": a row that failed is not read again in the same pass, so one poisoned row
 cannot become a hot loop, and the rows behind it are reached.
+
+The keyset is the job's checkpoint (``jobs.checkpoints``): each page's last key is stored
+with the page's heartbeat, and a pass that stopped (a crash, its budget, a reschedule)
+continues after it; only the end of the table clears it, so the next pass starts over.
 """
 
 from __future__ import annotations
@@ -46,12 +50,13 @@ def sweep_in_pages(
     log lines. ``retire(key)`` runs one row's transaction and answers whether it changed
     anything (``False``: the guard inside its statement no longer held; not a failure).
     The budget defaults to half the job's remaining time, so the pass ends long before
-    its lease does.
+    its lease does. The pass starts after ``ctx.cursor`` (a key as JSON read it back:
+    a datetime as its ISO text, which PostgreSQL compares as the column's type).
     """
     budget = ctx.remaining() / 2 if budget_seconds is None else budget_seconds
     deadline = time.monotonic() + budget
     retired = failed = skipped = 0
-    after: tuple | None = None
+    after: tuple | None = tuple(ctx.cursor) if ctx.cursor else None
     while True:
         page = read_page(after, page_size)
         progress = False
@@ -70,11 +75,11 @@ def sweep_in_pages(
                 progress = True
             else:
                 skipped += 1
-        if page:
-            after = tuple(page[-1])
-            ctx.heartbeat()
         full = len(page) == page_size
         if not full:
+            ctx.checkpoint(None)  # the end of the table: the next pass starts over
             return PassResult(retired, failed, skipped, more=False)
+        after = tuple(page[-1])
+        ctx.checkpoint(list(after))
         if time.monotonic() >= deadline:
             return PassResult(retired, failed, skipped, more=progress)

@@ -176,6 +176,11 @@ if VPAY_QUEUE_ADAPTER not in ("postgres", "inprocess"):
     raise ImproperlyConfigured(f"VPAY_QUEUE_ADAPTER must be postgres or inprocess, not {VPAY_QUEUE_ADAPTER!r}")
 if LIVE_MODE and VPAY_QUEUE_ADAPTER == "inprocess":
     raise ImproperlyConfigured("VPAY_QUEUE_ADAPTER=inprocess cannot be used in live mode: its jobs are not durable")
+# Rescues a checkpointing job (JobContext.checkpoint) may have since its cursor last moved;
+# the next rescue dead-letters it as no_progress rather than hand it out again (jobs/reaper.py).
+VPAY_JOB_RECOVERY_CAP = env.int("VPAY_JOB_RECOVERY_CAP", default=3)
+if VPAY_JOB_RECOVERY_CAP < 1:
+    raise ImproperlyConfigured("VPAY_JOB_RECOVERY_CAP must be at least 1")
 # Retry policy of application tasks (the `task` kind). Defaults are the queue's policy:
 # 5 attempts, full-jitter exponential backoff, base 30 s, cap 1 h.
 VPAY_TASK_MAX_ATTEMPTS = env.int("VPAY_TASK_MAX_ATTEMPTS", default=5)

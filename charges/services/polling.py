@@ -258,12 +258,13 @@ def scan_live_charges(ctx: JobContext) -> Outcome:
     operator's cancel, a letter discarded) gets a new one, due now. A charge whose poll is
     a dead letter awaiting review is the human's (``repository.live_page``).
 
-    A pass scans at most ``SCAN_MAX_PAGES`` pages. Where it stops is stored, and the next
-    pass (due at once) continues from there; only the end of the table starts the next
-    pass from the beginning after the backstop period. Ids are random, so restarting at
-    the first id every time would leave the same tail of live charges unscanned for as
-    long as more than a pass's worth were live."""
-    after, restored, pages = repository.backstop_cursor(), 0, 0
+    A pass scans at most ``SCAN_MAX_PAGES`` pages. Where it got to is the job's checkpoint
+    (the last id of each page, stored with the page's heartbeat), and the next run (due at
+    once, or the retry after a crash) continues from there; only the end of the table
+    clears it, so the next pass starts from the beginning after the backstop period. Ids
+    are random, so restarting at the first id every time would leave the same tail of live
+    charges unscanned for as long as more than a pass's worth were live."""
+    after, restored, pages = ctx.cursor or "", 0, 0
     while True:
         page = repository.live_page(after, SCAN_PAGE)
         if page:
@@ -278,13 +279,13 @@ def scan_live_charges(ctx: JobContext) -> Outcome:
             )
             after, pages = page[-1][0], pages + 1
         if len(page) < SCAN_PAGE:
-            outcome, after = Outcome.reschedule_in(_backstop_period()), ""
+            ctx.checkpoint(None)  # the end of the table: the next pass starts over
+            outcome = Outcome.reschedule_in(_backstop_period())
             break
+        ctx.checkpoint(after)
         if pages >= SCAN_MAX_PAGES:
             outcome = Outcome.reschedule_in(0, f"{pages} pages scanned; continuing after the last")
             break
-        ctx.heartbeat()
-    repository.save_backstop_cursor(after)
     if restored:
         logger.warning("backstop re-enqueued polls for live charges that had none", extra={"count": restored})
     return outcome
