@@ -29,7 +29,7 @@ from jobs.repository import (
 # A worker with one expired lease is dead (its heartbeat extends all of them together):
 # every job it still holds is rescued in this one statement (index jobs_job_locked_by_idx),
 # so the count of what it held is whole. Per job, by `together` (what its worker held):
-# stalled (a checkpoint, and `recoveries` already at the cap) -> dead letter `no_progress`;
+# stalled (`recoveries` already at the cap) -> dead letter `no_progress`;
 # alone, on its last attempt -> dead letter `crashed_worker`; alone otherwise -> back to the
 # queue, attempt spent; beside others -> back, attempt refunded, crashes + 1 (a suspect).
 # Every rescue of a job with a checkpoint counts `recoveries + 1`.
@@ -41,7 +41,7 @@ WITH dead_workers AS (
 held AS (
     SELECT j.id, j.locked_by, j.attempts >= j.max_attempts AS last_attempt,
            (SELECT count(*) FROM jobs o WHERE o.locked_by = j.locked_by AND o.locked_at IS NOT NULL) AS together,
-           j.checkpoint IS NOT NULL AND j.recoveries >= %(recovery_cap)s AS stalled
+           j.recoveries >= %(recovery_cap)s AS stalled  -- counted only while a checkpoint is held
       FROM jobs j
      WHERE j.locked_at IS NOT NULL AND j.locked_by IN (SELECT locked_by FROM dead_workers)
      FOR UPDATE OF j SKIP LOCKED
