@@ -124,6 +124,7 @@ def collect(
         Ceiling("worker.heartbeat_seconds", heartbeat_seconds, src.get("heartbeat", arg)),
         Ceiling("worker.lease_seconds", lease_seconds, "derived: 2 heartbeats + 2 s"),
         Ceiling("worker.grace_seconds", grace_seconds, src.get("grace", arg)),
+        setting("VPAY_JOB_RECOVERY_CAP", "jobs.recovery_cap"),  # rescues without progress (jobs/reaper.py)
     ]
     scope = Scope(concurrency, src.get("concurrency", arg))
     for name in sorted(_CONTRIBUTIONS):

@@ -32,9 +32,7 @@ from dataclasses import dataclass, field
 from django.db import connection
 
 from jobs import sql
-from jobs.repository import (
-    bounded,
-)
+from jobs.repository import bounded
 
 
 @dataclass(frozen=True, slots=True)
@@ -330,9 +328,9 @@ def heartbeat(job_id: int, token: uuid.UUID, lease_seconds: float, checkpoint: o
     text, or None to clear it) when given. None when the lease was already taken, else
     whether a cancel has been requested."""
     write = checkpoint is not _UNCHANGED
-    params = {"lease": lease_seconds, "write": write, "cursor": checkpoint if write else None}
+    params = {"lease": lease_seconds, "write": write, "cursor": checkpoint if write else None, "id": job_id}
     with connection.cursor() as cursor:
-        cursor.execute(_HEARTBEAT, {**params, "id": job_id, "token": token})
+        cursor.execute(_HEARTBEAT, {**params, "token": token})
         row = cursor.fetchone()
         return row[0] if row else None
 
