@@ -10,7 +10,7 @@ class JobsConfig(AppConfig):
 
     def ready(self) -> None:
         # Registering the queue's own kinds and its system checks is a side effect of import.
-        from jobs import alerts, checks, housekeeping, tasks_backend  # noqa: F401
+        from jobs import alerts, bulk_replay, checks, expansion, housekeeping, tasks_backend  # noqa: F401
 
         if settings.VPAY_QUEUE_ADAPTER == "inprocess":
             from jobs.inprocess import NOT_DURABLE

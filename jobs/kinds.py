@@ -42,3 +42,11 @@ class JobKind(models.TextChoices):
 
     SCAN_LIVE_CHARGES = "scan_live_charges", "Backstop: re-enqueue polls of live charges"
     """Singleton, every 10 minutes: a live charge whose poll job was lost gets a new one."""
+
+    BULK_EXPAND = "bulk_expand", "Expand one bulk operation into its per-item units"
+    """One per bulk operation (``jobs.expansion``): pages through the operation's filter and
+    creates one ``bulk_item`` unit per match under a deterministic name."""
+
+    BULK_ITEM = "bulk_item", "One item of a bulk operation"
+    """Fenced: the single-item service (replay one dead letter, resend one delivery) and the
+    item's outcome on the operation commit together."""

@@ -304,7 +304,13 @@ class DeadLetter(models.Model):
                 name="jobs_deadletter_discard_recorded",
             ),
         ]
-        indexes = [models.Index(fields=["state", "created_at"], name="jobs_deadletter_review_idx")]
+        indexes = [
+            models.Index(fields=["state", "created_at"], name="jobs_deadletter_review_idx"),
+            # A bulk replay's keyset pages (jobs.bulk_replay): pending letters in id order.
+            models.Index(
+                fields=["id"], name="jobs_deadletter_pending_id", condition=Q(state=DeadLetterState.PENDING_REVIEW)
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"dead letter {self.pk} ({self.kind} {self.job_id})"
@@ -417,3 +423,7 @@ class Breaker(models.Model):
 
     def __str__(self) -> str:
         return f"breaker {self.name} ({self.state})"
+
+
+# Bulk operations live in their own module (one job each); importing them here registers them.
+from jobs.bulk_models import BulkItem, BulkOperation  # noqa: E402, F401

@@ -168,6 +168,10 @@ TASKS = {
 # How long a processed_jobs fence row is kept. Startup refuses a TTL shorter than the
 # longest retry window of any kind plus margin (jobs/checks.py).
 VPAY_PROCESSED_JOBS_TTL_SECONDS = env.int("VPAY_PROCESSED_JOBS_TTL_SECONDS", default=7 * 24 * 3600)
+# Bulk operations (jobs.expansion): matches expanded per transaction, and the queue their
+# expansion and per-item units go to (one your workers claim from).
+VPAY_BULK_PAGE_SIZE = env.int("VPAY_BULK_PAGE_SIZE", default=500)
+VPAY_BULK_QUEUE = env.str("VPAY_BULK_QUEUE", default="default")
 # The queue adapter payment and webhook code enqueue through (jobs/port.py): "postgres"
 # (durable, worked by runworker) or "inprocess" (jobs run at commit in this process and die
 # with it: development and embedding only, refused in live mode).

@@ -15,9 +15,11 @@ from datetime import datetime
 
 from django.core.management.base import BaseCommand, CommandError
 
-from jobs import operator_sql
+from jobs import bulk_watch, operator_sql
+from jobs.bulk_models import BulkOperationKind
 from jobs.durations import SECONDS_PER_UNIT, humanize_seconds
 from jobs.models import DeadLetterState
+from jobs.services import bulk
 from jobs.services import dead_letters as ops
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
@@ -114,6 +116,18 @@ class Command(BaseCommand):
         replay = sub.add_parser("replay", help="Re-enqueue pending letters with their own job_id.")
         common(replay, acting=True)
         replay.add_argument(
+            "--bulk",
+            action="store_true",
+            help="Submit one bulk operation for every pending letter the filters match and return at once: "
+            "the queue expands it (no ids, no --limit: it matches them all).",
+        )
+        replay.add_argument(
+            "--wait",
+            action="store_true",
+            help="With --bulk: print the operation's progress until it is done.",
+        )
+        replay.add_argument("--timeout", type=float, default=None, help="With --wait: give up after these seconds.")
+        replay.add_argument(
             "--force",
             action="store_true",
             help="Replay letters past the fence horizon too (their fence row may have expired: "
@@ -143,6 +157,11 @@ class Command(BaseCommand):
         filtered = any(selection[k] is not None for k in ("kinds", "queues", "since_seconds", "since_at"))
         if not options["ids"] and not filtered and not options["all_pending"]:
             raise CommandError(f"{verb}: give dead letter ids or a filter (--kind, --queue, --since), or --all-pending")
+        if verb == "replay" and options["bulk"]:
+            self._bulk_replay(options, since_seconds=since_seconds, since_at=since_at)
+            return
+        if verb == "replay" and (options["wait"] or options["timeout"] is not None):
+            raise CommandError("replay: --wait and --timeout go with --bulk")
         reason = ""
         if verb == "discard":
             reason = ops.clean_reason(options["reason"])
@@ -177,6 +196,32 @@ class Command(BaseCommand):
         )
         if refused or missing:
             raise CommandError(f"{verb}: {len(refused) + len(missing)} of {len(ids) + len(missing)} refused")
+
+    def _bulk_replay(self, options: dict, *, since_seconds: float | None, since_at: datetime | None) -> None:
+        """Submit the bulk replay (O(1): the envelope and its expansion job) and, with --wait, follow it."""
+        if options["ids"] or options["dry_run"]:
+            raise CommandError("replay --bulk selects by filters: give no ids and no --dry-run (use list to preview)")
+        user = _user(options["user"]) if options["user"] else None
+        actor = options["actor"].strip() or (user.get_username() if user else f"shell:{_login_name()}")
+        try:
+            operation_id = bulk.bulk_operation_submit(
+                operation=BulkOperationKind.REPLAY_DEAD_LETTERS,
+                filter={
+                    "kinds": options["kind"] or None,
+                    "queues": options["queue"] or None,
+                    "since_seconds": since_seconds,
+                    "since_at": since_at.isoformat() if since_at else None,
+                },
+                options={"force": options["force"]},
+                actor=actor,
+                user_id=user.pk if user else None,
+            )
+        except bulk.BulkRefused as exc:
+            raise CommandError(f"replay --bulk: {exc}") from None
+        self.stdout.write(f"submitted bulk operation #{operation_id} (replay_dead_letters)")
+        if options["wait"]:
+            progress = bulk_watch.watch(operation_id, self.stdout, timeout=options["timeout"])
+            bulk_watch.report(progress, self.stderr, "replay")
 
     def _act(
         self, verb: str, ids: list[int], *, actor: str, force: bool, reason: str, progress: dict, user_id: int | None
