@@ -8,7 +8,7 @@ class WebhooksConfig(AppConfig):
     def ready(self) -> None:
         # Registering the job kinds and the system checks is a side effect of import.
         from jobs.ceilings import register_ceilings
-        from webhooks import checks, handlers  # noqa: F401
+        from webhooks import bulk_resend, checks, handlers  # noqa: F401
         from webhooks.ceilings import webhook_ceilings
 
         register_ceilings("webhooks", webhook_ceilings)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from django.conf import settings
 from django.db import transaction
 
 from jobs import expansion, queue
@@ -49,6 +50,7 @@ def bulk_operation_submit(
             JobKind.BULK_EXPAND,
             {"operation_id": envelope.pk},
             dedupe_key=f"bulk:{envelope.pk}:expand",
+            queue=settings.VPAY_BULK_QUEUE,
             tenant=f"bulk:{envelope.pk}",
             # Ahead of its own units (same tenant): a re-run after a crash expands on first.
             priority=-10,
