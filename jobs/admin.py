@@ -430,3 +430,6 @@ class BreakerAdmin(ReadOnlyAdmin):
     @admin.display(description="last error")
     def error_excerpt(self, obj):
         return Truncator((obj.last_error or "").strip()).chars(EXCERPT)
+
+
+from jobs import bulk_admin  # noqa: E402, F401  (registers the bulk operations list)

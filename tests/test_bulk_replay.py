@@ -175,6 +175,7 @@ def test_a_unit_delivered_again_after_its_item_finished_has_no_second_effect(eff
     run_all()
     assert len(effects("bulk-")) == 3
     assert (envelope(op_id).done, envelope(op_id).refused) == (3, 0)
+    assert count("jobs", "kind = 'bulk_item'") == 0  # it finished as a no-op, not failing on the counts
 
 
 def test_a_bulk_replay_matches_only_letters_created_by_its_submit_and_within_since(effects):
@@ -219,3 +220,17 @@ def test_replay_bulk_refuses_ids_and_an_unfiltered_selection_without_all_pending
         with pytest.raises(CommandError, match=message):
             call_command("deadletters", "replay", *args, stdout=io.StringIO(), stderr=io.StringIO())
     assert count("bulk_operations") == 0
+
+
+def test_the_console_lists_bulk_operations_with_their_state_and_counts_read_only(client, django_user_model):
+    from django.contrib.auth.models import Permission
+
+    letters(3)
+    op_id = submit()
+    user = django_user_model.objects.create_user(username="vera", password="pw", is_staff=True)
+    user.user_permissions.add(Permission.objects.get(codename="view_bulkoperation"))
+    client.force_login(user)
+    page = client.get("/admin/jobs/bulkoperation/").content.decode()
+    assert f">{op_id}<" in page and "expanding" in page
+    assert client.get(f"/admin/jobs/bulkoperation/{op_id}/change/").status_code == 200
+    assert client.post("/admin/jobs/bulkoperation/add/", {}).status_code == 403
