@@ -9,7 +9,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('jobs', '0005_cancel_requests'),
+        ('jobs', '0006_checkpoints'),
     ]
 
     operations = [
