@@ -248,7 +248,7 @@ _CLIENT_LOCK = threading.Lock()
 
 
 def _client() -> httpx.Client:
-    """One client per process, shared by the loop threads (httpx.Client is thread-safe):
+    """One client per process, shared by the executors (httpx.Client is thread-safe):
     a new client per POST builds a TLS context each time, which cost more than the POST."""
     global _CLIENT
     with _CLIENT_LOCK:

@@ -33,7 +33,7 @@ class JobContext:
     timeout_seconds: float
     # The loop itself fences this kind (registry ``fenced=True``): the handler must not.
     loop_fenced: bool = False
-    # How many loop threads the worker running this job has; None where no worker runs it
+    # How many executors the worker running this job has; None where no worker runs it
     # (tests driving a handler directly). A handler that must leave threads for other work
     # (one webhook endpoint's share) sizes itself by it.
     worker_concurrency: int | None = None

@@ -119,16 +119,22 @@ def run_job(job: ClaimedJob, ctx_holder: list, *, concurrency: int | None) -> Ra
 
 
 def database_went_away(exc: BaseException) -> bool:
-    """The connection itself failed (terminated, crashed server, network), as opposed to a
-    statement failing on a healthy connection (a timeout, a constraint): the former is
-    never the job's doing. By SQLSTATE: class 08 (connection exception) and 57P01-03
-    (admin or crash shutdown, cannot connect now); an error with no SQLSTATE is the
-    client's own (the socket went away); a connection Django already closed or psycopg
-    marked broken says the same."""
+    """Whether the handler's connection itself failed (see :func:`connection_lost`), judged
+    with the state Django and psycopg keep of this thread's connection."""
+    raw = connection.connection
+    return connection_lost(exc, closed=raw is None or raw.closed or raw.broken)
+
+
+def connection_lost(exc: BaseException, *, closed: bool) -> bool:
+    """The connection failed (terminated, crashed server, network), as opposed to a statement
+    failing on a healthy connection (a timeout, a constraint): the former is never the job's
+    doing. Only database errors count; then a connection already closed (by Django) or
+    marked broken (by psycopg) says so, and otherwise the SQLSTATE does: class 08
+    (connection exception) and 57P01-03 (admin or crash shutdown, cannot connect now). An
+    error with no SQLSTATE is the client's own (the socket went away). Pure."""
     if not isinstance(exc, OperationalError | InterfaceError | psycopg.OperationalError | psycopg.InterfaceError):
         return False
-    raw = connection.connection
-    if raw is None or raw.closed or raw.broken:
+    if closed:
         return True
     cause = exc.__cause__ if isinstance(exc.__cause__, psycopg.Error) else exc
     sqlstate = getattr(cause, "sqlstate", None)

@@ -24,6 +24,7 @@ spends none of its own on that crash.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import uuid
 from collections.abc import Iterable, Sequence
@@ -56,6 +57,22 @@ class ClaimedJob:
     suspect: bool = False
 
 
+# What every claim writes on the rows it takes (a fresh token, the lease from now() on the
+# database clock, the attempt starting), and what it returns of them: shared by CLAIM and
+# CLAIM_SUSPECT, which differ only in how they choose the rows. The processed flag is a scalar
+# subquery, not EXISTS: the planner turns a correlated EXISTS here into a hashed scan of all
+# of processed_jobs (days of rows); this is one primary-key probe per row.
+_TAKE_LEASE = """   SET locked_by = %(worker)s,
+       lease_token = gen_random_uuid(),
+       locked_at = now(),
+       heartbeat_at = now(),
+       lease_expires_at = now() + make_interval(secs => coalesce(%(lease)s, (%(leases)s::jsonb ->> j.kind)::float8, %(default_lease)s)),
+       attempts = j.attempts + 1"""
+_CLAIMED = """j.id, j.job_id, j.kind, j.queue, j.payload, j.attempts, j.max_attempts, j.deferrals,
+          j.lease_token, extract(epoch FROM j.lease_expires_at - j.locked_at)::float8,
+          j.tenant, j.correlation_id"""
+_PROCESSED = "coalesce((SELECT true FROM processed_jobs p WHERE p.job_id = j.job_id), false)"
+
 # Fair claim, one statement. `tenants` walks the distinct tenants that have claimable work
 # (a skip-scan over jobs_job_claimable_idx: one index probe per tenant), starting after the
 # caller's rotating cursor and wrapping, at most %(max_tenants)s of them. Each tenant then
@@ -68,7 +85,7 @@ class ClaimedJob:
 # kills its worker has already counted up. Suspects (crashes > 0) are left to claim_suspect.
 # The lease expiry is written from now(): any reaper, on any host, honours the claimant's
 # lease as Postgres measures it.
-CLAIM = """
+CLAIM = f"""
 WITH RECURSIVE tenants(tenant, n) AS (
     (SELECT t.tenant, 1 FROM (
         (SELECT j.tenant FROM jobs j
@@ -107,21 +124,12 @@ chosen AS (
      LIMIT %(batch)s
 )
 UPDATE jobs j
-   SET locked_by = %(worker)s,
-       lease_token = gen_random_uuid(),
-       locked_at = now(),
-       heartbeat_at = now(),
-       lease_expires_at = now() + make_interval(secs => coalesce(%(lease)s, (%(leases)s::jsonb ->> j.kind)::float8, %(default_lease)s)),
-       attempts = j.attempts + 1
+{_TAKE_LEASE}
   FROM chosen
  WHERE j.id = chosen.id
-RETURNING j.id, j.job_id, j.kind, j.queue, j.payload, j.attempts, j.max_attempts, j.deferrals,
-          j.lease_token, extract(epoch FROM j.lease_expires_at - j.locked_at)::float8,
-          j.tenant, j.correlation_id,
+RETURNING {_CLAIMED},
           (SELECT tenant FROM chosen ORDER BY n DESC LIMIT 1),
-          -- A scalar subquery, not EXISTS: the planner turns a correlated EXISTS here into a
-          -- hashed scan of all of processed_jobs (days of rows); this is one PK probe per row.
-          coalesce((SELECT true FROM processed_jobs p WHERE p.job_id = j.job_id), false)
+          {_PROCESSED}
 """
 
 
@@ -184,23 +192,16 @@ def _claimed(r: tuple) -> ClaimedJob:
 
 
 # The oldest due suspect, for a worker running nothing else (index jobs_job_suspect_idx).
-CLAIM_SUSPECT = """
+CLAIM_SUSPECT = f"""
 UPDATE jobs j
-   SET locked_by = %(worker)s,
-       lease_token = gen_random_uuid(),
-       locked_at = now(),
-       heartbeat_at = now(),
-       lease_expires_at = now() + make_interval(secs => coalesce(%(lease)s, (%(leases)s::jsonb ->> j.kind)::float8, %(default_lease)s)),
-       attempts = j.attempts + 1
+{_TAKE_LEASE}
   FROM (SELECT id FROM jobs
          WHERE locked_at IS NULL AND crashes > 0 AND run_at <= now() AND queue = ANY(%(queues)s)
          ORDER BY run_at LIMIT 1
          FOR UPDATE SKIP LOCKED) s
  WHERE j.id = s.id
-RETURNING j.id, j.job_id, j.kind, j.queue, j.payload, j.attempts, j.max_attempts, j.deferrals,
-          j.lease_token, extract(epoch FROM j.lease_expires_at - j.locked_at)::float8,
-          j.tenant, j.correlation_id, '',
-          coalesce((SELECT true FROM processed_jobs p WHERE p.job_id = j.job_id), false)
+RETURNING {_CLAIMED}, '',
+          {_PROCESSED}
 """
 
 
@@ -226,7 +227,7 @@ def claim_suspect(
     if not rows:
         return None
     job = _claimed(rows[0])
-    return ClaimedJob(**{**{f: getattr(job, f) for f in job.__dataclass_fields__}, "suspect": True})
+    return dataclasses.replace(job, suspect=True)
 
 
 # Is a suspect due (index jobs_job_suspect_idx)? Asked by the maintenance thread, so the

@@ -234,7 +234,7 @@ def test_a_poll_over_the_ceiling_defers_and_a_crashed_workers_row_stops_holding_
 
 def test_a_rail_holding_the_workers_share_of_threads_defers_the_next_request(merchant, sandbox_rail):
     charge = known_charge(merchant, sandbox_rail, job=False)
-    assert SHARES.acquire("sandbox_push", 1)  # another loop thread of this worker is inside a call
+    assert SHARES.acquire("sandbox_push", 1)  # another executor of this worker is inside a call
     try:
         with pytest.raises(RailDeferred, match="share"):
             rail_calls.status(charge.id, rail_gate_rail(), pay_token=None, share=1)

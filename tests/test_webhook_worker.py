@@ -184,7 +184,7 @@ def test_sigkill_during_a_backlog_of_1000_deliveries_a_replacement_finishes_with
 
 
 def test_a_slow_endpoint_does_not_delay_a_fast_one_with_the_default_cap_and_concurrency(receiver, start_worker):
-    """The default global cap (8) is above the default worker's 4 loop threads: what keeps
+    """The default global cap (8) is above the default worker's 4 executors: what keeps
     threads free for the fast endpoint is the per-worker share (half the threads)."""
     merchant, _ = create_merchant("Acme")
     slow, _ = endpoints.create_endpoint(

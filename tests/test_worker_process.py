@@ -199,7 +199,7 @@ def test_sigterm_lets_in_flight_jobs_finish_once_then_exits_zero_with_a_report(e
 
     worker.signal(signal.SIGTERM)
     # Claims stop at the signal: a job enqueued while the others drain stays queued, even
-    # though the fourth loop thread is idle and the enqueue NOTIFYs it.
+    # though the fourth executor is idle and the enqueue NOTIFYs it.
     time.sleep(0.5)
     enqueue_task("record", "drain-late")
     assert wait_exit(worker, timeout=15) == 0, worker.output()[-3000:]

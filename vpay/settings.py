@@ -210,7 +210,7 @@ VPAY_RAIL_TIMEOUT_SECONDS = env.float("VPAY_RAIL_TIMEOUT_SECONDS", default=20.0)
 VPAY_RAIL_BREAKER_FAILURES = env.int("VPAY_RAIL_BREAKER_FAILURES", default=5)
 VPAY_RAIL_BREAKER_COOL_DOWN_SECONDS = env.float("VPAY_RAIL_BREAKER_COOL_DOWN_SECONDS", default=30.0)
 # The worker's ceiling of requests in flight to one rail, across all workers (a poll over it
-# defers). Independently, one rail may hold at most half of a worker's loop threads
+# defers). Independently, one rail may hold at most half of a worker's executors
 # (charges.services.rail_gate.worker_share), so a hung rail never starves a worker.
 VPAY_RAIL_MAX_IN_FLIGHT = env.int("VPAY_RAIL_MAX_IN_FLIGHT", default=8)
 # The RecoveryPolicy (charges/policy.py). Defaults are the design's numbers; the tests
@@ -318,7 +318,7 @@ VPAY_WEBHOOK_TIMEOUT = env.float("VPAY_WEBHOOK_TIMEOUT", default=15.0)
 # its attempt becomes `abandoned` and a late answer `stale`. At least twice the timeout.
 VPAY_WEBHOOK_LEASE_SECONDS = env.float("VPAY_WEBHOOK_LEASE_SECONDS", default=60.0)
 # Per-endpoint in-flight cap across all workers (protects the receiver). Independently, a
-# worker lets one endpoint hold at most half its loop threads (webhooks.services.delivery
+# worker lets one endpoint hold at most half its executors (webhooks.services.delivery
 # .worker_share), so a slow endpoint never starves a worker whatever this is set to.
 VPAY_WEBHOOK_MAX_IN_FLIGHT = env.int("VPAY_WEBHOOK_MAX_IN_FLIGHT", default=8)
 # Each receiver host's circuit breaker (webhooks/services/host_breakers.py): opens after this

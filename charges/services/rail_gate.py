@@ -5,7 +5,7 @@ Three guards, each for its own harm, checked before a request row is written:
 1. **The breaker** (``rail:<code>``, ``jobs.breakers``): a rail failing transiently again
    and again is not asked at all for a cool-down, then probed once. Shared by every
    process through PostgreSQL.
-2. **The worker's share**: one rail may hold at most half of a worker's loop threads
+2. **The worker's share**: one rail may hold at most half of a worker's executors
    (:func:`worker_share`), counted in this process, so a rail that never answers leaves
    every worker the other half for webhooks, alerts and sweeps whatever the ceiling says.
 3. **The ceiling** (``VPAY_RAIL_MAX_IN_FLIGHT``): requests in flight to one rail across all
@@ -100,7 +100,7 @@ def _quietly(fn, *args) -> None:
 
 
 def worker_share(concurrency: int | None) -> int | None:
-    """How many of one worker's loop threads a single rail may hold: half (at least one).
+    """How many of one worker's executors a single rail may hold: half (at least one).
     None outside a worker (the web process: its threads are not the queue's)."""
     return None if concurrency is None else max(1, concurrency // 2)
 

@@ -64,7 +64,7 @@ def dedupe_key(delivery_id: int) -> str:
 
 
 def worker_share(concurrency: int | None) -> int | None:
-    """How many of one worker's loop threads a single endpoint may hold: half (at least
+    """How many of one worker's executors a single endpoint may hold: half (at least
     one), so one slow endpoint, however high its cap, always leaves the other half of
     every worker to everyone else. None outside a worker (no threads to protect)."""
     return None if concurrency is None else max(1, concurrency // 2)
@@ -290,7 +290,7 @@ def perform(lease: repository.Lease, *, resolver: ssrf.Resolver = ssrf.system_re
         "Vpay-Delivery-Attempt": str(lease.number),
     }
     # One budget for the whole attempt, resolution included: a merchant's slow nameserver
-    # must not hold a loop thread beyond VPAY_WEBHOOK_TIMEOUT.
+    # must not hold an executor beyond VPAY_WEBHOOK_TIMEOUT.
     started = time.monotonic()
     deadline = started + settings.VPAY_WEBHOOK_TIMEOUT
     try:

@@ -3,7 +3,7 @@
 A receiver host that keeps failing — no answer, a 5xx, a 429 — opens its breaker after
 ``VPAY_WEBHOOK_BREAKER_FAILURES`` consecutive failed attempts; while it is open the
 deliveries of every endpoint on that host are deferred before an attempt is claimed, so
-they spend no rung of their ladder and hold no loop thread. After the cool-down one
+they spend no rung of their ladder and hold no executor. After the cool-down one
 delivery is the probe. An attempt that never reached the host (the SSRF guard, no usable
 secret, a changed body) says nothing about it and leaves the breaker as it was.
 
