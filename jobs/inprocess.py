@@ -20,6 +20,13 @@ both adapters):
   (logged with ``alert=true``: there is no dead-letter row to keep);
 * so a job is delivered at least once while this process lives, and not at all after.
 
+The adapter the configuration builds (``jobs.port.adapter()``) also keeps the registered
+singletons (the outbox drain, the delivery scan, the sweeps, the charges backstop) in this
+process, seeded when it is built, as ``runworker`` seeds their rows: without them an event
+would never be fanned out unless a worker ran beside it. A singleton that ends for good
+(finished, dead-lettered) is seeded again a beat later, as the worker's maintenance thread
+re-creates a missing row. Adapters built directly (the conformance suite) keep none.
+
 One daemon thread, ``vpay-inprocess``, runs the due jobs one at a time on its own database
 connection (closed after each job). Delays are measured on this process's monotonic clock:
 with no row, the database has nothing to schedule.
@@ -55,6 +62,8 @@ NOT_DURABLE = (
 )
 # A job whose database went away under it is handed back after this long (its attempt refunded).
 RELEASE_DELAY_SECONDS = 1.0
+# A singleton that ended for good comes back after this long (runworker's beat re-seeds as often).
+SINGLETON_RESEED_SECONDS = 5.0
 
 
 @dataclass(eq=False)
@@ -95,7 +104,7 @@ class InProcessQueue:
     name = "inprocess"
     durable = False
 
-    def __init__(self) -> None:
+    def __init__(self, *, singletons: bool = False) -> None:
         self._cv = threading.Condition()
         self._heap: list[tuple[float, int, int, _Job]] = []  # (due, priority order, seq, job)
         self._live: dict[str, _Job] = {}
@@ -104,6 +113,18 @@ class InProcessQueue:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self.dead_letters: list[tuple[str, str, str]] = []  # (name, cause, error): this process's only record
+        # name -> kind of the singletons this adapter keeps alive (see the module docstring)
+        self._singletons: dict[str, str] = {}
+        if singletons:
+            self._singletons = {
+                spec.singleton.dedupe_key(spec.kind.value): spec.kind.value
+                for spec in registry.all_specs()
+                if spec.singleton is not None
+            }
+            with self._cv:
+                for name in self._singletons:
+                    self._seed(name, 0.0)
+                self._start()
 
     # --- the port ---------------------------------------------------------------------------
 
@@ -149,7 +170,23 @@ class InProcessQueue:
         name = row[7]
         if self._live_name(name) or _pending_in_this_transaction(name):
             return None
-        job = _Job(
+        job = self._job(row, name)
+        transaction.on_commit(_AtCommit(self, job))
+        return job.job_id
+
+    def _seed(self, name: str, delay: float) -> None:
+        """Under the lock: the singleton ``name``, due in ``delay`` seconds, unless it is live."""
+        if name in self._live:
+            return
+        spec = registry.get(self._singletons[name])
+        row = _check(JobRequest(spec.kind, spec.singleton.payload, dedupe_key=name))
+        job = self._job(row, name)
+        job.due = time.monotonic() + delay
+        self._live[name] = job
+        self._push(job)
+
+    def _job(self, row: tuple, name: str) -> _Job:
+        return _Job(
             job_id=uuid.uuid4(),
             kind=row[1],
             queue=row[2],
@@ -161,8 +198,6 @@ class InProcessQueue:
             tenant=row[9],
             delay=row[5],
         )
-        transaction.on_commit(_AtCommit(self, job))
-        return job.job_id
 
     def _live_name(self, name: str) -> bool:
         with self._cv:
@@ -245,17 +280,17 @@ class InProcessQueue:
     def _apply(self, job: _Job, settle: Settle) -> None:
         """Under the lock: what a settle write would do to the row, done to the job in memory."""
         d = settle.disposition
-        if d in (Disposition.FINISHED, Disposition.LOST):
+        if d in (Disposition.FINISHED, Disposition.LOST, Disposition.DEAD_LETTERED, Disposition.CANCELLED):
             self._live.pop(job.name, None)
-            return
-        if d is Disposition.DEAD_LETTERED:
-            self._live.pop(job.name, None)
-            cause = settle.cause.value if settle.cause else ""
-            self.dead_letters.append((job.name, cause, settle.error))
-            logger.error(
-                "in-process job dead-lettered (kept nowhere: the in-process queue is not durable)",
-                extra={"kind": job.kind, "job_id": str(job.job_id), "cause": cause, "alert": True},
-            )
+            if d is Disposition.DEAD_LETTERED:
+                cause = settle.cause.value if settle.cause else ""
+                self.dead_letters.append((job.name, cause, settle.error))
+                logger.error(
+                    "in-process job dead-lettered (kept nowhere: the in-process queue is not durable)",
+                    extra={"kind": job.kind, "job_id": str(job.job_id), "cause": cause, "alert": True},
+                )
+            if job.name in self._singletons:
+                self._seed(job.name, SINGLETON_RESEED_SECONDS)  # never left without its drain or sweep
             return
         if settle.attempts is AttemptsChange.RESET:
             job.attempts = 0

@@ -98,7 +98,7 @@ def build(name: str) -> QueueAdapter:
     if name == "inprocess":
         from jobs.inprocess import InProcessQueue
 
-        return InProcessQueue()
+        return InProcessQueue(singletons=True)  # the drain and sweeps live in this process too
     raise ValueError(f"VPAY_QUEUE_ADAPTER must be one of {', '.join(ADAPTERS)}, not {name!r}")
 
 
