@@ -194,3 +194,18 @@ def sweep_waiting(page: int = 100) -> int:
 def _log_ended(row: tuple, when: str) -> None:
     letter_id, job_id, kind = row
     logger.info("job cancelled " + when, extra={"job_id": str(job_id), "kind": kind, "dead_letter_id": letter_id})
+
+
+def note_overtaken(job: ClaimedJob, requested_by: str, reason: str) -> None:
+    """A finish deleted a job whose cancel request its handler never saw (it did not
+    heartbeat after the request): its answer stands. The job's row, which held who asked
+    and why, is gone, so this line is the request's record."""
+    logger.warning(
+        "cancel request overtaken: the job finished before it saw the request; its answer stands",
+        extra={
+            "job_id": str(job.job_id),
+            "kind": job.kind,
+            "cancel_requested_by": requested_by,
+            "cancel_reason": reason[:500],
+        },
+    )

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import psycopg
 from django.db import InterfaceError, OperationalError, connection, transaction
 
-from jobs import fence, registry, repository
+from jobs import cancels, fence, registry, repository
 from jobs.context import JobContext, LeaseLost
 from jobs.current import JobCancelled, bound
 from jobs.decisions import AttemptsChange, Disposition, JobState, Settle, settle_error, settle_outcome
@@ -79,7 +79,7 @@ def run_job(job: ClaimedJob, ctx_holder: list, *, concurrency: int | None) -> Ra
             outcome = _call(spec, ctx)
             if outcome.action is not Action.DONE:
                 raise _Undo(outcome)  # no effect and no fence row for an unfinished body
-            fenced, finished = repository.fence_and_finish(
+            fenced, finished, overtaken = repository.fence_and_finish(
                 fences=[(job.job_id, job.kind, subject(spec, job))],
                 leases=[(job.id, job.lease_token)],
                 ttl_seconds=fence.ttl_seconds(),
@@ -88,6 +88,8 @@ def run_job(job: ClaimedJob, ctx_holder: list, *, concurrency: int | None) -> Ra
                 raise _LeaseGone  # someone else owns the job now: our effect must not commit
             if not fenced:
                 raise _Duplicate  # a concurrent run committed this job_id first
+        for _, requested_by, reason in overtaken:
+            cancels.note_overtaken(job, requested_by, reason)
         return Ran(Settle(Disposition.FINISHED), committed=True)
     except _Undo as undo:
         return Ran(settle_outcome(undo.outcome, job_state))

@@ -10,6 +10,7 @@ matches nothing, the lease was reaped and someone else owns the job.
 from __future__ import annotations
 
 import functools
+import json
 import uuid
 from collections.abc import Iterable, Sequence
 
@@ -171,15 +172,19 @@ _FINISH_MANY = """
 DELETE FROM jobs j
  USING unnest(%s::bigint[], %s::uuid[]) AS s(id, token)
  WHERE j.id = s.id AND j.lease_token = s.token
-RETURNING j.id
+RETURNING j.id, j.cancel_requested_at IS NOT NULL, j.cancel_requested_by, j.cancel_reason
 """
 
 
-def finish_many(leases: Sequence[tuple[int, uuid.UUID]]) -> set[int]:
-    """Delete finished jobs still held under these leases; returns the ids that matched."""
+def finish_many(leases: Sequence[tuple[int, uuid.UUID]], overtaken: list | None = None) -> set[int]:
+    """Delete finished jobs still held under these leases; returns the ids that matched.
+    ``overtaken`` receives (id, requested_by, reason) of each deleted job that carried a
+    cancel request its handler never saw (jobs.cancels: the finish overtook it)."""
     if not leases:
         return set()
     rows = sql.bookkeeping(_FINISH_MANY, [[i for i, _ in leases], [t for _, t in leases]])
+    if overtaken is not None:
+        overtaken.extend((r[0], r[2], r[3]) for r in rows if r[1])
     return {r[0] for r in rows}
 
 
@@ -367,16 +372,19 @@ finished AS (
     DELETE FROM jobs j
      USING unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS s(id, token)
      WHERE j.id = s.id AND j.lease_token = s.token
-    RETURNING 1
+    RETURNING j.id, j.cancel_requested_at IS NOT NULL AS requested, j.cancel_requested_by, j.cancel_reason
 )
-SELECT (SELECT count(*) FROM fenced), (SELECT count(*) FROM finished)
+SELECT (SELECT count(*) FROM fenced), (SELECT count(*) FROM finished),
+       (SELECT coalesce(jsonb_agg(jsonb_build_array(id, cancel_requested_by, cancel_reason)), '[]')
+          FROM finished WHERE requested)
 """
 
 
 def fence_and_finish(
     *, fences: Sequence[tuple[uuid.UUID, str, str]], leases: Sequence[tuple[int, uuid.UUID]], ttl_seconds: float
-) -> tuple[int, int]:
-    """Insert fence rows and delete leased jobs; returns (fence rows inserted, jobs deleted)."""
+) -> tuple[int, int, list]:
+    """Insert fence rows and delete leased jobs; returns (fence rows inserted, jobs deleted,
+    [id, requested_by, reason] of each deleted job whose cancel request the finish overtook)."""
     with connection.cursor() as cursor:
         cursor.execute(
             _FENCE_AND_FINISH,
@@ -389,8 +397,8 @@ def fence_and_finish(
                 "tokens": [lease[1] for lease in leases],
             },
         )
-        fenced, finished = cursor.fetchone()
-    return fenced, finished
+        fenced, finished, overtaken = cursor.fetchone()
+    return fenced, finished, json.loads(overtaken) if isinstance(overtaken, str) else overtaken
 
 
 # A page of expired fence rows (index jobs_processed_expires_idx). Fences are never refreshed in place (ON CONFLICT DO

@@ -53,12 +53,16 @@ class Settler:
         """Delete finished jobs (one statement), guarded on their tokens."""
         if not jobs:
             return
+        overtaken: list = []
         try:
-            matched = repository.finish_many([(j.id, j.lease_token) for j in jobs])
+            matched = repository.finish_many([(j.id, j.lease_token) for j in jobs], overtaken)
         except DB_ERRORS as exc:
             for job in jobs:
                 self.failed(job, exc)
             return
+        by_id = {j.id: j for j in jobs}
+        for job_pk, requested_by, reason in overtaken:
+            cancels.note_overtaken(by_id[job_pk], requested_by, reason)
         for job in jobs:
             if job.id in matched:
                 self.count(job, Disposition.FINISHED)

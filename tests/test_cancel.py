@@ -186,12 +186,40 @@ def test_a_task_that_heartbeats_after_the_request_ends_cancelled_and_its_effects
     assert (worker.report().cancelled, worker.report().lost) == (1, 0)
 
 
+def overtaken_lines(caplog) -> list[tuple]:
+    return [
+        (r.job_id, r.cancel_requested_by, r.cancel_reason)
+        for r in caplog.records
+        if r.getMessage().startswith("cancel request overtaken")
+    ]
+
+
 @pytest.mark.django_db(transaction=True)
-def test_a_task_that_finishes_before_its_next_heartbeat_keeps_its_answer_and_the_request_is_overtaken(effects):
+def test_a_task_that_finishes_before_its_next_heartbeat_keeps_its_answer_and_the_request_is_overtaken(
+    effects, caplog
+):
     job_id, worker = run_one_task("tests.tasks.cancelled_while_running", "finishes", "return")
     assert effects("finishes") == [("finishes", "")]
     assert not DeadLetter.objects.filter(job_id=job_id).exists() and count("jobs") == 0
     assert worker.report().finished == 1
+    # The row that held who asked and why is gone: the log line is the request's record.
+    assert overtaken_lines(caplog) == [(str(job_id), "olga", "stop finishes")]
+
+
+@pytest.mark.django_db
+def test_a_finish_acknowledged_by_the_completer_records_the_request_it_overtook(caplog):
+    from jobs.report import Report
+    from jobs.settling import Settler
+
+    asked = queue.enqueue(JobKind.TASK, task_payload())
+    quiet = queue.enqueue(JobKind.TASK, task_payload())
+    live_worker()
+    jobs = claim("worker-a", batch=2).jobs
+    cancel(asked, "wrong amount")
+    Settler(Report()).finish(jobs)  # as the completer acknowledges a batch
+    assert count("jobs") == 0
+    assert overtaken_lines(caplog) == [(str(asked), "olga", "wrong amount")]
+    assert str(quiet) not in {line[0] for line in overtaken_lines(caplog)}
 
 
 @pytest.mark.django_db(transaction=True)
