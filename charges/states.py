@@ -1,4 +1,4 @@
-"""The state machines of ``charges`` (DESIGN §8), each in one place.
+"""The state machines of ``charges`` (docs/architecture.md §8), each in one place.
 
 The values are the wire and database spellings. The compare-and-swap services that move
 them live in ``charges.repository``; every transition there is a guarded write that

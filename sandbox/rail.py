@@ -1,4 +1,4 @@
-"""The sandbox rail: a stand-alone HTTP process speaking the rail protocol (DESIGN §5).
+"""The sandbox rail: a stand-alone HTTP process speaking the rail protocol (docs/architecture.md §5).
 
     python -m sandbox.rail --port 8701 [--host 127.0.0.1] [--api-key sandbox-rail-key]
 

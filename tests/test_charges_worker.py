@@ -361,7 +361,7 @@ def test_a_rail_answering_503_forever_reaches_unresolved_at_the_horizon_and_a_la
 
 
 def test_a_redirect_intent_leaves_requires_action_for_processing_when_its_charge_goes_unresolved(stack):
-    # DESIGN §8: requires_action -> processing | succeeded | failed. The payer never pays:
+    # docs/architecture.md §8: requires_action -> processing | succeeded | failed. The payer never pays:
     # past the horizon the URL is no action anyone should still be sent to take.
     stack.set_policy(VPAY_CHARGE_HORIZON_SECONDS=2.0, VPAY_CHARGE_POLL_PAST_HORIZON_SECONDS=0.4)
     stack.rail.scenario(amount=4016, after_polls=1_000_000)

@@ -1,4 +1,4 @@
-"""The rail HTTP protocol (DESIGN §5) and the one adapter that speaks it.
+"""The rail HTTP protocol (docs/architecture.md §5) and the one adapter that speaks it.
 
 ``POST {base}/charges`` ``{reference, amount, currency}`` with ``Idempotency-Key:
 reference`` and ``GET {base}/charges/{reference}`` (with ``pay_token`` on redirect rails)

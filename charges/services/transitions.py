@@ -40,7 +40,7 @@ def succeed(row: ChargeRow) -> bool:
     with transaction.atomic():
         if row.status == ChargeStatus.SUBMITTING:
             # A charge whose submit answer was lost: the rail answering about it is the
-            # evidence it was submitted, so it passes through submitted (DESIGN §8).
+            # evidence it was submitted, so it passes through submitted (docs/architecture.md §8).
             repository.mark_submitted(row.id, pay_token=None, redirect_url=None)
         if not repository.settle_charge(row.id, ChargeStatus.SUCCEEDED):
             return False
@@ -105,7 +105,7 @@ def escalate_to_unresolved(row: ChargeRow, reason: str, *, alert_period: float) 
         if moved:
             # A redirect intent still asking the payer to act is sent nowhere any more:
             # past the horizon its charge is a human's, and the intent says processing
-            # like every intent whose charge is unresolved (DESIGN §8, docs/charges.md).
+            # like every intent whose charge is unresolved (docs/architecture.md §8, docs/charges.md).
             repository.intent_to(row.intent_id, IntentStatus.PROCESSING, [IntentStatus.REQUIRES_ACTION])
             emit(charge.merchant, EventType.CHARGE_UNRESOLVED, render_charge(charge, for_event=True))
         raise_alert(
