@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
 from jobs import leases, queue, registry
 from jobs.queue import JobRequest
@@ -101,3 +101,29 @@ def _nodes(plan: dict) -> list[dict]:
     for child in plan.get("Plans", []):
         found += _nodes(child)
     return found
+
+
+@pytest.mark.django_db(transaction=True)
+def test_housekeeping_and_alerts_are_claimed_among_the_first_starts_behind_merchants_backlogs():
+    """The system's own work is tenant '' (the singletons, send_alert): one more tenant in
+    the walk, so a due sweep or alert waits one round of the merchants with work, not their
+    backlogs. 20 merchants with 50 jobs each, then the singletons and an alert."""
+    from jobs.alerts import raise_alert
+    from jobs.singletons import seed_singletons
+
+    for m in range(20):
+        queue.enqueue_many([JobRequest("task", NOOP, tenant=f"mer_{m:02d}") for _ in range(50)])
+    seeded = seed_singletons()
+    with transaction.atomic():
+        raise_alert(key="fairness-test", title="a human must look", source="tests")
+    system = count("jobs", "tenant = ''")
+    assert system == len(seeded) + 1 and system >= 5
+    starts: list[str] = []
+    after = ""
+    while len(starts) < 2 * (20 + 1):  # two rounds of every tenant with work
+        result = claim("worker-a", batch=1, after=after)
+        starts += [job.kind if job.tenant == "" else job.tenant for job in result.jobs]
+        after = result.next_after
+    # One system job per round of the walk, like any merchant: two within the first 42 starts.
+    assert sum(1 for s in starts[:21] if not s.startswith("mer_")) == 1, starts[:21]
+    assert sum(1 for s in starts if not s.startswith("mer_")) == 2, starts

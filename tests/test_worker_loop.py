@@ -479,3 +479,28 @@ def test_grace_expiry_finishes_acked_jobs_and_releases_the_rest_with_the_right_a
     assert (job_row(unstarted.job_id)["attempts"], job_row(unstarted.job_id)["locked_by"]) == (0, None)
     report = worker.report()
     assert (report.finished, report.released) == (1, 2)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("thread", ["vpay-listen", "vpay-maintain"])
+def test_a_dying_helper_thread_stops_the_worker_as_a_dying_executor_does(monkeypatch, caplog, thread):
+    """Without its listener a worker would only poll; without its maintenance thread its
+    leases would lapse under running handlers. Either dying stops the worker (crashed, so
+    runworker exits non-zero and a supervisor restarts it), never a worker running on half."""
+    import threading
+
+    def boom(*args, **kwargs):
+        raise RuntimeError(f"{thread} bug")
+
+    if thread == "vpay-listen":
+        monkeypatch.setattr("jobs.worker.listen", boom)
+    else:
+        monkeypatch.setattr("jobs.maintenance.Maintenance.run", boom)
+    worker = Worker(worker_id=f"w-{thread}", concurrency=2, idle_sleep=0.1, heartbeat_seconds=0.5)
+    ran = threading.Thread(target=worker.run)
+    ran.start()
+    ran.join(timeout=20)
+    assert not ran.is_alive(), "the worker ran on without its helper thread"
+    assert worker.crashed
+    died = [r for r in caplog.records if r.getMessage().startswith("a worker thread died")]
+    assert [(r.thread_name, r.alert) for r in died] == [(thread, True)]
