@@ -96,6 +96,19 @@ class WorkerProcess:
     def output(self) -> str:
         return self.log_path.read_text() if self.log_path else ""
 
+    def wait_started(self, timeout: float = 60) -> WorkerProcess:
+        """Wait for its ``worker started`` line (booted: reaped, seeded, executors claiming),
+        so a test's timing starts from a running worker, not from a process importing Django
+        on a loaded machine."""
+        wait_for(
+            lambda: '"worker started"' in self.output() or self.proc.poll() is not None,
+            timeout,
+            0.05,
+            "the worker's started line",
+        )
+        assert self.proc.poll() is None, self.output()[-2000:]
+        return self
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()

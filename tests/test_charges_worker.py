@@ -151,7 +151,7 @@ def test_a_confirms_compare_and_swap_wins_against_a_worker_that_claimed_its_poll
         VPAY_RAIL_CONNECT_TIMEOUT_SECONDS=1.0,
     )
     stack.rail.scenario(amount=4004, submit_delay=3.0)
-    stack.worker()
+    stack.worker().wait_started()  # the window below must not be spent importing Django
     intent_id = stack.acme.intent(amount=4004, rail="sandbox_redirect")["id"]
     answer: dict = {}
     confirm = threading.Thread(target=lambda: answer.update(stack.acme.confirm(intent_id)))
