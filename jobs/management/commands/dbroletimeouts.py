@@ -33,7 +33,8 @@ class Command(BaseCommand):
                 problems = db_role.problems()
                 if problems:
                     raise CommandError(
-                        f"role {current['role']} in {current['database']}: " + "; ".join(problems)
+                        f"role {current['role']} in {current['database']}: "
+                        + "; ".join(problems)
                         + " (run `python manage.py dbroletimeouts --apply`)"
                     )
                 self.stdout.write(f"role {current['role']} in {current['database']}: timeouts as configured")
