@@ -56,16 +56,16 @@ class PgBouncer:
         self.dir.chmod(0o755)
         config = shipped_config()
         config["databases"] = {"*": f"host={server_host} port={server_port} user={server_user}"}
-        config["pgbouncer"].update(
-            {
-                "listen_addr": "127.0.0.1",
-                "listen_port": str(self.port),
-                "auth_type": "any",
-                "auth_file": "",
-                "unix_socket_dir": "",
-                "default_pool_size": str(pool_size),
-            }
-        )
+        overrides = {
+            "listen_addr": "127.0.0.1",
+            "listen_port": str(self.port),
+            "auth_type": "any",
+            "auth_file": "",
+            "unix_socket_dir": "",
+            "default_pool_size": str(pool_size),
+        }
+        assert set(overrides) == OVERRIDDEN
+        config["pgbouncer"].update(overrides)
         ini = self.dir / "pgbouncer.ini"
         with ini.open("w") as f:
             config.write(f)
