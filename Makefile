@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: run test lint bench stop-db clean browser
+.PHONY: run test lint bench stop-db clean browser pgbouncer
 
 $(VENV)/.deps: requirements/base.txt requirements/dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,7 +17,7 @@ run: $(VENV)/.deps
 	$(PY) -m vpay.devstack
 
 ## The whole test suite: lint, migrations in sync, every test (slow rehearsals included).
-test: $(VENV)/.deps browser
+test: $(VENV)/.deps browser pgbouncer
 	$(PY) -m ruff check .
 	$(PY) manage.py makemigrations --check --dry-run
 	$(PY) -m pytest
@@ -25,6 +25,10 @@ test: $(VENV)/.deps browser
 ## Debian's chromium + chromium-driver for the admin's browser test, when missing (never fails).
 browser:
 	@sh tests/browser/install-chromium.sh
+
+## Debian's pgbouncer for the pooler tests (tests/test_pgbouncer.py), when missing (never fails).
+pgbouncer:
+	@sh tests/pgbouncer/install-pgbouncer.sh
 
 bench: $(VENV)/.deps
 	bench/run.sh

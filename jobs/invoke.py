@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 
 import psycopg
+from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection, transaction
 
 from jobs import cancels, fence, registry, repository
@@ -26,6 +27,7 @@ from jobs.outcome import Action, Outcome
 from jobs.rowless import rowless
 from jobs.schema import PayloadError
 from vpay import metrics
+from vpay.db_pooler import fenced_idle_in_tx_ms
 from vpay.errors import Classification, PoisonError, Severity, classify, error_chain
 
 logger = logging.getLogger("jobs.worker")
@@ -76,6 +78,7 @@ def run_job(job: ClaimedJob, ctx_holder: list, *, concurrency: int | None) -> Ra
         if not spec.fenced:
             return Ran(settle_outcome(_call(spec, ctx), job_state))
         with transaction.atomic():
+            _allow_idle_for_lease(spec)
             outcome = _call(spec, ctx)
             if outcome.action is not Action.DONE:
                 raise _Undo(outcome)  # no effect and no fence row for an unfinished body
@@ -118,6 +121,21 @@ def run_job(job: ClaimedJob, ctx_holder: list, *, concurrency: int | None) -> Ra
         return Ran(settle_for_exception(spec, job, job_state, exc))
     finally:
         metrics.JOB_DURATION.labels(kind=job.kind).observe(time.monotonic() - ctx.started_monotonic)
+
+
+# The fenced transaction stays open for as long as its handler runs (up to the kind's
+# lease). Directly on the server, runworker gave every session that allowance at startup;
+# behind a transaction pooler there is no session to give it to, so this transaction takes
+# it for itself (set_config(..., true) is SET LOCAL: it ends with the transaction). No index.
+_ALLOW_IDLE_IN_TX = "SELECT set_config('idle_in_transaction_session_timeout', %s, true)"
+
+
+def _allow_idle_for_lease(spec: registry.KindSpec) -> None:
+    if settings.VPAY_DB_POOLER != "transaction":
+        return
+    ms = fenced_idle_in_tx_ms(kind_lease_seconds=spec.lease_seconds, default_ms=settings.DB_IDLE_IN_TX_TIMEOUT_MS)
+    with connection.cursor() as cursor:
+        cursor.execute(_ALLOW_IDLE_IN_TX, [f"{ms}ms"])
 
 
 def database_went_away(exc: BaseException) -> bool:

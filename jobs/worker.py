@@ -14,7 +14,8 @@ Threads, each with its own database connection:
 * ``vpay-exec-N`` (``concurrency`` of them): claim when idle, run one job at a time
   (``jobs.invoke``) and write its settle (``jobs.settling``);
 * ``vpay-complete``: acknowledges finishes in batches;
-* ``vpay-listen``: ``LISTEN`` (``jobs.listener``), waking idle executors;
+* ``vpay-listen``: ``LISTEN`` (``jobs.listener``), waking idle executors (none behind a
+  transaction pooler without ``DATABASE_DIRECT_URL``: executors then only poll);
 * ``vpay-maintain``: the worker heartbeat that keeps every held lease alive, the reaper,
   the singletons, gauges, timeouts (``jobs.maintenance``).
 
@@ -36,6 +37,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from django.conf import settings
 from django.db import connection
 
 from jobs import ceilings, leases, registry
@@ -44,11 +46,12 @@ from jobs.decisions import Disposition
 from jobs.dispatch import Dispatcher
 from jobs.invoke import Ran, run_job
 from jobs.leases import ClaimedJob, WorkerIdentity
-from jobs.listener import listen
+from jobs.listener import connect_params, listen
 from jobs.maintenance import Maintenance, reap
 from jobs.report import Report
 from jobs.settling import DB_ERRORS, Completer, Settler
 from vpay import metrics
+from vpay.db_pooler import WakeSource, wake_source
 from vpay.errors import error_chain
 
 logger = logging.getLogger("jobs.worker")
@@ -171,21 +174,19 @@ class Worker:
         self.boot()
         metrics.WORKER_CONCURRENCY.set(self.concurrency)
         maintenance = Maintenance(self)
+        wakes = wake_source(pooler=settings.VPAY_DB_POOLER, direct_url=bool(settings.VPAY_DATABASE_DIRECT))
         named = [
             ("vpay-complete", self._completer.run),
             ("vpay-maintain", maintenance.run),
-            (
-                "vpay-listen",
-                lambda: listen(
-                    worker_id=self.worker_id,
-                    queues=self.queues,
-                    wake=self._wake,
-                    stopping=self._stopping,
-                    poll=self.idle_sleep,
-                ),
-            ),
+            *(() if wakes is WakeSource.POLL else [("vpay-listen", self._listener(wakes))]),
             *((f"vpay-exec-{i}", self._execute) for i in range(self.concurrency)),
         ]
+        if wakes is WakeSource.POLL:
+            logger.warning(
+                "no LISTEN/NOTIFY: DATABASE_URL is a transaction pooler and DATABASE_DIRECT_URL is not set;"
+                f" idle executors poll every {self.idle_sleep:g}s",
+                extra={"worker_id": self.worker_id, "wakeups": wakes.value},
+            )
         for name, target in named:
             thread = threading.Thread(target=self._guarded, args=(name, target), name=name, daemon=True)
             self._threads.append(thread)
@@ -200,6 +201,7 @@ class Worker:
                 "heartbeat": self.heartbeat_seconds,
                 "lease": self.lease_seconds,
                 "prefetch": 0,
+                "wakeups": wakes.value,  # listen over DATABASE_DIRECT_URL / DATABASE_URL, or poll
                 "ceilings": ceilings.publish(self),  # every ceiling, also set as vpay_ceiling gauges
             },
         )
@@ -207,6 +209,12 @@ class Worker:
         report = self._report
         logger.info("worker stopped", extra={"worker_id": self.worker_id, **report.as_dict()})
         return report, abandoned
+
+    def _listener(self, source: WakeSource):
+        params = connect_params(source, self.worker_id)
+        return lambda: listen(
+            params=params, queues=self.queues, wake=self._wake, stopping=self._stopping, poll=self.idle_sleep
+        )
 
     def _guarded(self, name: str, target) -> None:
         try:

@@ -75,6 +75,13 @@ def record_pid(label: str) -> None:
 
 
 @task
+def record_pid_slowly(label: str, seconds: float) -> None:
+    """Takes its time, then records which process ran it: work to spread across workers."""
+    time.sleep(seconds)
+    _record(label, str(os.getpid()))
+
+
+@task
 def fail_with_configuration_error(label: str) -> None:
     raise ConfigurationError(f"credentials refused for {label}")
 

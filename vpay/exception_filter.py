@@ -19,7 +19,7 @@ from vpay.logging import redact
 
 class SecretsExceptionReporterFilter(SafeExceptionReporterFilter):
     hidden_settings = re.compile(
-        "API|AUTH|TOKEN|KEY|SECRET|PASS|SIGNATURE|COOKIE|CREDENTIAL|DSN|DATABASE_URL|WEBHOOK_URL",
+        "API|AUTH|TOKEN|KEY|SECRET|PASS|SIGNATURE|COOKIE|CREDENTIAL|DSN|DATABASE_URL|DATABASE_DIRECT_URL|WEBHOOK_URL",
         flags=re.IGNORECASE,
     )
 

@@ -67,6 +67,7 @@ def _settings_secrets() -> list[str]:
         getattr(settings, "VPAY_METRICS_TOKEN", ""),
         *getattr(settings, "VPAY_SECRETS_KEYS", []),
         *(db.get("PASSWORD") or "" for db in getattr(settings, "DATABASES", {}).values()),
+        getattr(settings, "VPAY_DATABASE_DIRECT", {}).get("PASSWORD") or "",
     ]
     alert_url = getattr(settings, "ALERT_WEBHOOK_URL", "")
     if alert_url:

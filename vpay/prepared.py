@@ -13,8 +13,9 @@ statements under whichever wrapper it next serves.
 
 It uses Django's cursor instead when an execute wrapper is installed (the worker's lazy
 savepoint, instrumentation), when queries are being logged (``DEBUG``,
-``assertNumQueries``), when ``VPAY_DB_PREPARED_STATEMENTS`` is off (a transaction-pooling
-PgBouncer), and between ``atomic()``'s start and its first statement (psycopg has not sent
+``assertNumQueries``), when ``VPAY_DB_PREPARED_STATEMENTS`` is off (always with
+``VPAY_DB_POOLER=transaction``: a pooled server session is not ours from one transaction
+to the next, so a statement prepared on one is missing, or already there, on another), and between ``atomic()``'s start and its first statement (psycopg has not sent
 ``BEGIN`` yet and must be the one to send it) or in a failed transaction (Django raises
 what it always raises there).
 

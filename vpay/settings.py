@@ -11,6 +11,8 @@ from pathlib import Path
 import environ
 from django.core.exceptions import ImproperlyConfigured
 
+from vpay.db_pooler import POOLER_MODES, startup_options
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 env = environ.Env()
@@ -109,6 +111,14 @@ DB_CONNECT_TIMEOUT = env.int("VPAY_DB_CONNECT_TIMEOUT", default=5)
 DB_STATEMENT_TIMEOUT_MS = env.int("VPAY_DB_STATEMENT_TIMEOUT_MS", default=30_000)
 DB_IDLE_IN_TX_TIMEOUT_MS = env.int("VPAY_DB_IDLE_IN_TX_TIMEOUT_MS", default=60_000)
 
+# What sits between us and PostgreSQL (vpay/db_pooler.py): "none", or "transaction" for a
+# transaction-pooling PgBouncer, which refuses startup options and shares server sessions
+# between clients. Then the timeouts come from the role (manage.py dbroletimeouts), nothing
+# is prepared on the server, server-side cursors are off, and LISTEN needs DATABASE_DIRECT_URL.
+VPAY_DB_POOLER = env.str("VPAY_DB_POOLER", default="none")
+if VPAY_DB_POOLER not in POOLER_MODES:
+    raise ImproperlyConfigured(f"VPAY_DB_POOLER must be one of {', '.join(POOLER_MODES)}, not {VPAY_DB_POOLER!r}")
+
 _db = environ.Env.db_url_config(DATABASE_URL)
 _db["ENGINE"] = "django.db.backends.postgresql"
 _db.setdefault("OPTIONS", {})
@@ -116,24 +126,37 @@ _db["OPTIONS"].update(
     {
         # A database that accepts TCP and never finishes the handshake must not hang us.
         "connect_timeout": DB_CONNECT_TIMEOUT,
-        # Bounded statements and no transaction left idle holding locks.
-        "options": (
-            f"-c statement_timeout={DB_STATEMENT_TIMEOUT_MS}"
-            f" -c idle_in_transaction_session_timeout={DB_IDLE_IN_TX_TIMEOUT_MS}"
+        # Bounded statements and no transaction left idle holding locks (behind a pooler: the role's).
+        **startup_options(
+            pooler=VPAY_DB_POOLER,
+            statement_timeout_ms=DB_STATEMENT_TIMEOUT_MS,
+            idle_in_tx_timeout_ms=DB_IDLE_IN_TX_TIMEOUT_MS,
         ),
         "application_name": env.str("VPAY_DB_APPLICATION_NAME", default="vpay"),
     }
 )
 # Server-side prepared statements for the queue's hot single-row statements (see
-# vpay.prepared). Turn off behind a transaction-pooling PgBouncer.
-VPAY_DB_PREPARED_STATEMENTS = env.bool("VPAY_DB_PREPARED_STATEMENTS", default=True)
+# vpay.prepared): a statement prepared on one pooled server session is missing, or already
+# there, on the next, so a transaction pooler turns them off and refuses them turned on.
+VPAY_DB_PREPARED_STATEMENTS = env.bool("VPAY_DB_PREPARED_STATEMENTS", default=VPAY_DB_POOLER == "none")
+if VPAY_DB_PREPARED_STATEMENTS and VPAY_DB_POOLER == "transaction":
+    raise ImproperlyConfigured("VPAY_DB_PREPARED_STATEMENTS cannot be true with VPAY_DB_POOLER=transaction")
 # psycopg itself prepares nothing: it answers a rollback on a connection where it has
 # prepared something with DEALLOCATE ALL, which would drop vpay.prepared's statements too.
 _db["OPTIONS"]["prepare_threshold"] = None
+# QuerySet.iterator() declares a WITH HOLD cursor, which outlives the transaction a pooler
+# gives back: Django fetches in chunks instead.
+_db["DISABLE_SERVER_SIDE_CURSORS"] = VPAY_DB_POOLER == "transaction"
 _db["CONN_MAX_AGE"] = env.int("VPAY_DB_CONN_MAX_AGE", default=60)
 _db["CONN_HEALTH_CHECKS"] = True
 _db["TEST"] = {"NAME": env.str("VPAY_TEST_DATABASE_NAME", default=f"test_{_db['NAME']}")}
 DATABASES = {"default": _db}
+
+# The server itself, bypassing the pooler, for what needs a session of its own: the
+# worker's LISTEN connection (jobs/listener.py). Unset behind a transaction pooler, workers
+# poll for new work (VPAY_DB_POOLER above). A secret like DATABASE_URL (DATABASE_DIRECT_URL_FILE).
+DATABASE_DIRECT_URL = env_secret("DATABASE_DIRECT_URL", default="")
+VPAY_DATABASE_DIRECT = environ.Env.db_url_config(DATABASE_DIRECT_URL) if DATABASE_DIRECT_URL else {}
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

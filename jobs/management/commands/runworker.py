@@ -17,6 +17,7 @@ from jobs import ceilings, registry
 from jobs.checks import fence_ttl_problems
 from jobs.migration_check import migration_problems
 from jobs.worker import HEARTBEAT_SECONDS, LEASE_BEATS, LEASE_MARGIN_SECONDS, Worker, default_worker_id
+from vpay import db_role
 from vpay.errors import error_chain
 
 
@@ -114,8 +115,10 @@ class Command(BaseCommand):
         db_options["application_name"] = f"vpay-worker:{worker_id}"[:63]
         # A fenced handler runs inside a transaction the loop holds open for up to the kind's
         # timeout: the server must not kill it as idle-in-transaction before that.
+        # (Behind a transaction pooler there are no startup options: the fenced transaction
+        # raises it for itself, jobs.invoke.)
         longest_lease_ms = int(max((s.lease_seconds for s in registry.all_specs()), default=60.0) * 1000)
-        if longest_lease_ms > settings.DB_IDLE_IN_TX_TIMEOUT_MS:
+        if longest_lease_ms > settings.DB_IDLE_IN_TX_TIMEOUT_MS and "options" in db_options:
             db_options["options"] = db_options.get("options", "").replace(
                 f"idle_in_transaction_session_timeout={settings.DB_IDLE_IN_TX_TIMEOUT_MS}",
                 f"idle_in_transaction_session_timeout={longest_lease_ms}",
@@ -124,6 +127,8 @@ class Command(BaseCommand):
         problems = fence_ttl_problems()
         try:
             problems += migration_problems()
+            if settings.VPAY_DB_POOLER == "transaction":
+                self._warn_about_role_timeouts()
         except DatabaseError as exc:
             # error_chain redacts: a connection error can quote the DSN it failed on.
             raise CommandError(f"cannot reach the database to check migrations: {error_chain(exc, 500)}") from exc
@@ -174,6 +179,18 @@ class Command(BaseCommand):
             # second signal, left to the reaper). Do not wait for them.
             sys.stderr.flush()
             os._exit(1 if worker.forced else 0)
+
+    def _warn_about_role_timeouts(self) -> None:
+        """Behind a pooler the timeouts are the role's: say so loudly when they are missing."""
+        timeout_problems = db_role.problems()
+        if timeout_problems:
+            # A statement without a timeout can hold locks forever; the worker still runs.
+            logging.getLogger("jobs.worker").warning(
+                "the database role's timeouts differ from the settings: "
+                + "; ".join(timeout_problems)
+                + " (run `python manage.py dbroletimeouts --apply`)",
+                extra={"alert": True},
+            )
 
     def _print_config(self, opts: dict, queues: list[str], options: ceilings.WorkerOptions) -> None:
         """The ceilings this command would start a worker under; no database, no worker."""
