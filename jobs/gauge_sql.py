@@ -36,12 +36,17 @@ def dead_letters_pending() -> list[tuple[str, int, float]]:
 
 
 # Live jobs whose effect already committed (a fence row exists): a job that failed after
-# its effect, or a duplicate still queued. If one outlives its fence row, its next run
-# repeats the effect. `jobs` holds live work only; each row probes processed_jobs by its
-# primary key (job_id).
+# its effect and is retrying or deferring. If one outlives its fence row, its next run
+# repeats the effect. Only jobs that have run can have committed one (attempts spent or
+# refunded after a crash, deferrals), which leaves out a backlog's fresh rows; `jobs` holds
+# live work only, scanned as the depth gauge scans it. The fence is read by a subquery on
+# processed_jobs' primary key (job_id) per such job: never a join the planner could turn
+# into a scan of processed_jobs, which holds every success of the last TTL.
 _FENCED_LIVE = """
-SELECT count(*), extract(epoch FROM min(p.expires_at) - now())::float8
-  FROM jobs j JOIN processed_jobs p ON p.job_id = j.job_id
+SELECT count(f.expires_at), extract(epoch FROM min(f.expires_at) - now())::float8
+  FROM (SELECT (SELECT p.expires_at FROM processed_jobs p WHERE p.job_id = j.job_id) AS expires_at
+          FROM jobs j
+         WHERE j.attempts > 0 OR j.deferrals > 0 OR j.crashes > 0) f
 """
 
 

@@ -66,13 +66,23 @@ def test_fence_pressure_is_the_live_jobs_that_already_have_a_fence_row(settings)
     assert value("vpay_fenced_live_jobs_min_ttl_left_seconds") == 7 * 86400  # none: the whole TTL
     assert value("vpay_processed_jobs_ttl_seconds") == 7 * 86400
 
-    live = Job.objects.create(kind="task", payload={})
+    live = Job.objects.create(kind="task", payload={}, attempts=1)  # ran once, committed, and retries
     live.refresh_from_db()
     ProcessedJob.objects.create(job_id=live.job_id, kind="task", expires_at=db_ago(hours=-2))  # expires in 2 h
     ProcessedJob.objects.create(job_id=uuid.uuid4(), kind="task", expires_at=db_ago(minutes=-5))  # its job is gone
     sql_gauges.refresh()
     assert value("vpay_fenced_live_jobs") == 1
     assert 2 * 3600 - 60 < value("vpay_fenced_live_jobs_min_ttl_left_seconds") <= 2 * 3600
+
+
+def test_fence_pressure_reads_processed_jobs_by_key_never_by_a_scan():
+    from jobs import gauge_sql
+
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_indexscan = on")
+        cursor.execute("EXPLAIN " + gauge_sql._FENCED_LIVE)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "processed_jobs_pkey" in plan and "Seq Scan on processed_jobs" not in plan, plan
 
 
 def test_live_charges_by_rail_and_state_leave_terminal_ones_out(merchant):
