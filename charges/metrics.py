@@ -1,6 +1,6 @@
 """Prometheus counters of the charge worker and the confirm (served with the process's others)."""
 
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge
 
 CHARGES_SETTLED = Counter(
     "vpay_charges_settled_total", "Charges that reached a terminal state, by rail and outcome", ["rail", "outcome"]
@@ -15,3 +15,6 @@ RAIL_REQUESTS = Counter(
     "Rail requests by rail, operation and result (an HTTP status, or 'no_answer')",
     ["rail", "operation", "result"],
 )
+
+# Read from the database (vpay.sql_gauges.refresh): every charge not yet terminal.
+CHARGES_LIVE = Gauge("vpay_charges_live", "Charges not yet terminal, by rail and state", ["rail", "state"])

@@ -13,7 +13,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from jobs import breaker_gauges, cancels, health_sql, leases, reaper
+from jobs import cancels, leases, reaper
 from jobs.invoke import job_fields
 from jobs.settling import DB_ERRORS
 from vpay import metrics
@@ -51,12 +51,9 @@ def reap(worker_id: str = "") -> tuple[int, int]:
 
 
 def refresh_gauges() -> None:
-    breaker_gauges.refresh()
-    metrics.OLDEST_CLAIMABLE_AGE.set(health_sql.oldest_claimable_age())
-    metrics.QUEUE_DEPTH.clear()
-    for queue, kind, claimable, leased, _total in health_sql.depth():
-        metrics.QUEUE_DEPTH.labels(queue=queue, kind=kind, state="claimable").set(claimable)
-        metrics.QUEUE_DEPTH.labels(queue=queue, kind=kind, state="leased").set(leased)
+    from vpay import sql_gauges  # imports every app's metrics: after the registry is loaded
+
+    sql_gauges.refresh()
 
 
 class Maintenance:

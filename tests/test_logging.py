@@ -204,8 +204,24 @@ def test_the_text_formatter_scrubs_exception_text_through_the_filter():
 
 
 def test_settings_put_the_redaction_filter_on_the_console_handler():
-    assert settings.LOGGING["handlers"]["console"]["filters"] == ["redact"]
+    assert settings.LOGGING["handlers"]["console"]["filters"] == ["count_alerts", "redact"]
     assert settings.LOGGING["filters"]["redact"]["()"] == "vpay.logging.RedactSecretsFilter"
+    assert settings.LOGGING["filters"]["count_alerts"]["()"] == "vpay.logging.CountAlertsFilter"
+
+
+@pytest.mark.parametrize(("extra", "counted"), [({"alert": True}, 1), ({"alert": False}, 0), ({}, 0), ({"alert": "yes"}, 0)])
+def test_the_alert_filter_counts_each_record_that_carries_alert_true(extra, counted):
+    from prometheus_client import REGISTRY
+
+    from vpay.logging import CountAlertsFilter
+
+    labels = {"logger": "tests.count_alerts", "level": "ERROR"}
+    before = REGISTRY.get_sample_value("vpay_alert_log_lines_total", labels) or 0
+    record = logging.LogRecord("tests.count_alerts", logging.ERROR, __file__, 1, "something", None, None)
+    for key, value in extra.items():
+        setattr(record, key, value)
+    assert CountAlertsFilter().filter(record) is True  # never drops a line
+    assert (REGISTRY.get_sample_value("vpay_alert_log_lines_total", labels) or 0) - before == counted
 
 
 def _record_with_exception(exc: BaseException) -> logging.LogRecord:

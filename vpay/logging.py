@@ -133,6 +133,19 @@ class RedactSecretsFilter(logging.Filter):
         return True
 
 
+class CountAlertsFilter(logging.Filter):
+    """Counts every record that carries ``alert=True`` in ``vpay_alert_log_lines_total``
+    (by logger and level), so that a Prometheus rule sees each line a human must look at,
+    whichever code wrote it. Lets every record through."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, "alert", False) is True:
+            from vpay import metrics  # prometheus_client, not needed to configure logging
+
+            metrics.ALERT_LOG_LINES.labels(logger=record.name, level=record.levelname).inc()
+        return True
+
+
 def _extras(record: logging.LogRecord) -> dict:
     return {k: v for k, v in vars(record).items() if k not in _STANDARD_ATTRS and not k.startswith("_")}
 

@@ -37,3 +37,30 @@ BREAKER_STATE = Gauge(
     ["breaker"],
 )
 BREAKERS = Gauge("vpay_breakers", "Breakers by family (rail, webhook_host) and state", ["family", "state"])
+
+# --- Read from the database (vpay.sql_gauges.refresh), by the worker and by the web ---------
+# process's /metrics alike, so they are there with no worker running: aggregate them with
+# max() across targets, never sum().
+WORKERS_LIVE = Gauge(
+    "vpay_workers_live", "Worker processes whose heartbeat is fresh (within vpay.sql_gauges.WORKER_LIVE_WITHIN)"
+)
+DEAD_LETTERS_PENDING = Gauge("vpay_dead_letters_pending", "Dead letters waiting for review, by kind", ["kind"])
+DEAD_LETTERS_OLDEST_PENDING_JOB_AGE = Gauge(
+    "vpay_dead_letters_pending_oldest_job_age_seconds",
+    "Age of the oldest pending dead letter's job, from its first enqueue (the fence horizon counts from there)",
+)
+PROCESSED_JOBS_TTL = Gauge(
+    "vpay_processed_jobs_ttl_seconds", "How long a fence row is kept (VPAY_PROCESSED_JOBS_TTL_SECONDS)"
+)
+FENCED_LIVE_JOBS = Gauge(
+    "vpay_fenced_live_jobs", "Live jobs that already have a fence row (their effect committed; they still run)"
+)
+FENCED_LIVE_JOBS_TTL_LEFT = Gauge(
+    "vpay_fenced_live_jobs_min_ttl_left_seconds",
+    "Shortest time to expiry of those jobs' fence rows (the full TTL when there are none)",
+)
+TABLE_BYTES = Gauge("vpay_table_bytes", "On-disk size of a vpay table, with its indexes and TOAST", ["table"])
+TABLE_ROWS = Gauge("vpay_table_rows_estimate", "The planner's row estimate of a vpay table (pg_class.reltuples)", ["table"])
+ALERT_LOG_LINES = Counter(
+    "vpay_alert_log_lines_total", "Log records that carried alert=true, by logger and level", ["logger", "level"]
+)

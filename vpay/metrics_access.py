@@ -87,13 +87,14 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
 
 
 def _refresh_sql_gauges() -> None:
-    """Gauges read from the database at scrape time (the breakers). A database that cannot
-    answer leaves them as last read: the rest of the scrape is still worth serving."""
+    """Gauges read from the database at scrape time (vpay.sql_gauges: the queue, the
+    backlog waiting for operators, the breakers, the tables). A database that cannot answer
+    leaves them as last read: the rest of the scrape is still worth serving."""
     from django.db import DatabaseError
 
-    from jobs import breaker_gauges
+    from vpay import sql_gauges
 
     try:
-        breaker_gauges.refresh()
+        sql_gauges.refresh()
     except DatabaseError:
-        logger.warning("could not refresh the breaker gauges", exc_info=True)
+        logger.warning("could not refresh the database gauges", exc_info=True)

@@ -278,7 +278,11 @@ LOG_LEVEL = env.str("VPAY_LOG_LEVEL", default="INFO")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "filters": {"redact": {"()": "vpay.logging.RedactSecretsFilter"}},
+    "filters": {
+        "redact": {"()": "vpay.logging.RedactSecretsFilter"},
+        # vpay_alert_log_lines_total: every alert=true line, for the Prometheus rules.
+        "count_alerts": {"()": "vpay.logging.CountAlertsFilter"},
+    },
     "formatters": {
         "json": {"()": "vpay.logging.JsonFormatter"},
         "text": {"()": "vpay.logging.TextFormatter"},
@@ -287,7 +291,7 @@ LOGGING = {
         "console": {
             "class": "logging.StreamHandler",
             "formatter": LOG_FORMAT,
-            "filters": ["redact"],
+            "filters": ["count_alerts", "redact"],
         }
     },
     "root": {"handlers": ["console"], "level": LOG_LEVEL},

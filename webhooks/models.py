@@ -54,6 +54,8 @@ class Event(models.Model):
         indexes = [
             models.Index(fields=["merchant", "-created_at", "-id"], name="events_merchant_recent"),
             models.Index(fields=["created_at"], name="events_pending_fan_out", condition=Q(fan_out=FanOut.PENDING)),
+            # The abandoned-events gauge (webhooks.gauge_sql): only what an operator must re-drive.
+            models.Index(fields=["created_at"], name="events_abandoned", condition=Q(fan_out=FanOut.ABANDONED)),
         ]
 
     def __str__(self) -> str:
@@ -207,6 +209,13 @@ class WebhookDelivery(models.Model):
                 fields=["endpoint", "lease_expires_at"],
                 name="webhook_deliveries_in_flight",
                 condition=Q(state=DeliveryState.DELIVERING),
+            ),
+            # The failed-deliveries gauge (webhooks.gauge_sql) and `webhooks resend --since`:
+            # deliveries that ended for good without being delivered, by when.
+            models.Index(
+                fields=["completed_at"],
+                name="webhook_deliveries_failed",
+                condition=Q(state__in=[DeliveryState.EXHAUSTED, DeliveryState.REFUSED]),
             ),
         ]
 
