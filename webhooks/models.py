@@ -174,6 +174,8 @@ class WebhookDelivery(models.Model):
 
     class Meta:
         db_table = "webhook_deliveries"
+        verbose_name = "webhook delivery"
+        verbose_name_plural = "webhook deliveries"
         permissions = [("resend_webhookdelivery", "Can resend webhook deliveries")]
         constraints = [
             models.CheckConstraint(

@@ -1,11 +1,7 @@
-"""Bulk replay from the admin: every pending dead letter a filter matches, as one bulk operation.
-
-The page is the confirmation step: a GET with the filter (the shell's: kind, queue, cause,
-since; or every pending letter) says how many letters match now, on the database clock, and
-asks for a reason. The POST re-sends that filter with the reason and submits one operation
-(``jobs.services.bulk.bulk_operation_submit``: two rows, whatever it matches); the operator
-lands on its page, which follows its progress. Nothing is written before that POST, and a
-POST that fails validation writes nothing either.
+"""Bulk replay from the admin: every pending dead letter a filter matches, as one bulk
+operation (the two steps: ``jobs.admin.bulk_submit``). The filter is the shell's
+(``deadletters replay --bulk``: kind, queue, cause, since, or every pending letter, and
+force for whoever may); the dead letters list links here with its own filters carried over.
 """
 
 from __future__ import annotations
@@ -13,17 +9,12 @@ from __future__ import annotations
 from urllib.parse import urlencode
 
 from django import forms
-from django.contrib import messages
 from django.core.exceptions import PermissionDenied
-from django.http import HttpResponseRedirect
-from django.template.response import TemplateResponse
-from django.urls import reverse
 
-from jobs.admin.forms import ReasonForm
+from jobs.admin.bulk_submit import submit_view
 from jobs.bulk_models import BulkOperationKind
 from jobs.durations import parse_time_bound
 from jobs.models import DeadLetter
-from jobs.services import bulk
 
 OPERATION = BulkOperationKind.REPLAY_DEAD_LETTERS
 FILTER_FIELDS = ("kind", "queue", "cause", "since", "all_pending")
@@ -85,6 +76,9 @@ class BulkReplayFilterForm(forms.Form):
             "since_at": since_at.isoformat() if since_at else None,
         }
 
+    def bulk_options(self) -> dict:
+        return {"force": bool(self.cleaned_data.get("force"))}
+
     def hidden_pairs(self) -> list[tuple[str, str]]:
         """The filter re-posted by the confirming form, exactly as it was counted."""
         pairs = [(name, value) for name in ("kind", "queue", "cause") for value in self.cleaned_data[name]]
@@ -105,55 +99,17 @@ def query_from_changelist(params) -> str:
 
 
 def view(model_admin, request):
-    """GET: the count and the reason form; POST: submit, then the operation's page."""
     if not model_admin.has_replay_permission(request):
         raise PermissionDenied
     can_force = model_admin.has_force_replay_permission(request)
-    posted = request.method == "POST"
-    data = request.POST if posted else (request.GET if any(k in request.GET for k in FILTER_FIELDS) else None)
-    filters = BulkReplayFilterForm(data, can_force=can_force)
-    reason = ReasonForm(
-        request.POST if posted else None,
-        required_message="A reason is required for a bulk replay: it is recorded with the operation.",
+    return submit_view(
+        model_admin,
+        request,
+        operation=OPERATION,
+        make_filters=lambda data: BulkReplayFilterForm(data, can_force=can_force),
+        filter_fields=FILTER_FIELDS,
+        template="admin/jobs/deadletter/bulk_replay.html",
+        title="Replay every pending dead letter a filter matches",
+        noun="replay pending dead letters",
+        reason_required="A reason is required for a bulk replay: it is recorded with the operation.",
     )
-    preview = None
-    if filters.is_bound and filters.is_valid():
-        try:
-            preview = bulk.bulk_operation_preview(operation=OPERATION, filter=filters.bulk_filter())
-        except bulk.BulkRefused as exc:
-            filters.add_error(None, str(exc))
-    if posted and preview is not None and reason.is_valid():
-        operation_id = bulk.bulk_operation_submit(
-            operation=OPERATION,
-            filter=filters.bulk_filter(),
-            options={"force": bool(filters.cleaned_data.get("force"))},
-            actor=request.user.get_username(),
-            user_id=request.user.pk,
-            reason=reason.cleaned_data["reason"],
-        )
-        messages.success(
-            request,
-            f"Submitted bulk operation #{operation_id}: replay the {preview.matched} pending dead letter"
-            f"{'' if preview.matched == 1 else 's'} the filter matched (the workers expand it).",
-        )
-        return HttpResponseRedirect(landing_url(request, operation_id, "admin:jobs_deadletter_changelist"))
-    context = {
-        **model_admin.admin_site.each_context(request),
-        "opts": model_admin.model._meta,
-        "title": "Replay every pending dead letter a filter matches",
-        "filters": filters,
-        "form": reason,
-        "preview": preview,
-        "hidden": filters.hidden_pairs() if preview is not None else [],
-        "force_shown": can_force,
-    }
-    status = 400 if posted else 200
-    return TemplateResponse(request, "admin/jobs/deadletter/bulk_replay.html", context, status=status)
-
-
-def landing_url(request, operation_id: int, fallback: str) -> str:
-    """After a submit: the operation's own page (its progress), or ``fallback`` for someone
-    who may not view bulk operations."""
-    if request.user.has_perm("jobs.view_bulkoperation"):
-        return reverse("admin:jobs_bulkoperation_change", args=[operation_id])
-    return reverse(fallback)
