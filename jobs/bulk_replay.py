@@ -15,21 +15,36 @@ from jobs.bulk_sql import Envelope
 from jobs.expansion import BulkOp, BulkRefused, ItemOutcome, register_operation
 from jobs.services import dead_letters as ops
 
-# The next page of pending letters after the cursor, in id order (jobs_deadletter_pending_id).
-# Relative windows are anchored on the envelope's created_at: a resumed expansion matches
-# what the first page would have.
-PAGE_SQL = """
-SELECT d.id
-  FROM dead_letters d JOIN bulk_operations b ON b.id = %(op)s
- WHERE d.state = 'pending_review' AND d.id > %(cursor)s
+# Which pending letters the filter matches, relative to the anchor `b.created_at`: the
+# envelope's created_at on expansion (a resumed expansion matches what the first page
+# would have), the statement's now() on a preview.
+MATCH_SQL = """
+       d.state = 'pending_review'
    AND d.created_at <= b.created_at
    AND (%(kinds)s::text[] IS NULL OR d.kind = ANY(%(kinds)s))
    AND (%(queues)s::text[] IS NULL OR d.queue = ANY(%(queues)s))
    AND (%(causes)s::text[] IS NULL OR d.cause = ANY(%(causes)s))
    AND (%(since_seconds)s::float8 IS NULL OR d.created_at >= b.created_at - make_interval(secs => %(since_seconds)s))
    AND (%(since_at)s::timestamptz IS NULL OR d.created_at >= %(since_at)s)
+"""
+
+# The next page of pending letters after the cursor, in id order (jobs_deadletter_pending_id).
+PAGE_SQL = f"""
+SELECT d.id
+  FROM dead_letters d JOIN bulk_operations b ON b.id = %(op)s
+ WHERE d.id > %(cursor)s AND {MATCH_SQL}
  ORDER BY d.id
  LIMIT %(limit)s
+"""
+
+# How many pending letters match now, and since when (the confirmation page's count; the
+# pending letters through jobs_deadletter_pending_id).
+PREVIEW_SQL = f"""
+SELECT count(d.id),
+       coalesce(%(since_at)s::timestamptz, b.created_at - make_interval(secs => %(since_seconds)s)),
+       b.created_at
+  FROM (SELECT statement_timestamp() AS created_at) b LEFT JOIN dead_letters d ON {MATCH_SQL}
+ GROUP BY b.created_at
 """
 
 FILTER_KEYS = ("kinds", "queues", "causes", "since_seconds", "since_at")
@@ -70,5 +85,5 @@ def replay_one(letter_id: int, env: Envelope) -> ItemOutcome:
 
 
 REPLAY_DEAD_LETTERS = register_operation(
-    BulkOp(BulkOperationKind.REPLAY_DEAD_LETTERS, PAGE_SQL, filter_params, replay_one)
+    BulkOp(BulkOperationKind.REPLAY_DEAD_LETTERS, PAGE_SQL, filter_params, replay_one, PREVIEW_SQL)
 )

@@ -22,10 +22,11 @@ class Envelope:
     user_id: int | None
     state: str
     cursor: int
+    reason: str = ""
 
 
 _ENVELOPE = """
-SELECT id, operation, filter, options, requested_by, user_id, state, cursor
+SELECT id, operation, filter, options, requested_by, user_id, state, cursor, reason
   FROM bulk_operations WHERE id = %s
 """
 
@@ -77,6 +78,22 @@ moved AS (
 SELECT (SELECT count(*) FROM page), (SELECT count(*) FROM units), (SELECT cursor FROM moved),
        (SELECT count(pg_notify('{channel}', q)) FROM (SELECT DISTINCT queue AS q FROM units) n)
 """
+
+
+@dataclass(frozen=True, slots=True)
+class Preview:
+    """What a filter matches now: how many, and the window it was drawn on (database clock)."""
+
+    matched: int
+    window_start: object  # datetime | None: None is "from the beginning"
+    window_end: object  # datetime
+
+
+def preview(preview_sql: str, params: dict) -> Preview:
+    """Run an operation's preview count (its own statement: ``jobs.expansion.BulkOp``)."""
+    with connection.cursor() as c:
+        c.execute(preview_sql, params)
+        return Preview(*c.fetchone())
 
 
 def expand_page(page_sql: str, params: dict, *, op: int, cursor: int, limit: int, queue: str, max_attempts: int):

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from datetime import datetime
+
 _UNITS = (("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
 # The same units, for reading a duration an operator typed (``12h``, ``7d``).
 SECONDS_PER_UNIT = dict(_UNITS)
@@ -20,3 +23,22 @@ def humanize_seconds(seconds: float | None) -> str:
                 text += f" {seconds % size // next_size}{next_name}"
             return text
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
+
+
+def parse_time_bound(text: str) -> tuple[float | None, datetime | None]:
+    """A window's bound as an operator types it: a duration back from the database's now
+    (``90s``, ``30m``, ``12h``, ``7d``) or an ISO-8601 instant with a timezone. Returns
+    (seconds, None) or (None, instant); ValueError with a message for anything else."""
+    match = _DURATION.match(text.strip())
+    if match:
+        return float(match.group(1)) * SECONDS_PER_UNIT[match.group(2)], None
+    try:
+        instant = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise ValueError(f"{text!r}: give a duration like 30m, 12h, 7d or an ISO-8601 time") from None
+    if instant.tzinfo is None:
+        raise ValueError(f"{text!r}: an ISO-8601 time needs a timezone (e.g. +00:00)")
+    return None, instant

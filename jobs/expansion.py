@@ -57,12 +57,16 @@ class BulkOp:
     ``params`` returns. ``params`` turns a stored filter into those names and raises
     :class:`BulkRefused` on one it cannot read (also the submit's validation).
     ``apply`` acts on one item with the single-item service, inside the unit's transaction.
+    ``preview_sql`` counts what the same filter matches now, for a confirmation page: one
+    row (matches, window start, window end) with the window drawn on the database clock
+    (the names ``params`` returns; no ``op``, no cursor).
     """
 
     operation: BulkOperationKind
     page_sql: str
     params: Callable[[dict], dict]
     apply: Callable[[int, bulk_sql.Envelope], ItemOutcome]
+    preview_sql: str
 
 
 _OPERATIONS: dict[str, BulkOp] = {}

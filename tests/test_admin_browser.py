@@ -2,6 +2,8 @@
 chromedriver against a live server. An operator logs in, replays one dead letter from its
 page, tries to discard another with a blank reason and is refused, then discards it from
 the change list's bulk action with a reason. Screenshots go to ``test-artifacts/browser/``.
+An operator also opens the overview (the last hour, drawn as inline SVG) from the index;
+its screenshot is ``test-artifacts/admin-overview.png``.
 
 The browser is installed by the test setup (``make test`` runs ``make browser``; this module
 runs the same script when the binaries are missing). Where it still cannot be had, the test
@@ -21,8 +23,10 @@ from django.urls import reverse
 from jobs.models import DeadLetter, DeadLetterState
 from tests.conftest import ROOT
 from tests.ops_support import OPERATOR_PERMS, make_letter, staff_user
+from tests.test_admin_overview import last_hour  # noqa: F401  (a fixture: a known last hour)
 
 ARTIFACTS = ROOT / "test-artifacts" / "browser"
+OVERVIEW_SHOT = ROOT / "test-artifacts" / "admin-overview.png"
 INSTALLER = ROOT / "tests" / "browser" / "install-chromium.sh"
 PASSWORD = "pw-olga"  # staff_user's password for "olga"
 
@@ -170,3 +174,35 @@ def test_an_operator_replays_and_discards_dead_letters_in_a_real_browser(browser
     summary = browser.find_element(By.ID, "queue-summary").text
     assert "Queue depth" in summary and "default task 1 0 0" in summary
     shot(browser, "08-jobs-depth")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_operator_opens_the_overview_from_the_index_and_sees_the_charts(
+    browser, live_server, django_user_model, last_hour  # noqa: F811
+):
+    from selenium.webdriver.common.by import By
+
+    staff_user(django_user_model, "olga", *OPERATOR_PERMS)
+    browser.get(live_server.url + reverse("admin:login"))
+    browser.find_element(By.NAME, "username").send_keys("olga")
+    browser.find_element(By.NAME, "password").send_keys(PASSWORD)
+    navigate_by(browser, browser.find_element(By.CSS_SELECTOR, "input[type=submit]"))
+    navigate_by(browser, browser.find_element(By.LINK_TEXT, "The last hour, in charts"))
+    assert browser.current_url.endswith(reverse("admin-overview"))
+    assert browser.find_element(By.ID, "total-claimable").text == "3"
+    assert browser.find_element(By.ID, "dead-letters-pending").text == "2"
+    assert browser.find_element(By.ID, "failing-endpoints").text == "1"
+    # The charts are drawn: every SVG has a size on the page and bars in it.
+    svgs = browser.find_elements(By.CSS_SELECTOR, "svg.vpay-chart")
+    assert len(svgs) == 7
+    assert all(svg.size["width"] > 100 and svg.size["height"] > 10 for svg in svgs)
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#overview-deliveries svg rect")) >= 5
+    # No request left the live server (the page loads nothing from elsewhere).
+    hosts = browser.execute_script(
+        "return performance.getEntriesByType('resource').map(e => new URL(e.name).host)"
+    )
+    assert set(hosts) <= {live_server.url.split("//")[1]}
+    browser.set_window_size(1400, 1300)
+    OVERVIEW_SHOT.parent.mkdir(parents=True, exist_ok=True)
+    browser.save_screenshot(str(OVERVIEW_SHOT))
+    assert OVERVIEW_SHOT.stat().st_size > 10_000  # a real picture of a page

@@ -4,6 +4,7 @@ from django.urls import include, path
 
 from api.framework import unknown_route
 from vpay.metrics_access import metrics_view
+from vpay.overview.views import overview
 
 # What Django itself refuses (a disallowed Host, an error raised outside any view) answers
 # in the API's JSON error format under /v1 and as Django's own page elsewhere.
@@ -13,6 +14,8 @@ handler404 = "api.handlers.page_not_found"
 handler500 = "api.handlers.server_error"
 
 urlpatterns = [
+    # The ops console's overview charts (vpay/overview), behind the admin's own login.
+    path(f"{settings.ADMIN_URL}overview/", admin.site.admin_view(overview), name="admin-overview"),
     path(settings.ADMIN_URL, admin.site.urls),
     # django-prometheus' export, behind VPAY_METRICS_TOKEN / VPAY_METRICS_ALLOW_CIDRS.
     path("metrics", metrics_view, name="prometheus-django-metrics"),

@@ -1,23 +1,30 @@
 """Events, endpoints and deliveries in the ops console.
 
-Read-only, except one action: resend deliveries (gated by ``webhooks.resend_webhookdelivery``).
-No page ever shows a signing secret: endpoints show how many are active, nothing else.
-Deliveries show their attempts inline, newest last, with the bounded excerpt and error.
+Read-only, except the actions: re-drive abandoned events (``webhooks.redrive_event``) and
+resend deliveries (``webhooks.resend_webhookdelivery``), one by one or every delivery that
+failed in a window (``webhooks.admin_bulk``). Each is two steps, as the dead letters'
+actions: a confirmation page saying what will happen to each selected row, with a required
+reason, then the act, recorded with who and why on each row's History
+(``webhooks.admin_actions``). No page ever shows a signing secret: endpoints show how many
+are active, nothing else. Deliveries show their attempts inline, newest last, with the
+bounded excerpt and error. List columns come from the list's own query (annotations), never
+one query per row.
 """
 
 from __future__ import annotations
 
 import json
 
-from django.contrib import admin, messages
+from django.contrib import admin
+from django.db.models import Count, OuterRef, Q, Subquery
+from django.urls import path, reverse
 from django.utils.html import format_html
 from django.utils.text import Truncator
 
 from jobs.admin import ReadOnlyAdmin
-from webhooks.models import DeliveryAttempt, DeliveryState, Event, WebhookDelivery, WebhookEndpoint
-from webhooks.services import endpoints as endpoint_services
-from webhooks.services.redrive import redrive_event
-from webhooks.services.resend import resend_delivery
+from jobs.models import TransactionNow
+from webhooks import admin_actions, admin_bulk
+from webhooks.models import DeliveryAttempt, Event, WebhookDelivery, WebhookEndpoint
 
 EXCERPT = 80
 
@@ -51,13 +58,9 @@ class EventAdmin(ReadOnlyAdmin):
         opts = self.opts
         return request.user.has_perm(f"{opts.app_label}.redrive_{opts.model_name}")
 
-    @admin.action(description="Re-drive selected abandoned events (fan them out again)", permissions=["redrive"])
+    @admin.action(description="Re-drive selected abandoned events (fan them out again)…", permissions=["redrive"])
     def redrive_selected(self, request, queryset):
-        redriven, skipped = _apply_each(queryset, lambda pk: redrive_event(pk, actor=request.user))
-        if redriven:
-            messages.success(request, f"{redriven} event{'' if redriven == 1 else 's'} back to pending fan-out.")
-        if skipped:
-            messages.warning(request, f"{skipped} skipped: not abandoned.")
+        return admin_actions.redrive(self, request, queryset)
 
 
 @admin.register(WebhookEndpoint)
@@ -68,9 +71,14 @@ class WebhookEndpointAdmin(ReadOnlyAdmin):
     fields = ("id", "merchant", "url", "enabled_events", "description", "active_secrets", "created_at", "deleted_at")
     readonly_fields = fields
 
+    def get_queryset(self, request):
+        # Secrets still signing now, counted in the list's own query (on the database clock).
+        signing = Q(secrets__expires_at__isnull=True) | Q(secrets__expires_at__gt=TransactionNow())
+        return super().get_queryset(request).annotate(active_secret_count=Count("secrets", filter=signing))
+
     @admin.display(description="active secrets")
     def active_secrets(self, obj):
-        return endpoint_services.active_secret_count(obj)  # a count: secrets are never shown
+        return obj.active_secret_count  # a count: secrets are never shown
 
 
 class AttemptInline(admin.TabularInline):
@@ -128,26 +136,32 @@ class WebhookDeliveryAdmin(ReadOnlyAdmin):
     inlines = [AttemptInline]
     actions = ["resend_selected"]
 
+    def get_queryset(self, request):
+        # The newest attempt's error, in the list's own query (webhook_attempts_delivery_number).
+        newest = DeliveryAttempt.objects.filter(delivery=OuterRef("pk")).order_by("-number").values("error")[:1]
+        return super().get_queryset(request).annotate(last_error_sql=Subquery(newest))
+
     @admin.display(description="last error")
     def last_error(self, obj):
-        last = obj.attempt_rows.order_by("-number").values_list("error", flat=True).first()
-        return Truncator((last or "").strip()).chars(EXCERPT)
+        return Truncator((getattr(obj, "last_error_sql", None) or "").strip()).chars(EXCERPT)
 
     def has_resend_permission(self, request):
         opts = self.opts
         return request.user.has_perm(f"{opts.app_label}.resend_{opts.model_name}")
 
-    @admin.action(description="Resend selected deliveries (exhausted, refused or succeeded)", permissions=["resend"])
+    @admin.action(description="Resend selected deliveries…", permissions=["resend"])
     def resend_selected(self, request, queryset):
-        terminal = (DeliveryState.EXHAUSTED, DeliveryState.REFUSED, DeliveryState.SUCCEEDED)
-        resent, skipped = _apply_each(queryset, lambda pk: resend_delivery(pk, actor=request.user, states=terminal))
-        if resent:
-            messages.success(request, f"{resent} deliver{'y' if resent == 1 else 'ies'} queued to be sent again.")
-        if skipped:
-            messages.warning(request, f"{skipped} skipped: not exhausted, refused or succeeded (already on its way).")
+        return admin_actions.resend(self, request, queryset)
 
+    # --- bulk resend: every delivery that failed in a window, as one bulk operation ---------
 
-def _apply_each(queryset, act) -> tuple[int, int]:
-    """Run ``act(pk)`` on each selected row, each in its own service call; (done, skipped)."""
-    outcomes = [bool(act(pk)) for pk in queryset.values_list("pk", flat=True)]
-    return sum(outcomes), len(outcomes) - sum(outcomes)
+    def get_urls(self):
+        view = self.admin_site.admin_view(self.bulk_resend_view)
+        return [path("bulk-resend/", view, name="webhooks_webhookdelivery_bulk_resend"), *super().get_urls()]
+
+    def bulk_resend_view(self, request):
+        return admin_bulk.view(self, request)
+
+    def changelist_view(self, request, extra_context=None):
+        url = reverse("admin:webhooks_webhookdelivery_bulk_resend") if self.has_resend_permission(request) else None
+        return super().changelist_view(request, {**(extra_context or {}), "bulk_resend_url": url})

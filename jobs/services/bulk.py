@@ -11,12 +11,18 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.db import transaction
 
-from jobs import expansion, queue
+from jobs import bulk_sql, expansion, queue
 from jobs.bulk_models import BulkOperation, BulkOperationState
 from jobs.expansion import BulkRefused
 from jobs.kinds import JobKind
 
-__all__ = ["BulkRefused", "Progress", "bulk_operation_progress", "bulk_operation_submit"]
+__all__ = [
+    "BulkRefused",
+    "Progress",
+    "bulk_operation_preview",
+    "bulk_operation_progress",
+    "bulk_operation_submit",
+]
 
 
 def bulk_operation_submit(
@@ -88,3 +94,16 @@ def bulk_operation_progress(operation_id: int) -> Progress | None:
         .first()
     )
     return Progress(*row) if row else None
+
+
+def bulk_operation_preview(*, operation: str, filter: dict) -> bulk_sql.Preview:
+    """What ``filter`` matches now and the window it is drawn on (the database clock), for a
+    confirmation page; writes nothing. Raises :class:`BulkRefused` as a submit would, and
+    for a window that is empty on the database clock (its start not before its end)."""
+    op = expansion.operation(operation)
+    if op is None:
+        raise BulkRefused(f"unknown bulk operation {operation!r}")
+    found = bulk_sql.preview(op.preview_sql, op.params(filter))
+    if found.window_start is not None and found.window_start >= found.window_end:
+        raise BulkRefused("the window is empty: its start is not before its end")
+    return found

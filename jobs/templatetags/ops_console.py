@@ -1,4 +1,4 @@
-"""The admin index's "needs attention" panel: dead letters waiting for a human."""
+"""The admin index's panels: the overview's link, and dead letters waiting for a human."""
 
 from __future__ import annotations
 
@@ -19,3 +19,10 @@ def dead_letters_attention(context):
         return {"visible": False}
     url = reverse("admin:jobs_deadletter_changelist") + f"?state__exact={DeadLetterState.PENDING_REVIEW}"
     return {"visible": True, "pending": DeadLetter.objects.pending_review().count(), "url": url}
+
+
+@register.inclusion_tag("admin/overview/link.html", takes_context=True)
+def overview_link(context):
+    """The link to the last hour's charts, for whoever may see them (vpay/overview)."""
+    request = context.get("request")
+    return {"visible": request is not None and request.user.has_perm("jobs.view_job"), "url": reverse("admin-overview")}

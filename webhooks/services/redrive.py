@@ -20,12 +20,14 @@ from webhooks.models import Event
 logger = logging.getLogger("webhooks.redrive")
 
 
-def redrive_event(event_id: str, *, actor=None) -> bool:
-    """CAS ``abandoned → pending`` (failures reset); False if the event was not abandoned."""
+def redrive_event(event_id: str, *, actor=None, reason: str = "") -> bool:
+    """CAS ``abandoned → pending`` (failures reset); False if the event was not abandoned.
+    ``reason`` (the operator's why) is recorded on the event's History with the actor."""
     with transaction.atomic():
         if not repository.redrive_event(event_id):
             return False
-        log_change(actor, Event, event_id, f"event {event_id}", "Re-driven: fan-out failures reset, back to pending.")
+        message = "Re-driven: fan-out failures reset, back to pending" + (f". Reason: {reason}" if reason else ".")
+        log_change(actor, Event, event_id, f"event {event_id}", message)
         wake_fan_out_at_commit()
-    logger.info("abandoned event re-driven", extra={"event_id": event_id, "actor": str(actor or "")})
+    logger.info("abandoned event re-driven", extra={"event_id": event_id, "actor": str(actor or ""), "reason": reason})
     return True

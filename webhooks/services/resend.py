@@ -25,8 +25,9 @@ logger = logging.getLogger("webhooks.resend")
 TERMINAL = (DeliveryState.EXHAUSTED, DeliveryState.REFUSED)
 
 
-def resend_delivery(delivery_id: int, *, actor=None, states: Iterable[str] = TERMINAL) -> bool:
-    """CAS ``<one of states> → pending`` with a fresh ladder; False if it was in none of them."""
+def resend_delivery(delivery_id: int, *, actor=None, states: Iterable[str] = TERMINAL, reason: str = "") -> bool:
+    """CAS ``<one of states> → pending`` with a fresh ladder; False if it was in none of them.
+    ``reason`` (the operator's why) is recorded on the delivery's History with the actor."""
     with transaction.atomic():
         merchant_id = repository.reopen_delivery(delivery_id, [str(s) for s in states])
         if merchant_id is None:
@@ -37,6 +38,9 @@ def resend_delivery(delivery_id: int, *, actor=None, states: Iterable[str] = TER
             dedupe_key=dedupe_key(delivery_id),
             tenant=merchant_id,
         )
-        log_change(actor, WebhookDelivery, delivery_id, f"delivery {delivery_id}", "Resent (fresh retry ladder).")
-    logger.info("webhook delivery resent", extra={"delivery_id": delivery_id, "actor": str(actor or "")})
+        message = "Resent (fresh retry ladder)" + (f": {reason}" if reason else ".")
+        log_change(actor, WebhookDelivery, delivery_id, f"delivery {delivery_id}", message)
+    logger.info(
+        "webhook delivery resent", extra={"delivery_id": delivery_id, "actor": str(actor or ""), "reason": reason}
+    )
     return True

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import getpass
-import re
 import time
 from datetime import datetime
 
@@ -17,12 +16,11 @@ from django.core.management.base import BaseCommand, CommandError
 
 from jobs import bulk_watch, operator_sql
 from jobs.bulk_models import BulkOperationKind
-from jobs.durations import SECONDS_PER_UNIT, humanize_seconds
+from jobs.durations import humanize_seconds, parse_time_bound
 from jobs.models import DeadLetterState
 from jobs.services import bulk
 from jobs.services import dead_letters as ops
 
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 # A bar is worth drawing only for work that takes a moment.
 PROGRESS_MIN_ITEMS = 20
 
@@ -30,16 +28,10 @@ PROGRESS_MIN_ITEMS = 20
 def parse_since(text: str) -> tuple[float | None, datetime | None]:
     """``--since``: a duration back from the database's now (``90s``, ``30m``, ``12h``, ``7d``)
     or an ISO-8601 instant with a timezone. Returns (seconds, None) or (None, instant)."""
-    match = _DURATION.match(text.strip())
-    if match:
-        return float(match.group(1)) * SECONDS_PER_UNIT[match.group(2)], None
     try:
-        instant = datetime.fromisoformat(text.strip())
-    except ValueError:
-        raise CommandError(f"--since {text!r}: give a duration like 30m, 12h, 7d or an ISO-8601 time") from None
-    if instant.tzinfo is None:
-        raise CommandError(f"--since {text!r}: an ISO-8601 time needs a timezone (e.g. +00:00)")
-    return None, instant
+        return parse_time_bound(text)
+    except ValueError as exc:
+        raise CommandError(f"--since {exc}") from None
 
 
 class Progress:
