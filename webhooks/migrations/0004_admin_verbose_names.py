@@ -6,7 +6,7 @@ from django.db import migrations
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('webhooks', '0002_event_fan_out_transient_failures'),
+        ('webhooks', '0003_ops_gauge_indexes'),
     ]
 
     operations = [

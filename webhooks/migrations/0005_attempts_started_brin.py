@@ -7,7 +7,7 @@ from django.db import migrations
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('webhooks', '0003_admin_verbose_names'),
+        ('webhooks', '0004_admin_verbose_names'),
     ]
 
     operations = [
