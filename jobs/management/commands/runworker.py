@@ -17,6 +17,7 @@ from jobs import ceilings, registry
 from jobs.checks import fence_ttl_problems
 from jobs.migration_check import migration_problems
 from jobs.worker import HEARTBEAT_SECONDS, LEASE_BEATS, LEASE_MARGIN_SECONDS, Worker, default_worker_id
+from vpay.db_errors import unavailable_message
 from vpay.errors import error_chain
 
 
@@ -125,8 +126,10 @@ class Command(BaseCommand):
         try:
             problems += migration_problems()
         except DatabaseError as exc:
-            # error_chain redacts: a connection error can quote the DSN it failed on.
-            raise CommandError(f"cannot reach the database to check migrations: {error_chain(exc, 500)}") from exc
+            # Unreachable, silent or blocked: one line naming the bound that stopped it
+            # (error_chain redacts: a connection error can quote the DSN it failed on).
+            reason = unavailable_message(exc) or error_chain(exc, 500)
+            raise CommandError(f"cannot check the migrations, refusing to start: {reason}") from None
         finally:
             connection.close()
         if problems:
