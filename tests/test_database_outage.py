@@ -16,6 +16,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import time
+from collections import Counter
 
 import pytest
 
@@ -165,6 +166,7 @@ def test_a_restart_then_a_10s_outage_under_a_worker_with_a_backlog_and_the_web_p
 
         # 2. Later, 10 s without a database. The web process answers 503 throughout.
         held = busy(url, worker, "outage-long", "outage-", 300)
+        done_before = sum(effect_labels(url, "outage-").values())  # nothing commits while it is down
         owned_postgres.stop()
         down_answers = []
         stopped = time.monotonic()
@@ -173,7 +175,14 @@ def test_a_restart_then_a_10s_outage_under_a_worker_with_a_backlog_and_the_web_p
             time.sleep(0.5)
         assert worker.proc.poll() is None, worker.output()[-3000:]
         owned_postgres.start()
+        back = time.monotonic()
         outage_hand_back = handed_back_within(url, held, HAND_BACK_WITHIN)
+        wait_for(
+            lambda: sum(effect_labels(url, "outage-").values()) > done_before,
+            timeout=HAND_BACK_WITHIN * 3,
+            message="the worker to resume work",
+        )
+        resumed = time.monotonic() - back
         up = wait_for(
             lambda: (a := web.get("/v1/payment_intents", key)).status == 200 and a,
             timeout=10,
@@ -188,7 +197,11 @@ def test_a_restart_then_a_10s_outage_under_a_worker_with_a_backlog_and_the_web_p
         assert up.body["object"] == "list"
         log = messages(worker.log_path)
         assert log.count(HANDED_BACK) >= 2 and REAPED not in log, log[-40:]
-        print(f"hand-back after the restart: {restart_hand_back:.2f}s, after the 10 s outage: {outage_hand_back:.2f}s")
+        print(
+            f"\nhand-back after the restart: {restart_hand_back:.2f}s; after the 10 s outage: hand-back"
+            f" {outage_hand_back:.2f}s, first effect {resumed:.2f}s; 503s: {len(down_answers)},"
+            f" slowest {max(a.seconds for a in down_answers):.3f}s; worker log: {dict(Counter(log))}"
+        )
         stop_cleanly(worker)
     finally:
         web.stop()
