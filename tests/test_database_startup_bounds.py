@@ -16,6 +16,7 @@ interpreter's own start-up time is not counted against it.
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -74,8 +75,6 @@ def silent_listener():
 def run_until_exit(args: list[str], env: dict[str, str], started_waiting, timeout: float = 20):
     """Run ``manage.py ARGS``; returns (exit code, output, seconds from ``started_waiting()``
     first being true to the exit)."""
-    import os
-
     proc = subprocess.Popen(
         [sys.executable, "manage.py", *args],
         cwd=ROOT,
@@ -85,10 +84,15 @@ def run_until_exit(args: list[str], env: dict[str, str], started_waiting, timeou
         text=True,
     )
     try:
+
+        def waiting() -> float | None:
+            since = started_waiting()
+            if since is None and proc.poll() is not None:
+                pytest.fail(f"{args[0]} exited before it was seen waiting on the database: {proc.stdout.read()}")
+            return since
+
         waiting_since = wait_for(
-            lambda: (
-                started_waiting() or (proc.poll() is not None and pytest.fail(f"exited first: {proc.stdout.read()}"))
-            ),
+            waiting,
             timeout=30,
             interval=0.02,
             message=f"{args[0]} to wait on the database",
@@ -108,7 +112,7 @@ def run_until_exit(args: list[str], env: dict[str, str], started_waiting, timeou
 # --- blocked startup ---------------------------------------------------------------------------
 
 
-@pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db  # the test database's URL; the lock is taken on a connection of its own
 def test_runworker_whose_startup_query_waits_on_a_lock_exits_at_the_statement_timeout_saying_so():
     url = database_url()
     with psycopg.connect(url) as holder, psycopg.connect(url, autocommit=True) as observer:
