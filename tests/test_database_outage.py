@@ -50,11 +50,12 @@ def start_outage_worker(start_worker, url: str, worker_id: str):
         "--concurrency", "4", "--heartbeat", HEARTBEAT, "--worker-id", worker_id, "--grace", "10",
         env={"DATABASE_URL": url},
     )  # fmt: skip
-    wait_for(
-        lambda: worker.proc.poll() is None and "worker started" in messages(worker.log_path),
-        timeout=30,
-        message=f"the worker to start:\n{worker.output()[-2000:]}",
-    )
+
+    def started() -> bool:
+        assert worker.proc.poll() is None, "the worker exited at start:\n" + worker.output()[-3000:]
+        return "worker started" in messages(worker.log_path)
+
+    wait_for(started, timeout=30, message="the worker to start")
     return worker
 
 
