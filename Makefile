@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: run test lint bench stop-db clean browser pgbouncer
+.PHONY: run test rehearse lint bench stop-db clean browser pgbouncer postgres
 
 $(VENV)/.deps: requirements/base.txt requirements/dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -16,11 +16,16 @@ $(VENV)/.deps: requirements/base.txt requirements/dev.txt
 run: $(VENV)/.deps
 	$(PY) -m vpay.devstack
 
-## The whole test suite: lint, migrations in sync, every test (slow rehearsals included).
-test: $(VENV)/.deps browser pgbouncer
+## The whole test suite: lint, migrations in sync, every test but the heavy `rehearse`
+## ones (pyproject.toml deselects them; a fast case of each rehearsal still runs here).
+test: $(VENV)/.deps browser pgbouncer postgres
 	$(PY) -m ruff check .
 	$(PY) manage.py makemigrations --check --dry-run
 	$(PY) -m pytest
+
+## The heavy failure rehearsals only: every test marked `rehearse` (docs/rehearsals.md).
+rehearse: $(VENV)/.deps postgres
+	$(PY) -m pytest -m rehearse
 
 ## Debian's chromium + chromium-driver for the admin's browser test, when missing (never fails).
 browser:
@@ -29,6 +34,10 @@ browser:
 ## Debian's pgbouncer for the pooler tests (tests/test_pgbouncer.py), when missing (never fails).
 pgbouncer:
 	@sh tests/pgbouncer/install-pgbouncer.sh
+
+## Debian's PostgreSQL server binaries for the outage rehearsals' own cluster, when missing (never fails).
+postgres:
+	@sh tests/install-postgresql.sh
 
 bench: $(VENV)/.deps
 	bench/run.sh

@@ -18,7 +18,19 @@ def main() -> None:
         ensure_running_if_used()
     except ImproperlyConfigured as exc:
         sys.exit(f"vpay: refusing to start: {exc}")
-    execute_from_command_line(sys.argv)
+    from django.db import DatabaseError
+
+    try:
+        execute_from_command_line(sys.argv)
+    except DatabaseError as exc:
+        # A database that refuses, never answers or keeps a lock: one line naming the
+        # bound, not a traceback (vpay/db_errors.py); any other error keeps its traceback.
+        from vpay.db_errors import unavailable_message
+
+        message = unavailable_message(exc)
+        if message is None:
+            raise
+        sys.exit(f"vpay: {message}")
 
 
 if __name__ == "__main__":

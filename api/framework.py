@@ -22,6 +22,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from api import idempotency
+from jobs.invoke import connection_lost
 from vpay.errors import error_chain
 
 logger = logging.getLogger(__name__)
@@ -32,6 +33,8 @@ IDEMPOTENCY = "idempotency_error"
 API = "api_error"
 
 MAX_IDEMPOTENCY_KEY = 255
+# Retry-After of a 503 database_unavailable: a restart or a failover takes seconds.
+DATABASE_RETRY_AFTER_SECONDS = 2
 DEFAULT_PAGE = 10
 MAX_PAGE = 100
 
@@ -294,6 +297,21 @@ def route(*methods: str, atomic: bool = True) -> Callable:
             except ApiError as exc:
                 return exc.response()
             except Exception as exc:  # noqa: BLE001 - one error format for every 5xx
+                if connection_lost(exc, closed=False):
+                    # The database is away (refused, restarting, the link cut), not a bug: a
+                    # 503 the client retries, as for a rail that is down. Its transaction
+                    # rolled back with the connection.
+                    logger.warning(
+                        "api request refused: the database is unavailable",
+                        extra={"path": request.path, "method": request.method, "error": error_chain(exc, 500)},
+                    )
+                    return ApiError(
+                        503,
+                        "database_unavailable",
+                        "The service is briefly unavailable; retry shortly.",
+                        type=API,
+                        retry_after=DATABASE_RETRY_AFTER_SECONDS,
+                    ).response()
                 logger.error(
                     "api request failed",
                     extra={"path": request.path, "method": request.method, "error": error_chain(exc, 1000)},

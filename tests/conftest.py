@@ -153,3 +153,33 @@ def receiver():
 
 # The sandbox rail (a real HTTP subprocess, one per session) for the charges tests.
 from tests.rail_support import sandbox_rail  # noqa: E402, F401
+
+
+@pytest.fixture(scope="session")
+def owned_postgres():
+    """A PostgreSQL cluster of the suite's own (tests/owned_postgres.py), started, with a
+    migrated template database; skipped, saying why, where one cannot be made. A test that
+    stops it must start it again (``owned_database`` checks)."""
+    from tests.owned_postgres import OwnedPostgres, missing_reason
+
+    reason = missing_reason()
+    if reason:
+        pytest.skip(f"no owned PostgreSQL: {reason}")
+    cluster = OwnedPostgres()
+    try:
+        cluster.init()
+        cluster.start()
+        cluster.migrate_template()
+        yield cluster
+    finally:
+        cluster.destroy()
+
+
+@pytest.fixture
+def owned_database(owned_postgres, request):
+    """A fresh migrated database on the owned cluster, for one test: its URL. The cluster is
+    running again when the test ends, whatever the test did to it."""
+    name = "rehearsal_" + "".join(c if c.isalnum() else "_" for c in request.node.name)[:50].lower()
+    yield owned_postgres.fresh_database(name)
+    if not owned_postgres.running():
+        owned_postgres.start()

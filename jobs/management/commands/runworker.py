@@ -18,6 +18,7 @@ from jobs.checks import fence_ttl_problems
 from jobs.migration_check import migration_problems
 from jobs.worker import HEARTBEAT_SECONDS, LEASE_BEATS, LEASE_MARGIN_SECONDS, Worker, default_worker_id
 from vpay import db_role
+from vpay.db_errors import unavailable_message
 from vpay.errors import error_chain
 
 
@@ -130,8 +131,10 @@ class Command(BaseCommand):
             if settings.VPAY_DB_POOLER == "transaction":
                 self._warn_about_role_timeouts()
         except DatabaseError as exc:
-            # error_chain redacts: a connection error can quote the DSN it failed on.
-            raise CommandError(f"cannot reach the database to check migrations: {error_chain(exc, 500)}") from exc
+            # Unreachable, silent or blocked: one line naming the bound that stopped it
+            # (error_chain redacts: a connection error can quote the DSN it failed on).
+            reason = unavailable_message(exc) or error_chain(exc, 500)
+            raise CommandError(f"cannot check the migrations, refusing to start: {reason}") from None
         finally:
             connection.close()
         if problems:
