@@ -195,9 +195,7 @@ def overtaken_lines(caplog) -> list[tuple]:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_task_that_finishes_before_its_next_heartbeat_keeps_its_answer_and_the_request_is_overtaken(
-    effects, caplog
-):
+def test_a_task_that_finishes_before_its_next_heartbeat_keeps_its_answer_and_the_request_is_overtaken(effects, caplog):
     job_id, worker = run_one_task("tests.tasks.cancelled_while_running", "finishes", "return")
     assert effects("finishes") == [("finishes", "")]
     assert not DeadLetter.objects.filter(job_id=job_id).exists() and count("jobs") == 0
