@@ -25,6 +25,7 @@ class Merchant(models.Model):
 
     class Meta:
         db_table = "merchants"
+        permissions = [("roll_api_key", "Can roll merchants' secret keys")]
         constraints = [models.CheckConstraint(condition=~Q(name=""), name="merchants_name_not_blank")]
 
     def __str__(self) -> str:
@@ -51,6 +52,8 @@ class ApiKey(models.Model):
 
     class Meta:
         db_table = "merchant_api_keys"
+        verbose_name = "secret key"
+        permissions = [("revoke_api_key", "Can revoke secret keys")]
         constraints = [
             models.CheckConstraint(
                 condition=Q(revoked_at__isnull=True) | ~Q(revoked_reason=""),
@@ -80,6 +83,7 @@ class OAuthClient(models.Model):
     class Meta:
         db_table = "oauth_clients"
         verbose_name = "OAuth client"
+        permissions = [("revoke_oauth_client", "Can revoke OAuth clients")]
         constraints = [
             models.CheckConstraint(condition=~Q(name=""), name="oauth_clients_name_not_blank"),
             models.CheckConstraint(

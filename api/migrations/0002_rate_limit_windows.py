@@ -8,7 +8,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('api', '0001_initial'),
-        ('merchants', '0002_oauth_clients_and_key_roll'),
+        ('merchants', '0001_initial'),
     ]
 
     operations = [
