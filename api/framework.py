@@ -22,14 +22,12 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from api import idempotency, ratelimit
-from api.errors import API, AUTHENTICATION, IDEMPOTENCY, INVALID_REQUEST, http_of
+from api.errors import API, AUTHENTICATION, IDEMPOTENCY, INVALID_REQUEST, http_of  # noqa: F401 - views import them from here
 from merchants.credentials import credential_authenticate
 from vpay.errors import DomainError, RateLimited, error_chain
 from vpay.livemode import with_livemode
 
 logger = logging.getLogger(__name__)
-
-__all__ = ["API", "AUTHENTICATION", "IDEMPOTENCY", "INVALID_REQUEST"]  # re-exported: views import them from here
 
 MAX_IDEMPOTENCY_KEY = 255
 DEFAULT_PAGE = 10

@@ -2,8 +2,8 @@
 ``private_key_jwt`` client assertion (RFC 7523 §2.2, RFC 7521 §4.2).
 
 A client proves itself with a JWT it signs with its private key; vpay holds only the
-public key. The JWS is verified by PyJWT (never by hand), with the one algorithm the
-client's key type allows: RSA keys RS256/PS256, EC P-256 keys ES256, Ed25519 keys EdDSA.
+public key. The JWS is verified by PyJWT (never by hand), with an algorithm the client's
+key type allows: RSA keys RS256/PS256, EC P-256 keys ES256, Ed25519 keys EdDSA.
 ``none`` and every HMAC algorithm are refused before any key is touched (an HMAC "signed"
 with a public key is the classic algorithm-confusion forgery).
 
