@@ -21,16 +21,14 @@ from django.db.models import Model, Q, QuerySet
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from api import idempotency
+from api import idempotency, ratelimit
+from api.errors import API, AUTHENTICATION, IDEMPOTENCY, INVALID_REQUEST, http_of  # noqa: F401 - views import them from here
 from jobs.invoke import connection_lost
-from vpay.errors import error_chain
+from merchants.credentials import credential_authenticate
+from vpay.errors import DomainError, RateLimited, error_chain
+from vpay.livemode import with_livemode
 
 logger = logging.getLogger(__name__)
-
-INVALID_REQUEST = "invalid_request_error"
-AUTHENTICATION = "authentication_error"
-IDEMPOTENCY = "idempotency_error"
-API = "api_error"
 
 MAX_IDEMPOTENCY_KEY = 255
 # Retry-After of a 503 database_unavailable: a restart or a failover takes seconds.
@@ -63,6 +61,13 @@ class ApiError(Exception):
             response["Retry-After"] = str(self.retry_after)
         return response
 
+    @classmethod
+    def of(cls, exc: DomainError) -> ApiError:
+        """A service's refusal as the API answers it (``api.errors``)."""
+        status, error_type = http_of(exc)
+        retry_after = exc.retry_after if isinstance(exc, RateLimited) else None
+        return cls(status, exc.code, exc.message, param=exc.param, type=error_type, retry_after=retry_after)
+
 
 def error_response(
     status: int, code: str, message: str, *, param: str | None = None, type: str = INVALID_REQUEST
@@ -88,7 +93,8 @@ def owned(request: HttpRequest, queryset: QuerySet, object_id: str, what: str) -
 
 
 def respond(payload: dict, status: int = 200) -> JsonResponse:
-    return JsonResponse(payload, status=status)
+    """An answer; every object in it carries ``livemode`` (``vpay.livemode``)."""
+    return JsonResponse(with_livemode(payload), status=status)
 
 
 # --- request bodies ------------------------------------------------------------------
@@ -267,8 +273,10 @@ def paginate(request: HttpRequest, queryset: QuerySet, render: Callable[[Model],
 
 
 def route(*methods: str, atomic: bool = True) -> Callable:
-    """Wrap a ``/v1`` view: method check, body bound, API-key authentication (sets
-    ``request.merchant``), ``Idempotency-Key`` on POST, and errors in the common format.
+    """Wrap a ``/v1`` view: method check, body bound, authentication by secret key or
+    OAuth bearer token (sets ``request.merchant``; ``merchants.credentials``), the
+    merchant's rate limit (``api.ratelimit``), ``Idempotency-Key`` on POST, and errors in
+    the common format (a service's domain error mapped by ``api.errors``).
 
     With ``atomic`` (the default) a POST runs in one transaction with its idempotency
     record: either both commit or neither. A view that must commit before calling out
@@ -285,9 +293,8 @@ def route(*methods: str, atomic: bool = True) -> Callable:
                 if request.method not in allowed:
                     raise ApiError(405, "method_not_allowed", f"{request.method} is not allowed here.")
                 _bound_body(request)
-                from merchants.services import authenticate
-
-                request.merchant = authenticate(request.headers.get("Authorization", ""))
+                request.merchant = credential_authenticate(authorization=request.headers.get("Authorization", ""))
+                ratelimit.rate_limit_charge(merchant_id=request.merchant.id)
                 if request.method == "POST" and "Idempotency-Key" in request.headers:
                     return _idempotent(request, view, atomic, args, kwargs)
                 if atomic and request.method != "GET":
@@ -296,6 +303,8 @@ def route(*methods: str, atomic: bool = True) -> Callable:
                 return view(request, *args, **kwargs)
             except ApiError as exc:
                 return exc.response()
+            except DomainError as exc:
+                return ApiError.of(exc).response()
             except Exception as exc:  # noqa: BLE001 - one error format for every 5xx
                 if connection_lost(exc, closed=False):
                     # The database is away (refused, restarting, the link cut), not a bug: a

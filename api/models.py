@@ -32,3 +32,25 @@ class IdempotencyRecord(models.Model):
 
     def __repr__(self) -> str:
         return f"<IdempotencyRecord {self.pk} merchant={self.merchant_id}>"
+
+
+class RateLimitWindow(models.Model):
+    """A merchant's request count in the current fixed window (``api.ratelimit``): one row
+    per merchant, rewritten in place by one upsert per request, shared by every web process.
+
+    The table is UNLOGGED (its migration): a counter lost to a database crash only forgives
+    one window, and skipping the WAL halves what each request's write costs.
+    """
+
+    merchant = models.OneToOneField("merchants.Merchant", on_delete=models.CASCADE, primary_key=True, related_name="+")
+    window_start = models.DateTimeField()
+    count = models.IntegerField()
+
+    class Meta:
+        db_table = "api_rate_limit_windows"
+
+    def __str__(self) -> str:
+        return f"rate limit window of {self.merchant_id}"
+
+    def __repr__(self) -> str:
+        return f"<RateLimitWindow {self.merchant_id} {self.count}>"

@@ -6,7 +6,7 @@ import json
 
 from django.test import Client
 
-from merchants.services import create_merchant
+from merchants.services import api_key_issue, create_merchant
 
 
 class MerchantClient:
@@ -15,6 +15,11 @@ class MerchantClient:
     def __init__(self, name: str) -> None:
         self.merchant, self.key = create_merchant(name)
         self.client = Client()
+
+    def go_live(self, settings) -> None:
+        """Switch the deployment to live mode and hold a live key: a test key is refused there."""
+        settings.LIVE_MODE = True
+        self.key = api_key_issue(merchant=self.merchant)
 
     def call(self, method: str, path: str, body=None, *, key: str | None = None, raw: bytes | None = None, **headers):
         """``key`` is an Idempotency-Key; ``raw`` replaces the JSON body with these bytes."""

@@ -296,7 +296,7 @@ def test_a_checkout_session_refuses_a_return_url_that_is_not_http_and_writes_not
 def test_a_checkout_session_return_url_must_be_https_in_live_mode(acme, settings):
     plain = {**SESSION, "success_url": "http://shop.example/ok", "cancel_url": "http://shop.example/no"}
     assert acme.call("POST", "/v1/checkout/sessions", plain).status_code == 200
-    settings.LIVE_MODE = True
+    acme.go_live(settings)
     before = counts()
     for param in ("success_url", "cancel_url"):
         response = acme.call("POST", "/v1/checkout/sessions", {**SESSION, param: "http://shop.example/ok"})

@@ -105,12 +105,12 @@ def test_a_short_registered_value_is_not_redacted_everywhere():
 @pytest.mark.django_db
 def test_new_api_keys_and_checkout_client_secrets_are_letters_and_digits_redacted_whole():
     from charges.services.intents import create_session
-    from merchants.services import create_merchant, issue_key
+    from merchants.services import api_key_issue, create_merchant
 
     merchant, _ = create_merchant("Acme")
     letters_and_digits = set(string.ascii_letters + string.digits)
     for _ in range(20):
-        key = issue_key(merchant)
+        key = api_key_issue(merchant=merchant)
         secret = create_session(merchant, {"amount": 1000, "currency": "usd", "rail": "sandbox_push"}).client_secret
         assert set(key.removeprefix("sk_test_")) <= letters_and_digits, key
         assert set(secret.removeprefix("cs_secret_")) <= letters_and_digits, secret

@@ -139,3 +139,47 @@ def error_chain(exc: BaseException, limit: int = 2000) -> str:
 
     text = redact(text)
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+# --- Domain errors ------------------------------------------------------------------------
+# What a service refuses, in the service's own words. Services raise these and know nothing
+# of HTTP; ``api.errors`` maps each to a status and the API's error shape, the one place
+# that does. ``message`` is for humans and never carries a secret; ``code`` is for machines;
+# ``param`` names the offending input, if one does.
+
+
+class DomainError(Exception):
+    """A request a service refuses. Subclasses say what kind of refusal it is."""
+
+    def __init__(self, code: str, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.code, self.message, self.param = code, message, param
+
+
+class InvalidInput(DomainError):
+    """The input is malformed or out of bounds."""
+
+
+class NotFound(DomainError):
+    """No such object (or not the caller's)."""
+
+
+class InvalidState(DomainError):
+    """The object exists but is not in a state that allows this."""
+
+
+class AuthenticationFailed(DomainError):
+    """The credential is missing, malformed, unknown, expired, revoked or of the other mode."""
+
+
+class RateLimited(DomainError):
+    """Too many requests in the current window; ``retry_after`` seconds until the next."""
+
+    def __init__(self, code: str, message: str, *, retry_after: int) -> None:
+        super().__init__(code, message)
+        self.retry_after = retry_after
+
+
+class GrantRefused(DomainError):
+    """The token endpoint refuses (RFC 6749 §5.2): ``code`` is the RFC's ``error`` value
+    (``invalid_request``, ``invalid_client``, ``invalid_grant``, ``unsupported_grant_type``)."""

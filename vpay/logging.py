@@ -27,6 +27,10 @@ _SECRET_PATTERNS = [
     # API keys, webhook secrets, client secrets: sk_..., whsec_..., rk_..., cs_secret_...,
     # over the whole token_urlsafe alphabet (a key issued before keys were base62 has '-').
     (re.compile(r"\b(sk|rk|whsec|pk_live|sk_live|sk_test|cs_secret)_[A-Za-z0-9_-]{6,}"), r"\1_[REDACTED]"),
+    # OAuth bearer tokens (at_live_…, at_test_…) and JWTs (a client assertion is a credential
+    # until it expires): header.payload[.signature], each part base64url.
+    (re.compile(r"\b(at_live|at_test)_[A-Za-z0-9_-]{6,}"), r"\1_[REDACTED]"),
+    (re.compile(r"\beyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]{4,}(\.[A-Za-z0-9_-]*)?"), "[REDACTED JWT]"),
     (re.compile(r"(?i)\b(bearer)\s+[A-Za-z0-9._~+/=-]{6,}"), r"\1 [REDACTED]"),
     # user:password@ in URLs (DATABASE_URL, rail base URLs with credentials).
     (re.compile(r"(?i)([a-z][a-z0-9+.-]*://[^/\s:@]*):[^@\s/]+@"), r"\1:[REDACTED]@"),

@@ -369,3 +369,21 @@ try:
     VPAY_METRICS_ALLOW_CIDRS = parse_cidrs(env.str("VPAY_METRICS_ALLOW_CIDRS", default=""))
 except ValueError as exc:
     raise ImproperlyConfigured(f"VPAY_METRICS_ALLOW_CIDRS: {exc}") from None
+
+# --- Merchant API authentication and rate limits (merchants.credentials, api.ratelimit) ---
+# Requests a merchant may make per window, counted across every web process in PostgreSQL
+# (a fixed window on the database clock); over it, 429 with Retry-After. 0: no limit.
+VPAY_API_RATE_LIMIT = env.int("VPAY_API_RATE_LIMIT", default=100)
+VPAY_API_RATE_LIMIT_WINDOW_SECONDS = env.int("VPAY_API_RATE_LIMIT_WINDOW_SECONDS", default=1)
+if VPAY_API_RATE_LIMIT < 0 or not 1 <= VPAY_API_RATE_LIMIT_WINDOW_SECONDS <= 3600:
+    raise ImproperlyConfigured("VPAY_API_RATE_LIMIT must be 0 or more and VPAY_API_RATE_LIMIT_WINDOW_SECONDS 1 to 3600")
+# How long a rolled secret key keeps working beside its successor (apikeys roll, the admin).
+VPAY_API_KEY_ROLL_OVERLAP_SECONDS = env.int("VPAY_API_KEY_ROLL_OVERLAP_SECONDS", default=24 * 3600)
+# Lifetime of a bearer token from POST /v1/oauth/token.
+VPAY_OAUTH_TOKEN_TTL_SECONDS = env.int("VPAY_OAUTH_TOKEN_TTL_SECONDS", default=900)
+if not 60 <= VPAY_OAUTH_TOKEN_TTL_SECONDS <= 86400:
+    raise ImproperlyConfigured("VPAY_OAUTH_TOKEN_TTL_SECONDS must be 60 to 86400")
+# The token endpoint's URL as clients reach it: the only `aud` a client assertion may carry.
+# Default: VPAY_PUBLIC_URL + /v1/oauth/token (never the request's Host header, which the
+# sender chooses).
+VPAY_OAUTH_TOKEN_URL = env.str("VPAY_OAUTH_TOKEN_URL", default="")

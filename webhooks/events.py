@@ -7,6 +7,7 @@ import logging
 from django.db import DatabaseError, connection, transaction
 
 from merchants.models import Merchant
+from vpay.livemode import with_livemode
 from webhooks.event_types import EventType
 from webhooks.models import Event
 
@@ -27,7 +28,7 @@ def emit(merchant: Merchant | str, type: EventType | str, obj: dict) -> Event:
     if not isinstance(obj, dict) or "id" not in obj or "object" not in obj:
         raise ValueError("an event's object is a rendered wire object with 'id' and 'object'")
     merchant_id = merchant if isinstance(merchant, str) else merchant.pk
-    event = Event.objects.create(merchant_id=merchant_id, type=event_type, data=obj)
+    event = Event.objects.create(merchant_id=merchant_id, type=event_type, data=with_livemode(obj))
     wake_fan_out_at_commit()
     return event
 
@@ -53,11 +54,19 @@ def wake_fan_out_at_commit() -> None:
 
 
 def render_event(event: Event) -> dict:
-    """The wire form of an event: the webhook body and the ``/v1/events`` answer."""
-    return {
+    """The wire form of an event: the webhook body and the ``/v1/events`` answer.
+
+    The event's ``livemode`` is its object's, as stored when it was written; an event
+    written before objects carried it renders as it always did (its signed body must not
+    change between delivery attempts).
+    """
+    rendered = {
         "id": event.id,
         "object": "event",
         "type": event.type,
         "created": int(event.created_at.timestamp()),
         "data": {"object": event.data},
     }
+    if isinstance(event.data, dict) and "livemode" in event.data:
+        rendered["livemode"] = event.data["livemode"]
+    return rendered

@@ -6,7 +6,8 @@ shown this once and stored only as a digest.
 
 from django.core.management.base import BaseCommand, CommandError
 
-from merchants.services import create_merchant
+from merchants.services import merchant_create
+from vpay.errors import InvalidInput
 
 
 class Command(BaseCommand):
@@ -17,8 +18,8 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options):
         try:
-            merchant, key = create_merchant(options["name"])
-        except ValueError as exc:
-            raise CommandError(str(exc)) from None
+            merchant, key = merchant_create(name=options["name"])
+        except InvalidInput as exc:
+            raise CommandError(exc.message) from None
         self.stderr.write(f"Created merchant {merchant.id}. Its secret key is shown once; store it now:")
         self.stdout.write(key)

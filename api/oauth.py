@@ -1,0 +1,79 @@
+"""``POST /v1/oauth/token``: the client-credentials grant with a ``private_key_jwt`` client
+assertion (``merchants.clients``). Its answers follow RFC 6749 §5.1/§5.2, not the rest of
+``/v1``: ``{"access_token", "token_type", "expires_in"}``, or ``{"error",
+"error_description"}`` with 400 (401 for ``invalid_client``), never cached.
+
+Form-encoded, as OAuth requires::
+
+    grant_type=client_credentials
+    client_assertion_type=urn:ietf:params:oauth:client-assertion-type:jwt-bearer
+    client_assertion=<JWT: iss = sub = the client id, aud = this URL, exp ≤ 5 min, a unique jti>
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from merchants.clients import access_token_issue
+from vpay.errors import GrantRefused, error_chain
+
+logger = logging.getLogger(__name__)
+
+TOKEN_PATH = "/v1/oauth/token"  # noqa: S105 - a path, not a secret
+FORM = "application/x-www-form-urlencoded"
+
+
+def token_url() -> str:
+    """The token endpoint's own URL, the only ``aud`` accepted (``VPAY_OAUTH_TOKEN_URL``,
+    else ``VPAY_PUBLIC_URL`` + the path)."""
+    return settings.VPAY_OAUTH_TOKEN_URL or settings.VPAY_PUBLIC_URL.rstrip("/") + TOKEN_PATH
+
+
+def _answer(body: dict, status: int = 200) -> JsonResponse:
+    response = JsonResponse(body, status=status)
+    response["Cache-Control"] = "no-store"  # RFC 6749 §5.1: a token must not be cached
+    response["Pragma"] = "no-cache"
+    return response
+
+
+def _refusal(error: str, description: str) -> JsonResponse:
+    return _answer({"error": error, "error_description": description}, 401 if error == "invalid_client" else 400)
+
+
+@csrf_exempt
+def token(request: HttpRequest) -> JsonResponse:
+    if request.method != "POST":
+        response = _refusal("invalid_request", "Use POST.")
+        response.status_code = 405
+        response["Allow"] = "POST"
+        return response
+    if request.content_type != FORM:
+        return _refusal("invalid_request", f"Send the parameters as {FORM}.")
+    try:
+        if len(request.body) > settings.VPAY_API_MAX_BODY_BYTES:
+            raise RequestDataTooBig
+        form = request.POST
+        for name in form:
+            if len(form.getlist(name)) != 1:
+                return _refusal("invalid_request", f"{name} may be given once.")
+        issued, expires_in, _client = access_token_issue(
+            grant_type=form.get("grant_type", ""),
+            client_assertion_type=form.get("client_assertion_type", ""),
+            client_assertion=form.get("client_assertion", ""),
+            client_id=form.get("client_id", ""),
+            audience=token_url(),
+        )
+    except RequestDataTooBig:
+        return _refusal("invalid_request", f"The request body is larger than {settings.VPAY_API_MAX_BODY_BYTES} bytes.")
+    except GrantRefused as exc:
+        logger.info("oauth token refused", extra={"error": exc.code, "description": exc.message})
+        return _refusal(exc.code, exc.message)
+    except Exception as exc:  # noqa: BLE001 - an OAuth-shaped 500, never a page
+        logger.error("oauth token failed", extra={"path": request.path, "error": error_chain(exc, 1000)})
+        return _answer({"error": "server_error", "error_description": "An internal error occurred."}, 500)
+    return _answer({"access_token": issued, "token_type": "Bearer", "expires_in": expires_in})

@@ -1,0 +1,141 @@
+"""Authenticating a ``/v1`` request: the ``Authorization`` header to a merchant.
+
+Two credentials are accepted, side by side, both as ``Authorization: Bearer …``:
+
+* a secret key, ``sk_live_…`` / ``sk_test_…`` (``merchants.services``);
+* a bearer token an OAuth client obtained from ``POST /v1/oauth/token``,
+  ``at_live_…`` / ``at_test_…`` (``merchants.clients``).
+
+The prefix says the credential's mode, and a credential authenticates only in its own
+mode: a test key is refused by a live deployment (and a live key by a test one), before
+any lookup. Which credential a header carries is a pure decision (:func:`classify`); the
+lookups then compare digests, and every expiry is compared with the database clock.
+
+:data:`SCHEMES` lists the schemes once, for whatever describes the API (docs, OpenAPI).
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db.models import Q
+from django.db.models.functions import Now
+
+from merchants.models import AccessToken, ApiKey, Merchant
+from vpay.errors import AuthenticationFailed
+
+
+class Kind(enum.StrEnum):
+    """What a bearer credential is."""
+
+    SECRET_KEY = "secret_key"  # noqa: S105 - sk_live_… / sk_test_…
+    ACCESS_TOKEN = "access_token"  # noqa: S105 - at_live_… / at_test_…, from POST /v1/oauth/token
+
+
+PREFIXES: dict[Kind, dict[bool, str]] = {
+    Kind.SECRET_KEY: {True: "sk_live_", False: "sk_test_"},
+    Kind.ACCESS_TOKEN: {True: "at_live_", False: "at_test_"},
+}
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """One way to authenticate, as an API description names it."""
+
+    name: str
+    kind: Kind
+    description: str
+
+
+SCHEMES = (
+    Scheme(
+        "secret_key",
+        Kind.SECRET_KEY,
+        "A merchant's secret key as `Authorization: Bearer sk_live_…` (`sk_test_…` outside live mode).",
+    ),
+    Scheme(
+        "oauth_client",
+        Kind.ACCESS_TOKEN,
+        "A bearer token (`at_live_…`/`at_test_…`) from `POST /v1/oauth/token` (client_credentials with a "
+        "private_key_jwt client assertion, RFC 7523), as `Authorization: Bearer at_…`.",
+    ),
+)
+
+
+def prefix(kind: Kind, *, live_mode: bool) -> str:
+    """The prefix a new credential of ``kind`` gets in this mode."""
+    return PREFIXES[kind][live_mode]
+
+
+def digest(secret: str) -> str:
+    """What is stored of a key or token: 256 random bits make a fast digest as good as a
+    slow password hash here, at no cost per request."""
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def _refusal(code: str, message: str) -> AuthenticationFailed:
+    return AuthenticationFailed(code, message)  # a fresh one each time: an exception keeps its traceback
+
+
+def _missing() -> AuthenticationFailed:
+    return _refusal("api_key_missing", "Provide your API key as 'Authorization: Bearer sk_…'.")
+
+
+def _malformed() -> AuthenticationFailed:
+    return _refusal("api_key_invalid", "The Authorization header is not 'Bearer sk_…' or 'Bearer at_…'.")
+
+
+def _wrong_mode(kind: Kind, *, live_mode: bool) -> AuthenticationFailed:
+    what = "key" if kind is Kind.SECRET_KEY else "access token"
+    if live_mode:
+        return _refusal("livemode_mismatch", f"A test {what} cannot be used in live mode.")
+    return _refusal("livemode_mismatch", f"A live {what} cannot be used outside live mode.")
+
+
+def classify(authorization: str, *, live_mode: bool) -> tuple[Kind, str]:
+    """The credential in an ``Authorization`` header and its kind, or the refusal.
+
+    Pure: the decision table of ``tests/test_credentials.py``. Never echoes the header.
+    """
+    if not authorization:
+        raise _missing()
+    scheme, _, credential = authorization.partition(" ")
+    credential = credential.strip()
+    if scheme.lower() != "bearer" or not credential:
+        raise _malformed()
+    for kind, by_mode in PREFIXES.items():
+        if credential.startswith(by_mode[live_mode]):
+            return kind, credential
+        if credential.startswith(by_mode[not live_mode]):
+            raise _wrong_mode(kind, live_mode=live_mode)
+    raise _malformed()
+
+
+def credential_authenticate(*, authorization: str) -> Merchant:
+    """The merchant an ``Authorization`` header authenticates, or :class:`AuthenticationFailed`.
+
+    One indexed read either way (the unique digest): a key that is not revoked and not past
+    the overlap of a roll, or a token not expired whose client is not revoked.
+    """
+    kind, credential = classify(authorization, live_mode=settings.LIVE_MODE)
+    if kind is Kind.SECRET_KEY:
+        key = (
+            ApiKey.objects.select_related("merchant")
+            .filter(digest=digest(credential), revoked_at__isnull=True)
+            .filter(Q(expires_at__isnull=True) | Q(expires_at__gt=Now()))
+            .first()
+        )
+        if key is None:
+            raise _refusal("api_key_invalid", "Invalid API key.")
+        return key.merchant
+    token = (
+        AccessToken.objects.select_related("client__merchant")
+        .filter(digest=digest(credential), expires_at__gt=Now(), client__revoked_at__isnull=True)
+        .first()
+    )
+    if token is None:
+        raise _refusal("access_token_invalid", "Invalid or expired access token.")
+    return token.client.merchant
