@@ -22,7 +22,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from api import idempotency
-from vpay.errors import error_chain
+from vpay.errors import DomainError, InvalidRequest, InvalidState, NotFound, error_chain
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +67,16 @@ def error_response(
     """The one error body every ``/v1`` 4xx and 5xx answers with."""
     body = {"error": {"type": type, "code": code, "message": message, "param": param}}
     return JsonResponse(body, status=status)
+
+
+# How a service's refusal (vpay.errors) is answered: the one place it becomes HTTP.
+_DOMAIN_STATUS = ((NotFound, 404), (InvalidState, 409), (InvalidRequest, 400))
+
+
+def from_domain(exc: DomainError) -> ApiError:
+    """The API's answer to a service's refusal; an unmapped subclass is a 400."""
+    status = next((code for cls, code in _DOMAIN_STATUS if isinstance(exc, cls)), 400)
+    return ApiError(status, exc.code, exc.message, param=exc.param)
 
 
 def not_found(what: str, object_id: str) -> ApiError:
@@ -293,6 +303,8 @@ def route(*methods: str, atomic: bool = True) -> Callable:
                 return view(request, *args, **kwargs)
             except ApiError as exc:
                 return exc.response()
+            except DomainError as exc:
+                return from_domain(exc).response()
             except Exception as exc:  # noqa: BLE001 - one error format for every 5xx
                 logger.error(
                     "api request failed",

@@ -15,3 +15,11 @@ RAIL_REQUESTS = Counter(
     "Rail requests by rail, operation and result (an HTTP status, or 'no_answer')",
     ["rail", "operation", "result"],
 )
+REFUNDS_SETTLED = Counter(
+    "vpay_refunds_settled_total", "Refunds that reached a terminal state, by rail and outcome", ["rail", "outcome"]
+)
+REFUNDS_UNRESOLVED = Counter(
+    "vpay_refunds_unresolved_total",
+    "Refunds escalated to unresolved past the horizon (transitions, not re-alerts)",
+    ["rail"],
+)

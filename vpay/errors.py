@@ -139,3 +139,32 @@ def error_chain(exc: BaseException, limit: int = 2000) -> str:
 
     text = redact(text)
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+# --- domain refusals -----------------------------------------------------------------------
+#
+# What a service raises when it refuses a request (bad input, a missing object, a state that
+# does not allow it). The services know nothing of HTTP; only ``api/`` maps these to a status
+# (``api.framework``: 400, 404, 409), so a worker or a shell calling the same service gets the
+# same refusal as a merchant.
+
+
+class DomainError(Exception):
+    """A refusal: ``code`` for machines, ``message`` for humans (never a secret), ``param``
+    naming the offending field."""
+
+    def __init__(self, message: str, *, code: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message, self.code, self.param = message, code, param
+
+
+class InvalidRequest(DomainError):
+    """The request itself is wrong (an amount over what is left, an unknown value)."""
+
+
+class NotFound(DomainError):
+    """No such object for this merchant (another merchant's object is not found either)."""
+
+
+class InvalidState(DomainError):
+    """The object is in a state that does not allow this (a refund of an unpaid intent)."""
