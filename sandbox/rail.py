@@ -120,6 +120,7 @@ class RailRefund:
     currency: str
     polls: int = 0
     forced: str | None = None  # never set: refunds have no payer page
+    failed: bool = False  # answered failed: its amount no longer counts against the charge
 
 
 @dataclass
@@ -346,7 +347,11 @@ class Handler(BaseHTTPRequestHandler):
         charge = state.charges.get((rail, body["charge_reference"]))
         if charge is None:
             return 404, "no such charge"
-        held = sum(r.amount for r in state.refunds.values() if (r.rail, r.charge_reference) == (rail, charge.reference))
+        held = sum(
+            r.amount
+            for r in state.refunds.values()
+            if (r.rail, r.charge_reference) == (rail, charge.reference) and not r.failed
+        )
         if held + body["amount"] > charge.amount:
             return 400, "refunds would exceed the charge"
         return None
@@ -371,6 +376,7 @@ class Handler(BaseHTTPRequestHandler):
                 code, status = 404, None
             else:
                 code, status = poll_answer(held, scenario)
+                held.failed = held.failed or status == "failed"
                 state.record({**entry, "status": code, "rail_status": status, "poll": held.polls})
         delay = scenario.get("poll_delay", 0)
         if delay:
