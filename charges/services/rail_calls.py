@@ -91,7 +91,7 @@ def refund_submit(
     refund_id: str, charge_id: str, rail: RailConfig, *, amount: int, currency: str, share: int | None = None
 ) -> tuple[int, RailAnswer]:
     """POST the refund (its id is the reference and the Idempotency-Key). Like :func:`submit`,
-    the caller records the answer in the transaction that acts on it."""
+    the answer is the caller's to record (``record_submit_answer``); a failure is recorded here."""
     return _call(
         charge_id,
         rail,
