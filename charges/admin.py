@@ -4,8 +4,8 @@ ones a human has been asked to reconcile against the rail's statement."""
 from django.contrib import admin
 from django.db.models import Case, IntegerField, Value, When
 
-from charges.models import Charge, CheckoutSession, PaymentIntent, ProviderRequest
-from charges.states import ChargeStatus
+from charges.models import Charge, CheckoutSession, PaymentIntent, ProviderRequest, Refund
+from charges.states import ChargeStatus, RefundStatus
 
 
 class ReadOnly(admin.ModelAdmin):
@@ -50,9 +50,43 @@ class ChargeAdmin(ReadOnly):
         return super().get_queryset(request).order_by(unresolved_first, "-created_at")
 
 
+class RefundRequestInline(ProviderRequestInline):
+    fk_name = "refund"
+
+
+@admin.register(Refund)
+class RefundAdmin(ReadOnly):
+    """Unresolved refunds first: a human has been asked to reconcile them with the rail."""
+
+    list_display = (
+        "id",
+        "status",
+        "rail",
+        "amount",
+        "currency",
+        "reason",
+        "failure_code",
+        "intent",
+        "merchant",
+        "created_at",
+        "unresolved_at",
+    )
+    list_filter = ("status", "rail", "reason", "currency")
+    search_fields = ("id", "intent__id", "charge__id")
+    list_select_related = ("merchant",)
+    date_hierarchy = "created_at"
+    inlines = [RefundRequestInline]
+
+    def get_queryset(self, request):
+        unresolved_first = Case(
+            When(status=RefundStatus.UNRESOLVED, then=Value(0)), default=Value(1), output_field=IntegerField()
+        )
+        return super().get_queryset(request).order_by(unresolved_first, "-created_at")
+
+
 @admin.register(PaymentIntent)
 class PaymentIntentAdmin(ReadOnly):
-    list_display = ("id", "status", "rail", "amount", "currency", "merchant", "created_at")
+    list_display = ("id", "status", "rail", "amount", "amount_refunded", "currency", "merchant", "created_at")
     list_filter = ("status", "rail")
     search_fields = ("id",)
     list_select_related = ("merchant",)

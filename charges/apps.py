@@ -10,7 +10,7 @@ class ChargesConfig(AppConfig):
         # System checks and the job handlers (poll, resubmit, backstop) register on import.
         from charges import checks  # noqa: F401
         from charges.ceilings import rail_ceilings
-        from charges.services import polling  # noqa: F401
+        from charges.services import polling, refund_polling  # noqa: F401
         from charges.services.checkout_expiry import expire_checkout_sessions
         from customers.retention import register_in_use
         from jobs.ceilings import register_ceilings

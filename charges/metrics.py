@@ -18,3 +18,11 @@ RAIL_REQUESTS = Counter(
 
 # Read from the database (vpay.sql_gauges.refresh): every charge not yet terminal.
 CHARGES_LIVE = Gauge("vpay_charges_live", "Charges not yet terminal, by rail and state", ["rail", "state"])
+REFUNDS_SETTLED = Counter(
+    "vpay_refunds_settled_total", "Refunds that reached a terminal state, by rail and outcome", ["rail", "outcome"]
+)
+REFUNDS_UNRESOLVED = Counter(
+    "vpay_refunds_unresolved_total",
+    "Refunds escalated to unresolved past the horizon (transitions, not re-alerts)",
+    ["rail"],
+)

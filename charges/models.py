@@ -11,18 +11,22 @@ from __future__ import annotations
 from datetime import timedelta
 
 from django.db import models
-from django.db.models import Q, Value
+from django.db.models import F, Q, Value
 from django.db.models.functions import Length, Now
 
 from api.ids import ID_MAX_LENGTH, new_id
 from charges.states import (
     CHARGE_LIVE,
+    REFUND_LIVE,
+    CancellationReason,
     ChargeStatus,
     CheckoutPaymentStatus,
     CheckoutSessionStatus,
     IntentStatus,
     RailFlow,
     RailStatus,
+    RefundReason,
+    RefundStatus,
 )
 from vpay.sealing import SealedTextField
 
@@ -45,6 +49,10 @@ def new_session_id() -> str:
     return new_id("cs")
 
 
+def new_refund_id() -> str:
+    return new_id("re")
+
+
 class PaymentIntent(models.Model):
     """What a merchant wants to be paid, on which rail; confirmed at most once."""
 
@@ -60,6 +68,11 @@ class PaymentIntent(models.Model):
         max_length=32, choices=IntentStatus.choices, db_default=IntentStatus.REQUIRES_CONFIRMATION
     )
     metadata = models.JSONField(default=dict, blank=True)
+    # The sum of its refunds that are live or succeeded (a failed refund gives its amount
+    # back), moved only under this row's lock (charges.refund_repository).
+    amount_refunded = models.BigIntegerField(db_default=0)
+    cancellation_reason = models.CharField(max_length=32, choices=CancellationReason.choices, null=True, blank=True)
+    canceled_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(db_default=Now())
     updated_at = models.DateTimeField(db_default=Now())
 
@@ -69,6 +82,11 @@ class PaymentIntent(models.Model):
             models.CheckConstraint(condition=Q(amount__gt=0), name="charges_paymentintent_amount_positive"),
             models.CheckConstraint(
                 condition=Q(status__in=IntentStatus.values), name="charges_paymentintent_status_known"
+            ),
+            # Never refunded past what was paid: the database's word, behind the row lock.
+            models.CheckConstraint(
+                condition=Q(amount_refunded__gte=0) & Q(amount_refunded__lte=F("amount")),
+                name="charges_paymentintent_refunded_within_amount",
             ),
         ]
         indexes = [models.Index(fields=["merchant", "-created_at", "-id"], name="intents_merchant_recent")]
@@ -126,9 +144,55 @@ class Charge(models.Model):
         return f"<Charge {self.id} {self.status} rail={self.rail} intent={self.intent_id}>"
 
 
+class Refund(models.Model):
+    """Money sent back to the payer of a succeeded intent, on the intent's rail. Its id is
+    the rail reference (and the rail's idempotency key), so a resubmission can never become
+    a second refund."""
+
+    id = models.CharField(primary_key=True, max_length=ID_MAX_LENGTH, default=new_refund_id, editable=False)
+    merchant = models.ForeignKey("merchants.Merchant", on_delete=models.PROTECT, related_name="refunds")
+    intent = models.ForeignKey(PaymentIntent, on_delete=models.PROTECT, related_name="refunds")
+    charge = models.ForeignKey(Charge, on_delete=models.PROTECT, related_name="refunds")
+    rail = models.CharField(max_length=32)
+    amount = models.BigIntegerField(help_text="Minor units.")
+    currency = models.CharField(max_length=3)
+    reason = models.CharField(max_length=32, choices=RefundReason.choices, null=True, blank=True)
+    status = models.CharField(max_length=16, choices=RefundStatus.choices, db_default=RefundStatus.SUBMITTING)
+    failure_code = models.CharField(max_length=64, null=True, blank=True)
+    # Crash-recovery evidence, as on charges: status requests answered 404 since the first.
+    not_found_count = models.IntegerField(db_default=0)
+    first_not_found_at = models.DateTimeField(null=True, blank=True)
+    unresolved_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "refunds"
+        constraints = [
+            models.CheckConstraint(condition=Q(amount__gt=0), name="charges_refund_amount_positive"),
+            models.CheckConstraint(condition=Q(status__in=RefundStatus.values), name="charges_refund_status_known"),
+            models.CheckConstraint(condition=Q(not_found_count__gte=0), name="charges_refund_not_found_non_negative"),
+        ]
+        indexes = [
+            # GET /v1/refunds (?payment_intent=): the merchant's newest first.
+            models.Index(fields=["merchant", "-created_at", "-id"], name="refunds_merchant_recent"),
+            models.Index(fields=["intent", "-created_at"], name="refunds_intent_recent"),
+            # The admin's and an operator's question: which refunds are still in flight.
+            models.Index(fields=["id"], condition=Q(status__in=sorted(REFUND_LIVE)), name="refunds_live_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return self.id
+
+    def __repr__(self) -> str:
+        return f"<Refund {self.id} {self.status} amount={self.amount} intent={self.intent_id}>"
+
+
 class RequestOperation(models.TextChoices):
     SUBMIT = "submit", "POST /charges"
     STATUS = "status", "GET /charges/{reference}"
+    REFUND_SUBMIT = "refund_submit", "POST /refunds"
+    REFUND_STATUS = "refund_status", "GET /refunds/{reference}"
 
 
 class ProviderRequest(models.Model):
@@ -139,6 +203,8 @@ class ProviderRequest(models.Model):
     """
 
     charge = models.ForeignKey(Charge, on_delete=models.CASCADE, related_name="requests")
+    # Set on a refund's requests (``charge`` is then the refunded charge).
+    refund = models.ForeignKey(Refund, on_delete=models.CASCADE, null=True, blank=True, related_name="requests")
     operation = models.CharField(max_length=16, choices=RequestOperation.choices)
     rail = models.CharField(max_length=32)
     method = models.CharField(max_length=8)
@@ -165,6 +231,12 @@ class ProviderRequest(models.Model):
         ]
         indexes = [
             models.Index(fields=["charge", "operation", "-id"], name="provider_requests_charge_op"),
+            # A refund's requests by operation (charges.refund_repository, read_for_poll).
+            models.Index(
+                fields=["refund", "operation", "-id"],
+                condition=Q(refund__isnull=False),
+                name="provider_requests_refund_op",
+            ),
             # A rail's requests in flight (charges.repository._RAIL_IN_FLIGHT, the ceiling).
             models.Index(
                 fields=["rail", "sent_at"], condition=Q(answered_at__isnull=True), name="provider_requests_in_flight"

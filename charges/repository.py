@@ -134,7 +134,14 @@ def charge_status(charge_id: str) -> str | None:
 
 
 def record_sent(
-    charge_id: str, operation: RequestOperation, *, rail: str, method: str, path: str, idempotency_key: str | None
+    charge_id: str,
+    operation: RequestOperation,
+    *,
+    rail: str,
+    method: str,
+    path: str,
+    idempotency_key: str | None,
+    refund_id: str | None = None,
 ) -> int:
     """Write the request row. Called outside a transaction, so it is committed before the
     request goes out: a crash during the call leaves a row with ``status_code`` NULL."""
@@ -142,6 +149,7 @@ def record_sent(
         raise RuntimeError("a rail request must be recorded (committed) before it is sent")
     row = ProviderRequest.objects.create(
         charge_id=charge_id,
+        refund_id=refund_id,
         operation=operation,
         rail=rail,
         method=method,
@@ -178,6 +186,7 @@ def record_sent_within_ceiling(
     idempotency_key: str | None,
     ceiling: int,
     bound_seconds: float,
+    refund_id: str | None = None,
 ) -> tuple[int | None, float | None]:
     """:func:`record_sent`, unless ``rail`` already has ``ceiling`` requests in flight.
 
@@ -194,6 +203,7 @@ def record_sent_within_ceiling(
             return None, earliest_left
         row = ProviderRequest.objects.create(
             charge_id=charge_id,
+            refund_id=refund_id,
             operation=operation,
             rail=rail,
             method=method,
@@ -286,6 +296,19 @@ def record_not_found(charge_id: str) -> None:
 
 def intent_to(intent_id: str, status: IntentStatus, sources) -> bool:
     return _cas(PaymentIntent, intent_id, sources, status=status)
+
+
+def cancel_intent(intent_id: str, reason: str | None) -> bool:
+    """``requires_confirmation → canceled``: the same guard a confirm's first write has, so a
+    cancel and a confirm racing for one intent cannot both move it."""
+    return _cas(
+        PaymentIntent,
+        intent_id,
+        [IntentStatus.REQUIRES_CONFIRMATION],
+        status=IntentStatus.CANCELED,
+        cancellation_reason=reason,
+        canceled_at=Now(),
+    )
 
 
 def complete_session(intent_id: str) -> CheckoutSession | None:

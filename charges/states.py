@@ -23,9 +23,11 @@ class IntentStatus(models.TextChoices):
     """Terminal: the rail settled the charge."""
     FAILED = "failed", "Failed"
     """Terminal: the charge failed; a new intent is needed to try again."""
+    CANCELED = "canceled", "Canceled"
+    """Terminal: the merchant canceled it before it was confirmed; no charge was ever made."""
 
 
-INTENT_TERMINAL = frozenset({IntentStatus.SUCCEEDED, IntentStatus.FAILED})
+INTENT_TERMINAL = frozenset({IntentStatus.SUCCEEDED, IntentStatus.FAILED, IntentStatus.CANCELED})
 
 
 class ChargeStatus(models.TextChoices):
@@ -45,6 +47,42 @@ class ChargeStatus(models.TextChoices):
 
 CHARGE_TERMINAL = frozenset({ChargeStatus.SUCCEEDED, ChargeStatus.FAILED})
 CHARGE_LIVE = frozenset({ChargeStatus.SUBMITTING, ChargeStatus.SUBMITTED, ChargeStatus.UNRESOLVED})
+
+
+class RefundStatus(models.TextChoices):
+    """Where a refund stands (the charge's machine, with ``pending`` for ``submitted``)."""
+
+    SUBMITTING = "submitting", "Submitting"
+    """Accepted and written; the worker sends it to the rail (also what a crash mid-send leaves)."""
+    PENDING = "pending", "Pending"
+    """The rail knows it and has not settled it; being polled."""
+    SUCCEEDED = "succeeded", "Succeeded"
+    """Terminal: the rail returned the money."""
+    FAILED = "failed", "Failed"
+    """Terminal: the rail refused it; its amount may be refunded again."""
+    UNRESOLVED = "unresolved", "Unresolved"
+    """Past the horizon without a terminal answer: a human is told; still polled hourly."""
+
+
+REFUND_TERMINAL = frozenset({RefundStatus.SUCCEEDED, RefundStatus.FAILED})
+REFUND_LIVE = frozenset({RefundStatus.SUBMITTING, RefundStatus.PENDING, RefundStatus.UNRESOLVED})
+
+
+class RefundReason(models.TextChoices):
+    """Why the merchant refunds (optional; recorded and shown, never interpreted)."""
+
+    DUPLICATE = "duplicate", "Duplicate"
+    FRAUDULENT = "fraudulent", "Fraudulent"
+    REQUESTED_BY_CUSTOMER = "requested_by_customer", "Requested by customer"
+
+
+class CancellationReason(models.TextChoices):
+    """Why the merchant canceled an intent (optional; recorded and shown)."""
+
+    DUPLICATE = "duplicate", "Duplicate"
+    FRAUDULENT = "fraudulent", "Fraudulent"
+    REQUESTED_BY_CUSTOMER = "requested_by_customer", "Requested by customer"
+    ABANDONED = "abandoned", "Abandoned"
 
 
 class CheckoutSessionStatus(models.TextChoices):

@@ -1,4 +1,4 @@
-"""``/v1/payment_intents``, ``/v1/checkout/sessions`` and ``/rails/<code>/callback``."""
+"""``/v1/payment_intents`` (create, confirm, cancel), ``/v1/checkout/sessions`` and ``/rails/<code>/callback``."""
 
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ from api.ids import ID_MAX_LENGTH
 from charges import repository
 from charges.models import Charge, CheckoutSession, PaymentIntent
 from charges.rails import get_rail
+from charges.services.cancel import payment_intent_cancel
 from charges.services.confirm import confirm_intent
 from charges.services.intents import MAX_RETURN_URL, clean_return_url, create_intent, create_session
-from charges.states import CHARGE_LIVE, IntentStatus
+from charges.states import CHARGE_LIVE, CancellationReason, IntentStatus
 from charges.wire import render_intent, render_session
 from jobs import port as queue
 
@@ -38,6 +39,7 @@ CREATE_SESSION = Body(
     cancel_url=Field(str, max_length=MAX_RETURN_URL, check=clean_return_url),
 )
 CONFIRM = Body()  # no parameters; anything sent is an unknown-parameter 400
+CANCEL = Body(cancellation_reason=Field(str, choices=CancellationReason.values))
 
 
 def _intent(request: HttpRequest, intent_id: str) -> PaymentIntent:
@@ -73,6 +75,12 @@ def payment_intent(request: HttpRequest, intent_id: str) -> HttpResponse:
 def confirm(request: HttpRequest, intent_id: str) -> HttpResponse:
     CONFIRM.parse(request)
     return respond(render_intent(confirm_intent(request.merchant, intent_id)))
+
+
+@route("POST")
+def cancel(request: HttpRequest, intent_id: str) -> HttpResponse:
+    fields = CANCEL.parse(request)
+    return respond(render_intent(payment_intent_cancel(merchant=request.merchant, payment_intent=intent_id, **fields)))
 
 
 @route("POST")

@@ -1,4 +1,4 @@
-"""The wire forms of intents, charges and checkout sessions (API answers and event bodies).
+"""The wire forms of intents, charges, refunds and checkout sessions (API answers and event bodies).
 
 An event body is a copy that outlives the moment and travels to merchant endpoints, so the
 event renders leave out what only the payer's own browser should hold: the redirect URL
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from django.conf import settings
 
-from charges.models import Charge, CheckoutSession, PaymentIntent
+from charges.models import Charge, CheckoutSession, PaymentIntent, Refund
 from charges.states import IntentStatus
 
 
@@ -55,6 +55,9 @@ def render_intent(intent: PaymentIntent, *, for_event: bool = False) -> dict:
         "status": intent.status,
         "customer": intent.customer_id,
         "metadata": intent.metadata,
+        "amount_refunded": intent.amount_refunded,
+        "canceled_at": _ts(intent.canceled_at),
+        "cancellation_reason": intent.cancellation_reason,
         "charge": render_charge(charge, for_event=for_event) if charge is not None else None,
         "redirect_url": redirect_url,
         "next_action": next_action,
@@ -62,6 +65,22 @@ def render_intent(intent: PaymentIntent, *, for_event: bool = False) -> dict:
             {"code": charge.failure_code} if charge is not None and intent.status == IntentStatus.FAILED else None
         ),
         "created": _ts(intent.created_at),
+    }
+
+
+def render_refund(refund: Refund) -> dict:
+    """The same for the API and events: a refund carries nothing of the payer's credentials."""
+    return {
+        "id": refund.id,
+        "object": "refund",
+        "payment_intent": refund.intent_id,
+        "charge": refund.charge_id,
+        "amount": refund.amount,
+        "currency": refund.currency,
+        "reason": refund.reason,
+        "status": refund.status,
+        "failure_code": refund.failure_code,
+        "created": _ts(refund.created_at),
     }
 
 

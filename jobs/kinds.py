@@ -40,6 +40,9 @@ class JobKind(models.TextChoices):
     RESUBMIT_CHARGE = "resubmit_charge", "Resubmit a charge its rail never received"
     """Same reference, so the rail's idempotency makes a second submit harmless."""
 
+    POLL_REFUND = "poll_refund", "Send a refund to its rail and poll it until it settles"
+    """One live row per refund (dedupe key ``refund:poll:<id>``): charges/services/refund_polling.py."""
+
     SCAN_LIVE_CHARGES = "scan_live_charges", "Backstop: re-enqueue polls of live charges"
     """Singleton, every 10 minutes: a live charge whose poll job was lost gets a new one."""
 

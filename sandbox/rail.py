@@ -15,6 +15,13 @@ Rail protocol (every call needs ``Authorization: Bearer <api key>``, else 401):
   right token the rail does not know the charge) → the same shape, or 404.
 * ``GET /redirect/pay/<reference>?pay_token=…&result=succeeded|failed``: the payer's
   page (the demo's "pay" button); settles the charge at the next poll.
+* ``POST /<rail>/refunds`` ``{reference, charge_reference, amount, currency}``,
+  ``Idempotency-Key: reference`` → ``{reference, status: "pending"}``. The same reference
+  twice is the same refund (held once). A charge the rail does not know is a 404, and
+  refunds of one charge adding up past its amount a 400 (both refusals for good).
+* ``GET /<rail>/refunds/<reference>`` → ``{reference, status, failure_code?}``, or 404.
+  Refunds follow the same scenarios as charges (per refund reference, else per refund
+  amount, else the built-in amounts), every field but the redirect ones.
 
 How a charge behaves is its *scenario*, chosen per reference, else per amount, else by
 the built-in amounts below. Fields (all optional):
@@ -49,6 +56,8 @@ Inspection and control for tests and demos:
 * ``GET /__admin/requests[?reference=…]``: every request received, in order (method,
   path, reference, idempotency key, body, answer status, whether it was answered).
 * ``GET /__admin/charges/<reference>``: what the rail holds for it.
+* ``GET /__admin/refunds?charge_reference=…``: the refunds the rail holds for a charge
+  (what a test counts to prove a refund was held once), with how many submits each got.
 """
 
 from __future__ import annotations
@@ -103,10 +112,23 @@ class RailCharge:
 
 
 @dataclass
+class RailRefund:
+    reference: str
+    rail: str
+    charge_reference: str
+    amount: int
+    currency: str
+    polls: int = 0
+    forced: str | None = None  # never set: refunds have no payer page
+    failed: bool = False  # answered failed: its amount no longer counts against the charge
+
+
+@dataclass
 class State:
     api_key: str
     lock: threading.Lock = field(default_factory=threading.Lock)
     charges: dict[tuple[str, str], RailCharge] = field(default_factory=dict)
+    refunds: dict[tuple[str, str], RailRefund] = field(default_factory=dict)
     by_reference: dict[str, dict] = field(default_factory=dict)
     by_amount: dict[int, dict] = field(default_factory=dict)
     submits: dict[tuple[str, str], int] = field(default_factory=dict)  # submits seen per reference
@@ -128,7 +150,7 @@ class State:
         return entry
 
 
-def poll_answer(charge: RailCharge, scenario: dict) -> tuple[int, str | None]:
+def poll_answer(charge: RailCharge | RailRefund, scenario: dict) -> tuple[int, str | None]:
     """(HTTP status, rail status) for the charge's next poll, counting it. Pure over its inputs."""
     charge.polls += 1
     n = charge.polls
@@ -198,6 +220,8 @@ class Handler(BaseHTTPRequestHandler):
             return self._pay(seg[0], seg[2], query)
         if len(seg) == 4 and seg[1] == "pay":  # url_style "path": the token is the last segment
             return self._pay(seg[0], seg[2], {**query, "pay_token": seg[3]})
+        if len(seg) == 3 and seg[1] == "refunds":
+            return self._refund_poll(path, seg[0], seg[2])
         if len(seg) != 3 or seg[1] != "charges":
             return self._send(404, {"error": "no such route"})
         rail, reference = seg[0], seg[2]
@@ -228,12 +252,13 @@ class Handler(BaseHTTPRequestHandler):
         body = self._body()
         if seg[:1] == ["__admin"]:
             return self._admin_post(seg, body)
-        if len(seg) != 2 or seg[1] != "charges":
+        if len(seg) != 2 or seg[1] not in ("charges", "refunds"):
             return self._send(404, {"error": "no such route"})
-        rail = seg[0]
+        rail, refund = seg[0], seg[1] == "refunds"
         entry = {
             "method": "POST",
             "path": path,
+            "kind": "refund" if refund else "charge",
             "rail": rail,
             "idempotency_key": self.headers.get("Idempotency-Key"),
             "body": body,
@@ -247,12 +272,21 @@ class Handler(BaseHTTPRequestHandler):
             or not isinstance(body.get("reference"), str)
             or type(body.get("amount")) is not int
             or not isinstance(body.get("currency"), str)
+            or (refund and not isinstance(body.get("charge_reference"), str))
         ):
             with state.lock:
                 state.record({**entry, "status": 400})
-            return self._send(400, {"error": "reference, amount and currency are required"})
+            return self._send(
+                400, {"error": "reference, amount and currency (and a refund's charge_reference) are required"}
+            )
         reference, amount = body["reference"], body["amount"]
         entry["reference"] = reference
+        with state.lock:
+            refused = self._refund_refusal(rail, body) if refund else None
+            if refused is not None:
+                state.record({**entry, "status": refused[0]})
+        if refused is not None:
+            return self._send(refused[0], {"error": refused[1]})
         with state.lock:
             scenario = state.scenario(reference, amount)
             seen = state.submits.get((rail, reference), 0) + 1
@@ -269,7 +303,12 @@ class Handler(BaseHTTPRequestHandler):
                 action = "lose"
             else:
                 refused = bool(forced_status and forced_status != 200)
-                if not refused or scenario.get("submit_records"):
+                if refund and (not refused or scenario.get("submit_records")):
+                    held = state.refunds.get((rail, reference))
+                    if held is None:
+                        held = RailRefund(reference, rail, body["charge_reference"], amount, body["currency"])
+                        state.refunds[(rail, reference)] = held
+                elif not refused or scenario.get("submit_records"):
                     charge = state.charges.get((rail, reference))
                     if charge is None:
                         token = secrets.token_urlsafe(16) if rail == "redirect" else None
@@ -293,7 +332,66 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(forced_status, {"error": "refused"}, retry_after=scenario.get("retry_after"))
         if "submit_body" in scenario:
             return self._send(200, raw=scenario["submit_body"].encode())
+        if refund:
+            return self._send(200, self._refund_body(held, "pending", scenario))
         return self._send(200, self._charge_body(charge, "pending", scenario))
+
+    # --- refunds -----------------------------------------------------------------------
+
+    def _refund_refusal(self, rail: str, body: dict) -> tuple[int, str] | None:
+        """Why the rail refuses a new refund for good (caller holds the lock), or None. A
+        reference it already holds is the same refund: never refused, never counted twice."""
+        state = self.server.state
+        if (rail, body["reference"]) in state.refunds:
+            return None
+        charge = state.charges.get((rail, body["charge_reference"]))
+        if charge is None:
+            return 404, "no such charge"
+        held = sum(
+            r.amount
+            for r in state.refunds.values()
+            if (r.rail, r.charge_reference) == (rail, charge.reference) and not r.failed
+        )
+        if held + body["amount"] > charge.amount:
+            return 400, "refunds would exceed the charge"
+        return None
+
+    def _refund_poll(self, path: str, rail: str, reference: str) -> None:
+        state = self.server.state
+        entry = {
+            "method": "GET",
+            "path": path,
+            "kind": "refund",
+            "rail": rail,
+            "reference": reference,
+            "answered": True,
+        }
+        if not self._authorized():
+            return self._refuse(entry, reference, None)
+        with state.lock:
+            held = state.refunds.get((rail, reference))
+            scenario = state.scenario(reference, held.amount if held else None)
+            if held is None:
+                state.record({**entry, "status": 404})
+                code, status = 404, None
+            else:
+                code, status = poll_answer(held, scenario)
+                held.failed = held.failed or status == "failed"
+                state.record({**entry, "status": code, "rail_status": status, "poll": held.polls})
+        delay = scenario.get("poll_delay", 0)
+        if delay:
+            time.sleep(delay)
+        if code == 404:
+            return self._send(404, {"error": "not found"})
+        if code != 200:
+            return self._send(code, {"error": "unavailable"}, retry_after=scenario.get("retry_after"))
+        return self._send(200, self._refund_body(held, status, scenario))
+
+    def _refund_body(self, held: RailRefund, status: str, scenario: dict) -> dict:
+        body = {"reference": held.reference, "status": status}
+        if status == "failed":
+            body["failure_code"] = scenario.get("failure_code", "declined")
+        return body
 
     # --- pieces ------------------------------------------------------------------------
 
@@ -342,6 +440,22 @@ class Handler(BaseHTTPRequestHandler):
                 ref = query.get("reference")
                 rows = [e for e in state.log if ref is None or e.get("reference") == ref]
                 return self._send(200, {"requests": rows})
+            if seg[1:] == ["refunds"]:
+                charge_reference = query.get("charge_reference")
+                held = [
+                    {
+                        "reference": r.reference,
+                        "rail": r.rail,
+                        "charge_reference": r.charge_reference,
+                        "amount": r.amount,
+                        "currency": r.currency,
+                        "polls": r.polls,
+                        "submits": state.submits.get((r.rail, r.reference), 0),
+                    }
+                    for r in state.refunds.values()
+                    if charge_reference is None or r.charge_reference == charge_reference
+                ]
+                return self._send(200, {"refunds": held})
             if len(seg) == 3 and seg[1] == "charges":
                 found = [c for (_, ref), c in state.charges.items() if ref == seg[2]]
                 if not found:
@@ -365,6 +479,7 @@ class Handler(BaseHTTPRequestHandler):
         if seg[1:] == ["reset"]:
             with state.lock:
                 state.charges.clear()
+                state.refunds.clear()
                 state.by_reference.clear()
                 state.by_amount.clear()
                 state.submits.clear()

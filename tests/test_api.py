@@ -307,6 +307,7 @@ def test_no_single_object_route_reaches_another_merchants_object(acme, globex):
     routes = [
         ("GET", f"/v1/payment_intents/{intent}", None),
         ("POST", f"/v1/payment_intents/{intent}/confirm", None),
+        ("POST", f"/v1/payment_intents/{intent}/cancel", None),
         ("GET", f"/v1/checkout/sessions/{session}", None),
         ("GET", f"/v1/webhook_endpoints/{endpoint}", None),
         ("POST", f"/v1/webhook_endpoints/{endpoint}", {"enabled_events": ["customer.deleted"]}),

@@ -253,6 +253,14 @@ VPAY_CHARGE_WAIT_MARGIN_SECONDS = env.float("VPAY_CHARGE_WAIT_MARGIN_SECONDS", d
 VPAY_CHARGE_CONFIRM_GRACE_SECONDS = env.float("VPAY_CHARGE_CONFIRM_GRACE_SECONDS", default=20.0)
 # How often the backstop scan re-enqueues polls for live charges that lost their job.
 VPAY_CHARGE_BACKSTOP_SECONDS = env.float("VPAY_CHARGE_BACKSTOP_SECONDS", default=600.0)
+# Refunds (charges/refund_policy.py): their own poll ladder and horizon; the not-found
+# window and streak are the charges' (they describe the rail). docs/charges.md, "Refunds".
+VPAY_REFUND_POLL_LADDER_SECONDS = [
+    float(x)
+    for x in env.list("VPAY_REFUND_POLL_LADDER_SECONDS", default=["30", "60", "120", "300", "600", "1800", "3600"])
+]
+VPAY_REFUND_HORIZON_SECONDS = env.float("VPAY_REFUND_HORIZON_SECONDS", default=24 * 3600.0)
+VPAY_REFUND_POLL_PAST_HORIZON_SECONDS = env.float("VPAY_REFUND_POLL_PAST_HORIZON_SECONDS", default=3600.0)
 # Currencies a payment intent may use (ISO 4217, lower case).
 VPAY_CURRENCIES = env.list("VPAY_CURRENCIES", default=["usd", "eur", "gbp", "ghs", "kes", "ngn", "xof", "zar"])
 # Where a checkout session's url points (the hosted payment page); the session id is appended.

@@ -6,7 +6,10 @@ from django.db import models
 class EventType(models.TextChoices):
     PAYMENT_INTENT_SUCCEEDED = "payment_intent.succeeded"
     PAYMENT_INTENT_PAYMENT_FAILED = "payment_intent.payment_failed"
+    PAYMENT_INTENT_CANCELED = "payment_intent.canceled"
     CHARGE_UNRESOLVED = "charge.unresolved"
     CHECKOUT_SESSION_COMPLETED = "checkout.session.completed"
     CHECKOUT_SESSION_EXPIRED = "checkout.session.expired"
     CUSTOMER_DELETED = "customer.deleted"
+    REFUND_SUCCEEDED = "refund.succeeded"
+    REFUND_FAILED = "refund.failed"

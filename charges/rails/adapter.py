@@ -5,6 +5,12 @@ reference`` and ``GET {base}/charges/{reference}`` (with ``pay_token`` on redire
 both answer ``{status: pending|succeeded|failed, pay_token?, redirect_url?, failure_code?}``;
 a 404 on the GET means the rail does not know the reference.
 
+Refunds extend it: ``POST {base}/refunds`` ``{reference, charge_reference, amount,
+currency}`` with ``Idempotency-Key: reference`` and ``GET {base}/refunds/{reference}``
+answer ``{reference, status: pending|succeeded|failed, failure_code?}``, 404 on the GET
+when the rail does not know it. Both go through the same ``_call``, so a refund's answer is
+classified exactly as a charge's is.
+
 Failures are classified with ``vpay.errors``' vocabulary, so the worker and the web
 process agree on them. Only a definitive refusal may end a charge, because anything short
 of one can hide a charge the rail took and a payer may still approve:
@@ -129,6 +135,10 @@ class RailAdapter(Protocol):
 
     def status(self, *, reference: str, pay_token: str | None) -> RailAnswer: ...
 
+    def refund(self, *, reference: str, charge_reference: str, amount: int, currency: str) -> RailAnswer: ...
+
+    def refund_status(self, *, reference: str) -> RailAnswer: ...
+
 
 # The deadline of the rail exchange this thread is in (``time.monotonic()``), or None.
 # httpx is synchronous here: a request's every socket operation runs on the calling thread,
@@ -233,6 +243,13 @@ class HttpRailAdapter:
     def status(self, *, reference: str, pay_token: str | None) -> RailAnswer:
         params = {"pay_token": pay_token} if pay_token else None
         return self._call("GET", f"/charges/{quote(reference, safe='')}", params=params, not_found_is_answer=True)
+
+    def refund(self, *, reference: str, charge_reference: str, amount: int, currency: str) -> RailAnswer:
+        body = {"reference": reference, "charge_reference": charge_reference, "amount": amount, "currency": currency}
+        return self._call("POST", "/refunds", json_body=body, headers={"Idempotency-Key": reference})
+
+    def refund_status(self, *, reference: str) -> RailAnswer:
+        return self._call("GET", f"/refunds/{quote(reference, safe='')}", not_found_is_answer=True)
 
     def close(self) -> None:
         self._client.close()

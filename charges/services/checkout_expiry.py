@@ -12,6 +12,7 @@ no URL and no client secret: the session can no longer be paid, and the event ou
 from __future__ import annotations
 
 from django.db import connection, transaction
+from django.db.models.functions import Now
 
 from charges.models import CheckoutSession
 from charges.states import CHARGE_LIVE, CheckoutSessionStatus
@@ -59,6 +60,23 @@ def expire_session(session_id: str) -> bool:
         session = CheckoutSession.objects.select_related("intent").get(id=session_id)
         emit(session.merchant_id, EventType.CHECKOUT_SESSION_EXPIRED, render_session(session, for_event=True))
     return True
+
+
+def expire_session_of_canceled_intent(intent_id: str) -> CheckoutSession | None:
+    """The intent was canceled (in the caller's transaction, holding its row lock): its open
+    session can no longer be paid, so it expires now, whatever its ``expires_at``, and its
+    ``checkout.session.expired`` is emitted in the same transaction. None if it had no open
+    session."""
+    if not connection.in_atomic_block:
+        raise RuntimeError("a canceled intent's session expires in the cancel's transaction")
+    moved = CheckoutSession.objects.filter(intent_id=intent_id, status=CheckoutSessionStatus.OPEN).update(
+        status=CheckoutSessionStatus.EXPIRED, expired_at=Now()
+    )
+    if not moved:
+        return None
+    session = CheckoutSession.objects.select_related("intent").get(intent_id=intent_id)
+    emit(session.merchant_id, EventType.CHECKOUT_SESSION_EXPIRED, render_session(session, for_event=True))
+    return session
 
 
 def expire_checkout_sessions(ctx: JobContext) -> StepResult:

@@ -65,6 +65,8 @@ def confirm_intent(merchant: Merchant, intent_id: str) -> PaymentIntent:
         intent = PaymentIntent.objects.select_for_update().filter(merchant=merchant, id=intent_id).first()
         if intent is None:
             raise ApiError(404, "resource_missing", f"No such payment_intent: {intent_id!r}.", param="id")
+        if intent.status == IntentStatus.CANCELED:
+            raise ApiError(409, "payment_intent_unexpected_state", "This PaymentIntent was canceled; create a new one.")
         if intent.status in INTENT_TERMINAL:
             raise ApiError(
                 409,

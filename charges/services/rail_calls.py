@@ -28,7 +28,7 @@ from vpay.errors import error_chain
 # holds a slot of the ceiling.
 IN_FLIGHT_MARGIN_SECONDS = 5.0
 
-__all__ = ["RailDeferred", "record_submit_answer", "status", "submit"]
+__all__ = ["RailDeferred", "record_submit_answer", "refund_status", "refund_submit", "status", "submit"]
 
 
 def submit(
@@ -87,6 +87,48 @@ def status(charge_id: str, rail: RailConfig, *, pay_token: str | None, share: in
     return answer
 
 
+def refund_submit(
+    refund_id: str, charge_id: str, rail: RailConfig, *, amount: int, currency: str, share: int | None = None
+) -> tuple[int, RailAnswer]:
+    """POST the refund (its id is the reference and the Idempotency-Key). Like :func:`submit`,
+    the answer is the caller's to record (``record_submit_answer``); a failure is recorded here."""
+    return _call(
+        charge_id,
+        rail,
+        RequestOperation.REFUND_SUBMIT,
+        "POST",
+        "/refunds",
+        refund_id,
+        lambda: adapter_for(rail).refund(
+            reference=refund_id, charge_reference=charge_id, amount=amount, currency=currency
+        ),
+        ticket=None,
+        ceiling=True,
+        share=share,
+        record_answer=False,
+        refund_id=refund_id,
+    )
+
+
+def refund_status(refund_id: str, charge_id: str, rail: RailConfig, *, share: int | None = None) -> RailAnswer:
+    """GET the refund's status (404 is an answer: ``RailStatus.NOT_FOUND``), recorded."""
+    _, answer = _call(
+        charge_id,
+        rail,
+        RequestOperation.REFUND_STATUS,
+        "GET",
+        f"/refunds/{quote(refund_id, safe='')}",
+        None,
+        lambda: adapter_for(rail).refund_status(reference=refund_id),
+        ticket=None,
+        ceiling=True,
+        share=share,
+        record_answer=True,
+        refund_id=refund_id,
+    )
+    return answer
+
+
 def _call(
     charge_id: str,
     rail: RailConfig,
@@ -100,12 +142,13 @@ def _call(
     ceiling: bool,
     share: int | None,
     record_answer: bool,
+    refund_id: str | None = None,
 ) -> tuple[int, RailAnswer]:
     ticket = ticket or rail_gate.admit(rail.code)
     if not SHARES.acquire(rail.code, share):
         raise rail_gate.at_ceiling(rail.code, ticket, None, f"holds this worker's share ({share}) of threads")
     try:
-        request_id = _record_sent(charge_id, rail, operation, method, path, idempotency_key, ticket, ceiling)
+        request_id = _record_sent(charge_id, rail, operation, method, path, idempotency_key, ticket, ceiling, refund_id)
         try:
             answer = send()
         except RailError as exc:
@@ -139,8 +182,15 @@ def _record_sent(
     idempotency_key: str | None,
     ticket: Ticket,
     ceiling: bool,
+    refund_id: str | None,
 ) -> int:
-    fields = {"rail": rail.code, "method": method, "path": path, "idempotency_key": idempotency_key}
+    fields = {
+        "rail": rail.code,
+        "method": method,
+        "path": path,
+        "idempotency_key": idempotency_key,
+        "refund_id": refund_id,
+    }
     if not ceiling:
         return repository.record_sent(charge_id, operation, **fields)
     request_id, earliest_left = repository.record_sent_within_ceiling(

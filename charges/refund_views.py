@@ -1,0 +1,36 @@
+"""``/v1/refunds``: create, retrieve and list refunds (charges/services/refunds.py)."""
+
+from __future__ import annotations
+
+from django.http import HttpRequest, HttpResponse
+
+from api.framework import Body, Field, owned, paginate, respond, route
+from api.ids import ID_MAX_LENGTH
+from charges.models import Refund
+from charges.services.refunds import refund_create
+from charges.states import RefundReason
+from charges.views import MAX_AMOUNT
+from charges.wire import render_refund
+
+CREATE_REFUND = Body(
+    payment_intent=Field(str, required=True, max_length=ID_MAX_LENGTH),
+    amount=Field(int, min_value=1, max_value=MAX_AMOUNT),  # absent: all that is left
+    reason=Field(str, choices=RefundReason.values),
+)
+
+
+@route("GET", "POST")
+def refunds(request: HttpRequest) -> HttpResponse:
+    if request.method == "POST":
+        fields = CREATE_REFUND.parse(request)
+        return respond(render_refund(refund_create(merchant=request.merchant, **fields)))
+    queryset = Refund.objects.filter(merchant=request.merchant)
+    intent = request.GET.get("payment_intent")
+    if intent:
+        queryset = queryset.filter(intent_id=intent)
+    return paginate(request, queryset, render_refund, "payment_intent")
+
+
+@route("GET")
+def refund(request: HttpRequest, refund_id: str) -> HttpResponse:
+    return respond(render_refund(owned(request, Refund.objects.all(), refund_id, "refund")))
