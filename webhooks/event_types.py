@@ -10,3 +10,6 @@ class EventType(models.TextChoices):
     CHECKOUT_SESSION_COMPLETED = "checkout.session.completed"
     CHECKOUT_SESSION_EXPIRED = "checkout.session.expired"
     CUSTOMER_DELETED = "customer.deleted"
+    # Operational: about one of the merchant's endpoints, sent to its other endpoints.
+    WEBHOOK_ENDPOINT_FAILING = "webhook_endpoint.failing"
+    WEBHOOK_ENDPOINT_DISABLED = "webhook_endpoint.disabled"
