@@ -14,6 +14,7 @@ from django.utils.html import format_html
 from django.utils.text import Truncator
 
 from jobs.admin import ReadOnlyAdmin
+from webhooks.endpoint_admin import EndpointStateActions
 from webhooks.models import DeliveryAttempt, DeliveryState, Event, WebhookDelivery, WebhookEndpoint
 from webhooks.services import endpoints as endpoint_services
 from webhooks.services.redrive import redrive_event
@@ -61,7 +62,7 @@ class EventAdmin(ReadOnlyAdmin):
 
 
 @admin.register(WebhookEndpoint)
-class WebhookEndpointAdmin(ReadOnlyAdmin):
+class WebhookEndpointAdmin(EndpointStateActions, ReadOnlyAdmin):
     list_display = ("id", "merchant_id", "url", "enabled_events", "active_secrets", "deleted_at", "created_at")
     list_filter = ("deleted_at",)
     search_fields = ("=id", "=merchant__id", "url")

@@ -32,6 +32,7 @@ from jobs.housekeeping import StepResult
 from jobs.kinds import JobKind
 from jobs.paging import sweep_in_pages
 from jobs.port import JobRequest, enqueue_many, pull_forward
+from vpay.admin_log import log_change
 from webhooks import health_sql
 from webhooks.endpoint_wire import render_endpoint
 from webhooks.event_types import EventType
@@ -141,27 +142,31 @@ def clean_reason(reason: str) -> str:
     return reason
 
 
-def endpoint_disable(*, endpoint_id: str, reason: str, actor: str) -> bool:
+def endpoint_disable(*, endpoint_id: str, reason: str, actor: str, user_id: int | None = None) -> bool:
     """Disable an enabled endpoint (the merchant's or an operator's choice): nothing more is
     sent to it and no new delivery is made for it; its pending deliveries wait. Emits
-    ``webhook_endpoint.disabled``. False when it was not enabled (already disabled, deleted)."""
+    ``webhook_endpoint.disabled``; an operator's (``user_id``) is on the endpoint's admin
+    History. False when it was not enabled (already disabled, deleted)."""
     reason = clean_reason(reason)
     with transaction.atomic():
         merchant_id = health_sql.disable(endpoint_id, reason=reason, actor=actor[:150])
         if merchant_id is None:
             return False
         _disabled(endpoint_id, merchant_id, by=actor)
+        log_change(user_id, WebhookEndpoint, endpoint_id, f"endpoint {endpoint_id}", f"Disabled: {reason}")
     return True
 
 
-def endpoint_enable(*, endpoint_id: str, actor: str) -> int | None:
+def endpoint_enable(*, endpoint_id: str, actor: str, reason: str = "", user_id: int | None = None) -> int | None:
     """Re-enable a disabled endpoint: a fresh health record (failures before now do not
-    count), and its pending deliveries due now, their jobs enqueued (or pulled forward) at
-    commit. Returns how many resumed; None when it was not disabled."""
+    count), and its pending deliveries due now, their jobs enqueued (or pulled forward).
+    An operator's (``user_id``, with ``reason``) is on the endpoint's admin History.
+    Returns how many deliveries resumed; None when it was not disabled."""
     with transaction.atomic():
         enabled = health_sql.enable(endpoint_id)
         if enabled is None:
             return None
+        log_change(user_id, WebhookEndpoint, endpoint_id, f"endpoint {endpoint_id}", f"Re-enabled: {reason}")
         merchant_id, resumed = enabled
         created = enqueue_many(
             JobRequest(
