@@ -77,7 +77,7 @@ def test_an_old_event_not_fanned_out_stays(merchant, fan_out):
 def test_a_delivery_just_past_30_days_after_it_finished_goes_with_its_attempts(merchant):
     ep = endpoint(merchant)
     fresh = event(merchant)
-    old = delivery(fresh, ep, state="refused", finished_seconds_ago=30 * DAY + OUTSIDE)
+    delivery(fresh, ep, state="refused", finished_seconds_ago=30 * DAY + OUTSIDE)
     other = endpoint(merchant, "b")
     young = delivery(fresh, other, state="cancelled", finished_seconds_ago=30 * DAY + INSIDE)
     run_sweep()
