@@ -72,6 +72,8 @@ def test_failing_for_half_the_window_warns_the_other_endpoints_and_alerts_once(m
     assert list(WebhookDelivery.objects.filter(event_id=event_id).values_list("endpoint_id", flat=True)) == [other.pk]
     assert Alert.objects.filter(source="webhooks.endpoint_failing").count() == 1
     assert check_endpoint(failing.pk) is None  # once per streak
+    streak = health_sql.current_streak(failing.pk, 10 * DAY)
+    assert health_sql.mark_warned(failing.pk, streak.first_at) is None  # and the statement says so too
     assert len(events_of("webhook_endpoint.failing")) == 1
 
 
@@ -103,6 +105,9 @@ def test_a_warning_younger_than_half_a_window_holds_the_disable_back(merchant):
     tried(ep, (FAIL, 6 * DAY), (FAIL, 0))
     warned(ep, HALF - MINUTE)
     assert check_endpoint(ep.pk) is None
+    # The statement itself refuses too (a verdict read before a re-warning, say).
+    streak = health_sql.current_streak(ep.pk, 10 * DAY)
+    assert health_sql.disable_failing(ep.pk, streak.first_at, half_window_seconds=HALF, reason="x") is None
     ep.refresh_from_db()
     assert ep.disabled_at is None
 
@@ -117,6 +122,8 @@ def test_a_span_just_short_of_the_window_is_not_disabled(merchant):
 def test_a_success_starts_the_streak_over(merchant):
     ep = endpoint(merchant)
     tried(ep, (FAIL, 6 * DAY), (FAIL, 4 * DAY), (OK, DAY), (FAIL, 0))
+    streak = health_sql.current_streak(ep.pk, 10 * DAY)
+    assert streak is not None and streak.span_seconds < MINUTE  # only the failure after the success
     assert check_endpoint(ep.pk) is None
 
 
@@ -131,7 +138,12 @@ def test_failures_before_a_re_enable_do_not_count(merchant):
     ep = endpoint(merchant)
     tried(ep, (FAIL, 6 * DAY), (FAIL, 0))
     age("webhook_endpoints", "health_since", ep.pk, DAY)
+    streak = health_sql.current_streak(ep.pk, 10 * DAY)
+    assert streak is not None and streak.span_seconds < MINUTE
     assert check_endpoint(ep.pk) is None
+    # A streak read before the re-enable is refused by the statement itself.
+    [(before,)] = sql("SELECT now() - interval '6 days'")
+    assert health_sql.mark_warned(ep.pk, before) is None
 
 
 def test_the_disable_rechecks_in_its_statement_that_nothing_succeeded_since_the_streak_began(merchant):
@@ -155,11 +167,20 @@ def test_a_disabled_endpoint_holds_its_pending_deliveries_and_re_enabling_resume
     assert WebhookDelivery.objects.get(pk=held).state == "pending"
     age("webhook_deliveries", "next_attempt_at", held, 3600)
     assert repository.due_deliveries(100, 30) == []  # held, not lost: the backstop leaves it
+    age("webhook_deliveries", "next_attempt_at", held, -5 * 3600)  # its next rung was hours away
     assert endpoint_enable(endpoint_id=ep.pk, actor="merchant") == 1
     assert sql("SELECT count(*) FROM jobs WHERE dedupe_key = %s", [delivery_service.dedupe_key(held)])[0][0] == 1
     assert delivery_service.begin_attempt(held).kind is delivery_service.Begin.CLAIMED
     ep.refresh_from_db()
     assert ep.disabled_at is None and ep.health_warned_at is None and ep.disabled_reason == ""
+
+
+def test_a_disabled_endpoint_gets_no_new_deliveries(merchant):
+    ep, other = endpoint(merchant, "a"), endpoint(merchant, "b")
+    endpoint_disable(endpoint_id=ep.pk, reason="maintenance", actor="merchant")
+    later = event(merchant, fan_out="pending")
+    fanout.drain_once()
+    assert list(WebhookDelivery.objects.filter(event_id=later).values_list("endpoint_id", flat=True)) == [other.pk]
 
 
 def test_the_merchant_disables_and_re_enables_over_the_api():

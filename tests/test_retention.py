@@ -113,9 +113,13 @@ def test_settled_dead_letters_go_90_days_after_settling_and_pending_ones_never()
     discarded = settled_letter("discarded", seconds_ago=90 * DAY + OUTSIDE)
     young = settled_letter("discarded", seconds_ago=90 * DAY + INSIDE)
     pending = settled_letter("pending_review", seconds_ago=400 * DAY)
+    # Only the state says "settled": a pending letter carrying an old replay time (a replay
+    # whose job was put back by hand) is still pending.
+    stamped = settled_letter("pending_review", seconds_ago=DAY)
+    sql("UPDATE dead_letters SET replayed_at = now() - interval '400 days' WHERE id = %s", [stamped])
     run_sweep()
     assert replayed not in ids("dead_letters") and discarded not in ids("dead_letters")
-    assert ids("dead_letters") == {young, pending}
+    assert ids("dead_letters") == {young, pending, stamped}
 
 
 def test_alerts_go_after_90_days_unless_unlogged_or_still_referred_to_by_a_job_or_a_pending_letter():

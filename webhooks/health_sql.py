@@ -108,13 +108,14 @@ def disable_failing(
 ) -> str | None:
     """CAS: disable the endpoint for its failing streak; the merchant id, or None.
 
-    The decision's premises, repeated on the row as it is now: enabled and live, not
-    re-enabled since the streak began, warned for this streak at least half a window ago
-    (database clock), and nothing succeeded since the streak began."""
+    The decision's premises, repeated on the row as it is now: enabled and live, warned
+    for this streak at least half a window ago (database clock; a re-enable clears the
+    warning, so an endpoint re-enabled since cannot match), and nothing succeeded since
+    the streak began."""
     rows = _rows(
         "UPDATE webhook_endpoints e SET disabled_at = now(), disabled_reason = %(reason)s, disabled_by = 'vpay'"
         " WHERE e.id = %(id)s AND e.deleted_at IS NULL AND e.disabled_at IS NULL"
-        " AND e.health_since <= %(since)s AND e.health_warned_at >= %(since)s"
+        " AND e.health_warned_at >= %(since)s"
         " AND e.health_warned_at <= now() - make_interval(secs => %(half)s)"
         f" AND NOT {_SUCCEEDED_SINCE} RETURNING e.merchant_id",
         {"id": endpoint_id, "since": streak_first_at, "half": half_window_seconds, "reason": reason},
