@@ -10,6 +10,7 @@ class ChargesConfig(AppConfig):
         # System checks and the job handlers (poll, resubmit, backstop) register on import.
         from charges import checks  # noqa: F401
         from charges.ceilings import rail_ceilings
+        from charges.retention import old_provider_requests
         from charges.services import polling, refund_polling  # noqa: F401
         from charges.services.checkout_expiry import expire_checkout_sessions
         from customers.retention import register_in_use
@@ -19,6 +20,8 @@ class ChargesConfig(AppConfig):
         register_ceilings("charges", rail_ceilings)
         # Checkout sessions past 24 h expire in the hourly sweep_expired.
         register_sweep_step("checkout_sessions", expire_checkout_sessions)
+        # Rail requests of settled charges, past their retention window.
+        register_sweep_step("retention_provider_requests", old_provider_requests)
 
         # A customer with a payment in flight is not erased by the retention sweep. An
         # intent never confirmed is not in flight (and its creation already moved the

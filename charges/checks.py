@@ -39,6 +39,12 @@ def charge_config_problems() -> list[str]:
                 f"VPAY_CHARGE_NOT_FOUND_WINDOW_SECONDS={policy.not_found_window:g} must exceed the rail "
                 f"request timeouts ({total:g} s): younger charges may still be inside a live confirm"
             )
+    days = settings.VPAY_RETENTION_PROVIDER_REQUESTS_DAYS
+    if days * 86400.0 < settings.VPAY_CHARGE_HORIZON_SECONDS + 86400.0:
+        problems.append(
+            f"VPAY_RETENTION_PROVIDER_REQUESTS_DAYS={days} is shorter than the charge horizon plus a day:"
+            " an operator reconciling a charge that just settled needs its rail requests"
+        )
     return problems
 
 

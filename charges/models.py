@@ -241,6 +241,8 @@ class ProviderRequest(models.Model):
             models.Index(
                 fields=["rail", "sent_at"], condition=Q(answered_at__isnull=True), name="provider_requests_in_flight"
             ),
+            # Retention's keyset pages (charges.retention): oldest first.
+            models.Index(fields=["sent_at", "id"], name="provider_requests_sent"),
         ]
 
     def __str__(self) -> str:

@@ -37,6 +37,26 @@ def check_fence_ttl(app_configs=None, **kwargs):
     return [checks.Error(p, id="jobs.E001") for p in fence_ttl_problems()]
 
 
+def retention_problems() -> list[str]:
+    """A settled dead letter outlives its fence horizon (while a replay could still matter,
+    "was it replayed, by whom?" must be answerable); an alert outlives its sending."""
+    problems = []
+    letters = settings.VPAY_RETENTION_DEAD_LETTERS_DAYS
+    if letters * 86400.0 < float(settings.VPAY_PROCESSED_JOBS_TTL_SECONDS):
+        problems.append(
+            f"VPAY_RETENTION_DEAD_LETTERS_DAYS={letters} is shorter than VPAY_PROCESSED_JOBS_TTL_SECONDS"
+            " (the replay window): a settled letter would go before its fence"
+        )
+    if settings.VPAY_RETENTION_ALERTS_DAYS < 1:
+        problems.append("VPAY_RETENTION_ALERTS_DAYS must be at least 1")
+    return problems
+
+
+@checks.register()
+def check_retention(app_configs=None, **kwargs):
+    return [checks.Error(p, id="jobs.E003") for p in retention_problems()]
+
+
 @checks.register()
 def check_kinds_registered(app_configs=None, **kwargs):
     missing = set(JobKind.values) - registry.registered_kinds()

@@ -12,7 +12,7 @@ from datetime import timedelta
 from django.contrib.postgres.functions import RandomUUID
 from django.db import models
 from django.db.models import Q
-from django.db.models.functions import Length, Now
+from django.db.models.functions import Coalesce, Length, Now
 
 from jobs.kinds import JobKind
 from vpay.errors import Severity
@@ -310,6 +310,13 @@ class DeadLetter(models.Model):
             models.Index(
                 fields=["id"], name="jobs_deadletter_pending_id", condition=Q(state=DeadLetterState.PENDING_REVIEW)
             ),
+            # Retention's keyset pages (jobs.retention): settled letters by when they were settled.
+            models.Index(
+                Coalesce("replayed_at", "discarded_at"),
+                "id",
+                name="jobs_deadletter_settled",
+                condition=~Q(state=DeadLetterState.PENDING_REVIEW),
+            ),
         ]
 
     def __str__(self) -> str:
@@ -338,6 +345,8 @@ class Alert(models.Model):
 
     class Meta:
         db_table = "alerts"
+        # Retention's keyset pages (jobs.retention): oldest first.
+        indexes = [models.Index(fields=["created_at", "id"], name="jobs_alert_created")]
         constraints = [
             models.CheckConstraint(
                 condition=Q(severity__in=[s.value for s in Severity]), name="jobs_alert_severity_known"

@@ -83,3 +83,41 @@ def sweep_in_pages(
         ctx.checkpoint(list(after))
         if time.monotonic() >= deadline:
             return PassResult(retired, failed, skipped, more=progress)
+
+
+def delete_in_pages(
+    ctx: JobContext,
+    *,
+    read_page: Callable[[tuple | None, int], Sequence[tuple]],
+    delete_page: Callable[[list], int],
+    page_size: int = 1000,
+    budget_seconds: float | None = None,
+) -> PassResult:
+    """Retention's shape of :func:`sweep_in_pages`: a keyset page of candidates, then one
+    guarded DELETE for the whole page (its own transaction), so millions of old rows cost
+    a statement per thousand, not a transaction each.
+
+    ``read_page`` is as in :func:`sweep_in_pages` (keys in keyset order, each ending with
+    the row's id). ``delete_page(ids)`` deletes those of ``ids`` that its own WHERE still
+    admits and returns how many: the read is only a candidate list, so the statement MUST
+    repeat every guard (age on the database clock, "nothing live depends on it") — a row
+    that changed since the read is re-checked there and kept. A page that fails is a
+    failure of the whole page: raised, for the sweep step to report; the checkpoint still
+    holds the key before it, so the next pass retries it.
+    """
+    budget = ctx.remaining() / 2 if budget_seconds is None else budget_seconds
+    deadline = time.monotonic() + budget
+    deleted = skipped = 0
+    after: tuple | None = tuple(ctx.cursor) if ctx.cursor else None
+    while True:
+        page = read_page(after, page_size)
+        gone = delete_page([key[-1] for key in page]) if page else 0
+        deleted += gone
+        skipped += len(page) - gone
+        if len(page) < page_size:
+            ctx.checkpoint(None)  # the end of the table: the next pass starts over
+            return PassResult(deleted, 0, skipped, more=False)
+        after = tuple(page[-1])
+        ctx.checkpoint(list(after))
+        if time.monotonic() >= deadline:
+            return PassResult(deleted, 0, skipped, more=gone > 0)

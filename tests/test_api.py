@@ -312,6 +312,8 @@ def test_no_single_object_route_reaches_another_merchants_object(acme, globex):
         ("GET", f"/v1/webhook_endpoints/{endpoint}", None),
         ("POST", f"/v1/webhook_endpoints/{endpoint}", {"enabled_events": ["customer.deleted"]}),
         ("POST", f"/v1/webhook_endpoints/{endpoint}/rotate_secret", None),
+        ("POST", f"/v1/webhook_endpoints/{endpoint}/disable", None),
+        ("POST", f"/v1/webhook_endpoints/{endpoint}/enable", None),
         ("DELETE", f"/v1/webhook_endpoints/{endpoint}", None),
     ]
     for method, path, body in routes:
@@ -320,7 +322,7 @@ def test_no_single_object_route_reaches_another_merchants_object(acme, globex):
         assert error_of(response)["code"] == "resource_missing"
     assert globex.call("GET", f"/v1/payment_intents/{intent}").json()["status"] == "requires_confirmation"
     theirs = globex.call("GET", f"/v1/webhook_endpoints/{endpoint}").json()
-    assert theirs["enabled_events"] == ["*"]
+    assert theirs["enabled_events"] == ["*"] and theirs["status"] == "enabled"
     assert count("charges") == 0 and count("webhook_secrets") == 1
 
 

@@ -395,3 +395,15 @@ if not 60 <= VPAY_OAUTH_TOKEN_TTL_SECONDS <= 86400:
 # Default: VPAY_PUBLIC_URL + /v1/oauth/token (never the request's Host header, which the
 # sender chooses).
 VPAY_OAUTH_TOKEN_URL = env.str("VPAY_OAUTH_TOKEN_URL", default="")
+# --- Retention and endpoint health (docs/housekeeping.md "Retention", docs/webhooks.md) --
+# Days each kind of record is kept once it is finished; the hourly sweep_expired deletes
+# what is older, never evidence of something still live. Startup refuses a window shorter
+# than the retry window it must outlive (each app's checks.py).
+VPAY_RETENTION_EVENTS_DAYS = env.int("VPAY_RETENTION_EVENTS_DAYS", default=30)
+VPAY_RETENTION_DELIVERIES_DAYS = env.int("VPAY_RETENTION_DELIVERIES_DAYS", default=30)
+VPAY_RETENTION_PROVIDER_REQUESTS_DAYS = env.int("VPAY_RETENTION_PROVIDER_REQUESTS_DAYS", default=90)
+VPAY_RETENTION_DEAD_LETTERS_DAYS = env.int("VPAY_RETENTION_DEAD_LETTERS_DAYS", default=90)
+VPAY_RETENTION_ALERTS_DAYS = env.int("VPAY_RETENTION_ALERTS_DAYS", default=90)
+# An endpoint whose deliveries have only failed for this many days is disabled (warned at
+# half); 0 never disables.
+VPAY_WEBHOOK_DISABLE_AFTER_DAYS = env.float("VPAY_WEBHOOK_DISABLE_AFTER_DAYS", default=5.0)

@@ -24,6 +24,7 @@ from django.utils.text import Truncator
 from jobs.admin import ReadOnlyAdmin
 from jobs.models import TransactionNow
 from webhooks import admin_actions, admin_bulk
+from webhooks.endpoint_admin import EndpointStateActions
 from webhooks.models import DeliveryAttempt, Event, WebhookDelivery, WebhookEndpoint
 
 EXCERPT = 80
@@ -64,7 +65,7 @@ class EventAdmin(ReadOnlyAdmin):
 
 
 @admin.register(WebhookEndpoint)
-class WebhookEndpointAdmin(ReadOnlyAdmin):
+class WebhookEndpointAdmin(EndpointStateActions, ReadOnlyAdmin):
     list_display = ("id", "merchant_id", "url", "enabled_events", "active_secrets", "deleted_at", "created_at")
     list_filter = ("deleted_at",)
     search_fields = ("=id", "=merchant__id", "url")

@@ -8,7 +8,13 @@ class WebhooksConfig(AppConfig):
     def ready(self) -> None:
         # Registering the job kinds and the system checks is a side effect of import.
         from jobs.ceilings import register_ceilings
-        from webhooks import bulk_resend, checks, handlers  # noqa: F401
+        from jobs.housekeeping import register_sweep_step
+        from webhooks import bulk_resend, checks, handlers, retention  # noqa: F401
         from webhooks.ceilings import webhook_ceilings
+        from webhooks.services import endpoint_health
 
         register_ceilings("webhooks", webhook_ceilings)
+        # Endpoint health, then retention (docs/webhooks.md, docs/housekeeping.md): hourly steps of sweep_expired.
+        register_sweep_step("endpoint_health", endpoint_health.health_step)
+        register_sweep_step("retention_deliveries", retention.old_deliveries)
+        register_sweep_step("retention_events", retention.old_events)

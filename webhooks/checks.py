@@ -21,6 +21,35 @@ def lease_problems() -> list[str]:
     return problems
 
 
+DAY = 86400.0
+
+
+def retention_problems() -> list[str]:
+    """Windows that would delete what a retry, a re-read or the health check still needs."""
+    ladder = sum(settings.VPAY_WEBHOOK_RETRY_SCHEDULE)
+    health = float(settings.VPAY_WEBHOOK_DISABLE_AFTER_DAYS) * DAY
+    problems = []
+    if health < 0:
+        problems.append("VPAY_WEBHOOK_DISABLE_AFTER_DAYS cannot be negative (0 switches the check off)")
+    elif 0 < health <= ladder:
+        problems.append(
+            f"VPAY_WEBHOOK_DISABLE_AFTER_DAYS={health / DAY:g} must exceed the delivery ladder ({ladder / DAY:.2f} days):"
+            " one event's retries alone would disable an endpoint"
+        )
+    for name, needed, why in (
+        ("VPAY_RETENTION_EVENTS_DAYS", ladder + DAY, "the delivery ladder plus a day"),
+        (
+            "VPAY_RETENTION_DELIVERIES_DAYS",
+            max(ladder + DAY, 2 * health),
+            "the ladder plus a day, and the health lookback",
+        ),
+    ):
+        days = getattr(settings, name)
+        if days * DAY < needed:
+            problems.append(f"{name}={days} is shorter than {why} ({needed / DAY:.2f} days)")
+    return problems
+
+
 @checks.register()
 def check_webhook_settings(app_configs=None, **kwargs):
-    return [checks.Error(p, id="webhooks.E001") for p in lease_problems()]
+    return [checks.Error(p, id="webhooks.E001") for p in lease_problems() + retention_problems()]

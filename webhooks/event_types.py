@@ -13,3 +13,6 @@ class EventType(models.TextChoices):
     CUSTOMER_DELETED = "customer.deleted"
     REFUND_SUCCEEDED = "refund.succeeded"
     REFUND_FAILED = "refund.failed"
+    # Operational: about one of the merchant's endpoints, sent to its other endpoints.
+    WEBHOOK_ENDPOINT_FAILING = "webhook_endpoint.failing"
+    WEBHOOK_ENDPOINT_DISABLED = "webhook_endpoint.disabled"

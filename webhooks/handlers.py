@@ -67,8 +67,8 @@ def deliver(ctx: JobContext) -> Outcome:
     begun = delivery.begin_attempt(ctx.payload["delivery_id"], share=delivery.worker_share(ctx.worker_concurrency))
     if begun.kind is not delivery.Begin.CLAIMED and ticket is not None:
         breakers.release(ticket)  # nothing was sent
-    if begun.kind is delivery.Begin.GONE:
-        return Outcome.done()
+    if begun.kind in (delivery.Begin.GONE, delivery.Begin.HELD):
+        return Outcome.done()  # held: the delivery stays pending; re-enabling enqueues it again
     if begun.kind is not delivery.Begin.CLAIMED:
         # Not due, another attempt's lease is live, or the endpoint is at its cap: look
         # again later. Not a failure, and no attempt of the job is spent.

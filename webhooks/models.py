@@ -57,6 +57,10 @@ class Event(models.Model):
             models.Index(fields=["created_at"], name="events_pending_fan_out", condition=Q(fan_out=FanOut.PENDING)),
             # The abandoned-events gauge (webhooks.gauge_sql): only what an operator must re-drive.
             models.Index(fields=["created_at"], name="events_abandoned", condition=Q(fan_out=FanOut.ABANDONED)),
+            # Retention's keyset pages (webhooks.retention): fanned-out events, oldest first.
+            models.Index(
+                fields=["created_at", "id"], name="events_fanned_out_created", condition=Q(fan_out=FanOut.FANNED_OUT)
+            ),
         ]
 
     def __str__(self) -> str:
@@ -85,12 +89,27 @@ class WebhookEndpoint(models.Model):
     description = models.CharField(max_length=500, blank=True, db_default="")
     created_at = models.DateTimeField(db_default=Now())
     deleted_at = models.DateTimeField(null=True, blank=True)
+    # Disabled (by the health sweep, the merchant or an operator): nothing is sent and no new
+    # delivery is made for it; its pending deliveries wait and resume when it is enabled.
+    disabled_at = models.DateTimeField(null=True, blank=True)
+    disabled_reason = models.CharField(max_length=300, blank=True, db_default="")
+    disabled_by = models.CharField(max_length=150, blank=True, db_default="")
+    # Attempts before this instant do not count towards its health (creation, re-enabling).
+    health_since = models.DateTimeField(db_default=Now())
+    # When the current failing streak was warned about (webhooks.services.endpoint_health).
+    health_warned_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "webhook_endpoints"
+        permissions = [("disable_webhookendpoint", "Can disable and re-enable webhook endpoints")]
         constraints = [
             models.CheckConstraint(
                 condition=Q(enabled_events__len__gt=0), name="webhook_endpoints_enabled_events_not_empty"
+            ),
+            # A disabled endpoint says why and who, so the merchant and the operator can act.
+            models.CheckConstraint(
+                condition=Q(disabled_at__isnull=True) | (~Q(disabled_reason="") & ~Q(disabled_by="")),
+                name="webhook_endpoints_disabled_says_why",
             ),
         ]
         indexes = [
@@ -150,6 +169,14 @@ class DeliveryState(models.TextChoices):
     CANCELLED = "cancelled"
     """Its endpoint was deleted before it was delivered: ended without alerting (the
     merchant chose this), ``cancel_reason`` says why. Not resendable: there is nowhere to send."""
+
+
+FINISHED_STATES = [
+    DeliveryState.SUCCEEDED,
+    DeliveryState.EXHAUSTED,
+    DeliveryState.REFUSED,
+    DeliveryState.CANCELLED,
+]
 
 
 class WebhookDelivery(models.Model):
@@ -219,6 +246,14 @@ class WebhookDelivery(models.Model):
                 fields=["completed_at"],
                 name="webhook_deliveries_failed",
                 condition=Q(state__in=[DeliveryState.EXHAUSTED, DeliveryState.REFUSED]),
+            ),
+            # Endpoint health: an endpoint's deliveries touched recently (every attempt moves updated_at).
+            models.Index(fields=["endpoint", "updated_at"], name="webhook_deliveries_ep_recent"),
+            # Retention's keyset pages (webhooks.retention): finished deliveries by when they finished.
+            models.Index(
+                fields=["completed_at", "id"],
+                name="webhook_deliveries_finished",
+                condition=Q(state__in=FINISHED_STATES),
             ),
         ]
 

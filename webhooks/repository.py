@@ -62,22 +62,26 @@ def lock_pending_event(event_id: str) -> tuple[str, str] | None:
 
 
 def create_deliveries(event_id: str, merchant_id: str, event_type: str) -> list[tuple[int, str]]:
-    """One delivery per live endpoint of the merchant subscribed to ``event_type`` (or ``*``);
-    returns every delivery of the event as ``(id, endpoint_id)``. A re-run creates nothing:
-    ``webhook_deliveries_event_endpoint`` absorbs it."""
+    """One delivery per live, enabled endpoint of the merchant subscribed to ``event_type``
+    (or ``*``); returns every delivery of the event as ``(id, endpoint_id)``. A re-run
+    creates nothing: ``webhook_deliveries_event_endpoint`` absorbs it. An event about an
+    endpoint (``webhook_endpoint.*``) goes to the merchant's *other* endpoints: the one it
+    is about is failing or disabled."""
     with connection.cursor() as cursor:
         cursor.execute(
             """
             INSERT INTO webhook_deliveries
                    (event_id, endpoint_id, state, attempts, next_attempt_at, created_at, updated_at)
-            SELECT %s, e.id, 'pending', 0, now(), now(), now()
+            SELECT %(event)s, e.id, 'pending', 0, now(), now(), now()
               FROM webhook_endpoints e
-             WHERE e.merchant_id = %s AND e.deleted_at IS NULL
-               AND (e.enabled_events @> ARRAY['*']::varchar[] OR e.enabled_events @> ARRAY[%s]::varchar[])
+             WHERE e.merchant_id = %(merchant)s AND e.deleted_at IS NULL AND e.disabled_at IS NULL
+               AND (e.enabled_events @> ARRAY['*']::varchar[] OR e.enabled_events @> ARRAY[%(type)s]::varchar[])
+               AND NOT (starts_with(%(type)s, 'webhook_endpoint.')
+                        AND e.id = (SELECT ev.data->>'id' FROM events ev WHERE ev.id = %(event)s))
              ORDER BY e.id
             ON CONFLICT (event_id, endpoint_id) DO NOTHING
             """,
-            [event_id, merchant_id, event_type],
+            {"event": event_id, "merchant": merchant_id, "type": event_type},
         )
         cursor.execute(
             "SELECT id, endpoint_id FROM webhook_deliveries WHERE event_id = %s ORDER BY id",
@@ -167,6 +171,7 @@ class DeliveryRow:
     lease_token: uuid.UUID | None
     payload_sha256: str | None
     endpoint_deleted: bool
+    endpoint_disabled: bool = False
 
 
 def lock_delivery(delivery_id: int) -> DeliveryRow | None:
@@ -178,8 +183,9 @@ def lock_delivery(delivery_id: int) -> DeliveryRow | None:
                EXTRACT(EPOCH FROM d.next_attempt_at - now())::float8,
                EXTRACT(EPOCH FROM d.lease_expires_at - now())::float8,
                d.lease_token, d.payload_sha256,
-               (SELECT e.deleted_at IS NOT NULL FROM webhook_endpoints e WHERE e.id = d.endpoint_id)
-          FROM webhook_deliveries d WHERE d.id = %s FOR UPDATE
+               e.deleted_at IS NOT NULL, e.disabled_at IS NOT NULL
+          FROM webhook_deliveries d JOIN webhook_endpoints e ON e.id = d.endpoint_id
+         WHERE d.id = %s FOR UPDATE OF d
         """,
         [delivery_id],
     )
@@ -327,13 +333,13 @@ def expired_leases(limit: int) -> list[int]:
 
 def due_deliveries(limit: int, overdue_seconds: float) -> list[tuple[int, str]]:
     """Pending deliveries due at least ``overdue_seconds`` ago: ``(id, merchant_id)``, the
-    merchant being the deliver job's tenant.
+    merchant being the deliver job's tenant. A disabled endpoint's are held, not lost.
 
     Served by the partial index ``webhook_deliveries_due`` (and the endpoints' primary key)."""
     return _rows(
         "SELECT d.id, e.merchant_id FROM webhook_deliveries d JOIN webhook_endpoints e ON e.id = d.endpoint_id"
         " WHERE d.state = 'pending' AND d.next_attempt_at <= now() - make_interval(secs => %s)"
-        " ORDER BY d.next_attempt_at LIMIT %s",
+        " AND e.disabled_at IS NULL ORDER BY d.next_attempt_at LIMIT %s",
         [overdue_seconds, limit],
     )
 

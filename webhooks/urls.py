@@ -8,4 +8,6 @@ urlpatterns = [
     path("webhook_endpoints", views.webhook_endpoints),
     path("webhook_endpoints/<str:endpoint_id>", views.webhook_endpoint),
     path("webhook_endpoints/<str:endpoint_id>/rotate_secret", views.rotate_webhook_secret),
+    path("webhook_endpoints/<str:endpoint_id>/disable", views.disable_webhook_endpoint),
+    path("webhook_endpoints/<str:endpoint_id>/enable", views.enable_webhook_endpoint),
 ]

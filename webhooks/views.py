@@ -3,10 +3,11 @@
 from django.http import HttpRequest, HttpResponse
 
 from api.framework import ApiError, Body, Field, owned, paginate, respond, route
+from webhooks.endpoint_wire import render_endpoint
 from webhooks.event_types import EventType
 from webhooks.events import render_event
 from webhooks.models import Event, WebhookEndpoint
-from webhooks.services import endpoints
+from webhooks.services import endpoint_health, endpoints
 
 
 @route("GET")
@@ -47,22 +48,6 @@ UPDATE = Body(
     enabled_events=Field(list, items=str, check=_events),
     description=Field(str, max_length=500),
 )
-
-
-def render_endpoint(endpoint: WebhookEndpoint, *, secret: str | None = None) -> dict:
-    """The wire form of an endpoint. ``secret`` only in the answer that created it (once)."""
-    body = {
-        "id": endpoint.id,
-        "object": "webhook_endpoint",
-        "url": endpoint.url,
-        "enabled_events": list(endpoint.enabled_events),
-        "description": endpoint.description,
-        "created": int(endpoint.created_at.timestamp()),
-        "active_secrets": endpoints.active_secret_count(endpoint),
-    }
-    if secret is not None:
-        body["secret"] = secret
-    return body
 
 
 def _owned_endpoint(request: HttpRequest, endpoint_id: str) -> WebhookEndpoint:
@@ -124,3 +109,28 @@ def rotate_webhook_secret(request: HttpRequest, endpoint_id: str) -> HttpRespons
             param="overlap_seconds",
         ) from None
     return respond(render_endpoint(endpoint, secret=secret))
+
+
+DISABLE = Body(reason=Field(str, max_length=endpoint_health.REASON_MAX))
+DISABLED_BY_MERCHANT_REASON = "Disabled by the merchant."
+
+
+@route("POST")
+def disable_webhook_endpoint(request: HttpRequest, endpoint_id: str) -> HttpResponse:
+    """Stop sending to the endpoint (``{"reason"?}``); its pending deliveries wait for
+    ``/enable``. Emits ``webhook_endpoint.disabled`` to the merchant's other endpoints.
+    Already disabled: answered as it is, nothing changes."""
+    endpoint = _owned_endpoint(request, endpoint_id)
+    reason = DISABLE.parse(request).get("reason", "").strip() or DISABLED_BY_MERCHANT_REASON
+    endpoint_health.endpoint_disable(endpoint_id=endpoint.pk, reason=reason, actor=endpoint_health.DISABLED_BY_MERCHANT)
+    return respond(render_endpoint(_owned_endpoint(request, endpoint_id)))
+
+
+@route("POST")
+def enable_webhook_endpoint(request: HttpRequest, endpoint_id: str) -> HttpResponse:
+    """Send to the endpoint again; its pending deliveries resume now. Already enabled:
+    answered as it is, nothing changes."""
+    endpoint = _owned_endpoint(request, endpoint_id)
+    Body().parse(request)
+    endpoint_health.endpoint_enable(endpoint_id=endpoint.pk, actor=endpoint_health.DISABLED_BY_MERCHANT)
+    return respond(render_endpoint(_owned_endpoint(request, endpoint_id)))

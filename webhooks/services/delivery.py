@@ -118,6 +118,7 @@ class Begin(enum.Enum):
     NOT_DUE = "not_due"
     BUSY = "busy"  # another attempt holds a live lease
     AT_CAP = "at_cap"  # the endpoint has its cap of attempts in flight
+    HELD = "held"  # the endpoint is disabled: the delivery waits, pending, for it to be enabled
 
 
 @dataclass(frozen=True)
@@ -159,12 +160,18 @@ def begin_attempt(delivery_id: int, *, share: int | None = None) -> BeginResult:
             next_state = _recover(row)
             if next_state != DeliveryState.PENDING:
                 return BeginResult(Begin.GONE)
+            if row.endpoint_disabled:
+                return BeginResult(Begin.HELD, endpoint_id=row.endpoint_id)
         elif row.endpoint_deleted:
             # Created by a fan-out that raced the delete, or left by an attempt that was in
             # flight during it: ended like the delete ended the others, without an alert.
             if repository.cancel_pending(row.id):
                 metrics.DELIVERIES_FINISHED.labels(state=str(DeliveryState.CANCELLED)).inc()
             return BeginResult(Begin.GONE)
+        elif row.endpoint_disabled:
+            # Nothing is sent to a disabled endpoint and no rung is spent; re-enabling it
+            # enqueues this delivery again (webhooks.services.endpoint_health).
+            return BeginResult(Begin.HELD, endpoint_id=row.endpoint_id)
         elif row.due_in > 0:
             return BeginResult(Begin.NOT_DUE, wait=row.due_in)
         held = share is not None and SHARES.acquire(row.endpoint_id, share)
