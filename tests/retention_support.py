@@ -6,7 +6,7 @@ import uuid
 
 from django.db import connection, transaction
 
-from charges.models import Charge, PaymentIntent, ProviderRequest
+from charges.models import Charge, PaymentIntent, ProviderRequest, Refund
 from jobs import queue
 from jobs.kinds import JobKind
 from jobs.models import Alert
@@ -64,7 +64,9 @@ def delivery(event_id: str, endpoint_obj, *, state: str, finished_seconds_ago: f
     return made.pk
 
 
-def provider_request(merchant, *, charge_status: str, seconds_old: float) -> int:
+def provider_request(merchant, *, charge_status: str, seconds_old: float, refund_status: str | None = None) -> int:
+    """A rail request that old, of a charge in that state; with ``refund_status``, one of
+    a refund of that (succeeded) charge, in that state."""
     intent = PaymentIntent.objects.create(merchant=merchant, amount=1000, currency="usd", rail="sandbox_push")
     charge = Charge.objects.create(
         intent=intent,
@@ -75,8 +77,24 @@ def provider_request(merchant, *, charge_status: str, seconds_old: float) -> int
         currency="usd",
         status=charge_status,
     )
+    refund = None
+    if refund_status is not None:
+        refund = Refund.objects.create(
+            merchant=merchant,
+            intent=intent,
+            charge=charge,
+            rail="sandbox_push",
+            amount=500,
+            currency="usd",
+            status=refund_status,
+        )
     request = ProviderRequest.objects.create(
-        charge=charge, operation="status", rail="sandbox_push", method="GET", path=f"/charges/{charge.id}"
+        charge=charge,
+        refund=refund,
+        operation="refund_status" if refund else "status",
+        rail="sandbox_push",
+        method="GET",
+        path=f"/refunds/{refund.id}" if refund else f"/charges/{charge.id}",
     )
     age("provider_requests", "sent_at", request.pk, seconds_old)
     return request.pk

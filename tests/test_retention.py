@@ -108,6 +108,22 @@ def test_rail_requests_of_settled_charges_go_after_90_days_and_a_live_charges_ne
     assert ids("provider_requests") == {young, *live.values()}
 
 
+def test_a_live_refunds_rail_requests_stay_however_old_and_a_settled_ones_go(merchant):
+    """A refund's requests hang off its (succeeded) charge; the refund's own state decides:
+    they are the evidence its recovery reads to ask the rail rather than send again."""
+    live = {
+        status: provider_request(merchant, charge_status="succeeded", refund_status=status, seconds_old=400 * DAY)
+        for status in ("submitting", "pending", "unresolved")
+    }
+    settled = {
+        status: provider_request(merchant, charge_status="succeeded", refund_status=status, seconds_old=400 * DAY)
+        for status in ("succeeded", "failed")
+    }
+    run_sweep()
+    assert ids("provider_requests") == set(live.values())
+    assert not set(settled.values()) & ids("provider_requests")
+
+
 def test_settled_dead_letters_go_90_days_after_settling_and_pending_ones_never():
     replayed = settled_letter("replayed", seconds_ago=90 * DAY + OUTSIDE)
     discarded = settled_letter("discarded", seconds_ago=90 * DAY + OUTSIDE)
