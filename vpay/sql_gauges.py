@@ -40,6 +40,9 @@ WATCHED_TABLES = (
     "checkout_sessions",
     "api_idempotency_records",
     "customers",
+    "refunds",
+    "oauth_assertion_jtis",
+    "oauth_access_tokens",
 )
 
 
