@@ -43,3 +43,10 @@ def test_nothing_cites_a_design_document_outside_the_repository():
     for path in [*PAGES, *SOURCES]:
         text = path.read_text()
         assert "../shared" not in text and "DESIGN §" not in text and "DESIGN.md" not in text, path
+
+
+def test_every_setting_in_env_example_is_documented():
+    """`.env.example` lists every setting; each is explained in the README or docs/."""
+    names = set(re.findall(r"^#?\s*([A-Z][A-Z0-9_]{3,})=", (ROOT / ".env.example").read_text(), re.M))
+    documented = "".join(page.read_text() for page in PAGES)
+    assert names and not sorted(n for n in names if n not in documented)
