@@ -50,7 +50,7 @@ from jobs.listener import connect_params, listen
 from jobs.maintenance import Maintenance, reap
 from jobs.report import Report
 from jobs.settling import DB_ERRORS, Completer, Settler
-from vpay import metrics
+from vpay import faultpoints, metrics
 from vpay.db_pooler import WakeSource, wake_source
 from vpay.errors import error_chain
 
@@ -314,7 +314,9 @@ class Worker:
         with self._cv:
             running = self._running.get(job.id) or self._running.setdefault(job.id, Running(job))
         try:
+            faultpoints.reached("job.claimed", job.kind)
             ran: Ran = run_job(job, running.ctx_holder, concurrency=self.concurrency)
+            faultpoints.reached("job.ran", job.kind)
             disposition = ran.settle.disposition
             if disposition is Disposition.FINISHED and ran.committed:
                 self.settler.count(job, Disposition.FINISHED)

@@ -12,6 +12,7 @@ from jobs.kinds import JobKind
 from jobs.outcome import Outcome
 from jobs.retry import RetryPolicy
 from jobs.schema import PayloadSchema
+from vpay import faultpoints
 from webhooks.services import delivery, fanout, host_breakers, scan
 
 logger = logging.getLogger("webhooks.handlers")
@@ -75,7 +76,9 @@ def deliver(ctx: JobContext) -> Outcome:
         return Outcome.reschedule_in(max(begun.wait, 0.0) + 0.05, begun.kind.value)
     assert begun.lease is not None
     try:
+        faultpoints.reached("webhook.attempt_recorded")
         attempted = delivery.perform(begun.lease)
+        faultpoints.reached("webhook.answered", str(attempted.attempt_state))
         recorded = delivery.record(begun.lease, attempted)
     finally:
         delivery.release(begun)

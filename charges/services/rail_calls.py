@@ -22,6 +22,7 @@ from charges.rails.adapter import RailAnswer, RailError, RailUnavailable, adapte
 from charges.services import rail_gate
 from charges.services.rail_gate import SHARES, RailDeferred
 from jobs.breakers import Ticket
+from vpay import faultpoints
 from vpay.errors import error_chain
 
 # A request unanswered this long after the rail timeout is a crashed worker's: it no longer
@@ -149,6 +150,7 @@ def _call(
         raise rail_gate.at_ceiling(rail.code, ticket, None, f"holds this worker's share ({share}) of threads")
     try:
         request_id = _record_sent(charge_id, rail, operation, method, path, idempotency_key, ticket, ceiling, refund_id)
+        faultpoints.reached("rail.request_recorded", str(operation))
         try:
             answer = send()
         except RailError as exc:
@@ -166,6 +168,7 @@ def _call(
             raise
     finally:
         SHARES.release(rail.code)
+    faultpoints.reached("rail.answered", str(operation))
     RAIL_REQUESTS.labels(rail=rail.code, operation=str(operation), result=str(answer.http_status)).inc()
     if record_answer:
         record_submit_answer(request_id, answer)

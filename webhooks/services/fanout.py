@@ -30,6 +30,7 @@ from django.urls import reverse
 from jobs.alerts import Severity, raise_alert
 from jobs.kinds import JobKind
 from jobs.port import JobRequest, enqueue_many
+from vpay import faultpoints
 from vpay.errors import Category, classify, error_chain
 from webhooks import metrics, repository
 from webhooks.decisions import (
@@ -88,6 +89,7 @@ def fan_out_event(event_id: str) -> int | None:
                 )
                 for delivery_id, _endpoint_id in deliveries
             )
+            faultpoints.reached("fan_out.deliveries_written")
             if not repository.mark_fanned_out(event_id):
                 raise _NotOurs
             return len(deliveries)
@@ -115,6 +117,7 @@ def drain_once(page: int = PAGE, *, transient_alert_after: int = FAN_OUT_TRANSIE
             metrics.EVENTS_FANNED_OUT.inc()
             result.fanned_out += 1
             result.deliveries += made
+            faultpoints.reached("fan_out.event_committed")
     return result
 
 
