@@ -65,111 +65,18 @@ from __future__ import annotations
 import argparse
 import json
 import secrets
-import threading
 import time
-from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
+from sandbox.rail_admin import AdminRoutes
+from sandbox.rail_refunds import RefundRoutes
+from sandbox.rail_state import RailCharge, RailRefund, State, poll_answer
+
 DEFAULT_API_KEY = "sandbox-rail-key"
-MAX_LOG = 50_000
-
-BUILT_IN = {
-    402: {"outcome": "failed", "failure_code": "insufficient_funds"},
-    503: {"error_polls": -1},
-    404: {"not_found_polls": 3},
-}
-SCENARIO_FIELDS = {
-    "outcome": str,
-    "failure_code": str,
-    "after_polls": int,
-    "error_polls": int,
-    "not_found_polls": int,
-    "error_submits": int,
-    "drop_submits": int,
-    "lose_submits": int,
-    "submit_delay": (int, float),
-    "poll_delay": (int, float),
-    "submit_status": int,
-    "submit_records": bool,
-    "submit_body": str,
-    "error_status": int,
-    "retry_after": str,
-    "url_style": str,
-    "echo_credentials": bool,
-}
 
 
-@dataclass
-class RailCharge:
-    reference: str
-    rail: str
-    amount: int
-    currency: str
-    pay_token: str | None
-    polls: int = 0
-    forced: str | None = None  # the payer page's result
-
-
-@dataclass
-class RailRefund:
-    reference: str
-    rail: str
-    charge_reference: str
-    amount: int
-    currency: str
-    polls: int = 0
-    forced: str | None = None  # never set: refunds have no payer page
-    failed: bool = False  # answered failed: its amount no longer counts against the charge
-
-
-@dataclass
-class State:
-    api_key: str
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    charges: dict[tuple[str, str], RailCharge] = field(default_factory=dict)
-    refunds: dict[tuple[str, str], RailRefund] = field(default_factory=dict)
-    by_reference: dict[str, dict] = field(default_factory=dict)
-    by_amount: dict[int, dict] = field(default_factory=dict)
-    submits: dict[tuple[str, str], int] = field(default_factory=dict)  # submits seen per reference
-    log: list[dict] = field(default_factory=list)
-
-    def scenario(self, reference: str, amount: int | None) -> dict:
-        if reference in self.by_reference:
-            return self.by_reference[reference]
-        if amount is not None and amount in self.by_amount:
-            return self.by_amount[amount]
-        if amount is not None:
-            return BUILT_IN.get(amount % 1000, {})
-        return {}
-
-    def record(self, entry: dict) -> dict:
-        self.log.append(entry)
-        if len(self.log) > MAX_LOG:
-            del self.log[: len(self.log) - MAX_LOG]
-        return entry
-
-
-def poll_answer(charge: RailCharge | RailRefund, scenario: dict) -> tuple[int, str | None]:
-    """(HTTP status, rail status) for the charge's next poll, counting it. Pure over its inputs."""
-    charge.polls += 1
-    n = charge.polls
-    errors = scenario.get("error_polls", 0)
-    if errors < 0 or n <= errors:
-        return scenario.get("error_status", 503), None
-    n -= errors
-    not_found = scenario.get("not_found_polls", 0)
-    if n <= not_found:
-        return 404, None
-    n -= not_found
-    if charge.forced:
-        return 200, charge.forced
-    if n >= scenario.get("after_polls", 1):
-        return 200, scenario.get("outcome", "succeeded")
-    return 200, "pending"
-
-
-class Handler(BaseHTTPRequestHandler):
+class Handler(RefundRoutes, AdminRoutes, BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: RailServer
 
@@ -336,63 +243,6 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(200, self._refund_body(held, "pending", scenario))
         return self._send(200, self._charge_body(charge, "pending", scenario))
 
-    # --- refunds -----------------------------------------------------------------------
-
-    def _refund_refusal(self, rail: str, body: dict) -> tuple[int, str] | None:
-        """Why the rail refuses a new refund for good (caller holds the lock), or None. A
-        reference it already holds is the same refund: never refused, never counted twice."""
-        state = self.server.state
-        if (rail, body["reference"]) in state.refunds:
-            return None
-        charge = state.charges.get((rail, body["charge_reference"]))
-        if charge is None:
-            return 404, "no such charge"
-        held = sum(
-            r.amount
-            for r in state.refunds.values()
-            if (r.rail, r.charge_reference) == (rail, charge.reference) and not r.failed
-        )
-        if held + body["amount"] > charge.amount:
-            return 400, "refunds would exceed the charge"
-        return None
-
-    def _refund_poll(self, path: str, rail: str, reference: str) -> None:
-        state = self.server.state
-        entry = {
-            "method": "GET",
-            "path": path,
-            "kind": "refund",
-            "rail": rail,
-            "reference": reference,
-            "answered": True,
-        }
-        if not self._authorized():
-            return self._refuse(entry, reference, None)
-        with state.lock:
-            held = state.refunds.get((rail, reference))
-            scenario = state.scenario(reference, held.amount if held else None)
-            if held is None:
-                state.record({**entry, "status": 404})
-                code, status = 404, None
-            else:
-                code, status = poll_answer(held, scenario)
-                held.failed = held.failed or status == "failed"
-                state.record({**entry, "status": code, "rail_status": status, "poll": held.polls})
-        delay = scenario.get("poll_delay", 0)
-        if delay:
-            time.sleep(delay)
-        if code == 404:
-            return self._send(404, {"error": "not found"})
-        if code != 200:
-            return self._send(code, {"error": "unavailable"}, retry_after=scenario.get("retry_after"))
-        return self._send(200, self._refund_body(held, status, scenario))
-
-    def _refund_body(self, held: RailRefund, status: str, scenario: dict) -> dict:
-        body = {"reference": held.reference, "status": status}
-        if status == "failed":
-            body["failure_code"] = scenario.get("failure_code", "declined")
-        return body
-
     # --- pieces ------------------------------------------------------------------------
 
     def _refuse(self, entry: dict, reference: object, amount: int | None) -> None:
@@ -432,81 +282,6 @@ class Handler(BaseHTTPRequestHandler):
             if result in ("succeeded", "failed"):
                 charge.forced = result
         return self._send(200, {"reference": reference, "result": charge.forced})
-
-    def _admin_get(self, seg: list[str], query: dict) -> None:
-        state = self.server.state
-        with state.lock:
-            if seg[1:] == ["requests"]:
-                ref = query.get("reference")
-                rows = [e for e in state.log if ref is None or e.get("reference") == ref]
-                return self._send(200, {"requests": rows})
-            if seg[1:] == ["refunds"]:
-                charge_reference = query.get("charge_reference")
-                held = [
-                    {
-                        "reference": r.reference,
-                        "rail": r.rail,
-                        "charge_reference": r.charge_reference,
-                        "amount": r.amount,
-                        "currency": r.currency,
-                        "polls": r.polls,
-                        "submits": state.submits.get((r.rail, r.reference), 0),
-                    }
-                    for r in state.refunds.values()
-                    if charge_reference is None or r.charge_reference == charge_reference
-                ]
-                return self._send(200, {"refunds": held})
-            if len(seg) == 3 and seg[1] == "charges":
-                found = [c for (_, ref), c in state.charges.items() if ref == seg[2]]
-                if not found:
-                    return self._send(404, {"error": "not found"})
-                c = found[0]
-                return self._send(
-                    200,
-                    {
-                        "reference": c.reference,
-                        "rail": c.rail,
-                        "amount": c.amount,
-                        "currency": c.currency,
-                        "polls": c.polls,
-                        "submits": state.submits.get((c.rail, c.reference), 0),
-                    },
-                )
-        return self._send(404, {"error": "no such route"})
-
-    def _admin_post(self, seg: list[str], body: dict | None) -> None:
-        state = self.server.state
-        if seg[1:] == ["reset"]:
-            with state.lock:
-                state.charges.clear()
-                state.refunds.clear()
-                state.by_reference.clear()
-                state.by_amount.clear()
-                state.submits.clear()
-                state.log.clear()
-            return self._send(200, {"reset": True})
-        if seg[1:] == ["scenarios"] and body is not None:
-            scenario = {}
-            for name, value in body.items():
-                if name in ("reference", "amount"):
-                    continue
-                expected = SCENARIO_FIELDS.get(name)
-                if (
-                    expected is None
-                    or not isinstance(value, expected)
-                    or (isinstance(value, bool) and expected is not bool)
-                ):
-                    return self._send(400, {"error": f"bad scenario field {name!r}"})
-                scenario[name] = value
-            with state.lock:
-                if isinstance(body.get("reference"), str):
-                    state.by_reference[body["reference"]] = scenario
-                elif type(body.get("amount")) is int:
-                    state.by_amount[body["amount"]] = scenario
-                else:
-                    return self._send(400, {"error": "a scenario needs a reference or an amount"})
-            return self._send(200, {"scenario": scenario})
-        return self._send(404, {"error": "no such route"})
 
 
 class RailServer(ThreadingHTTPServer):
