@@ -261,13 +261,17 @@ def paginate(
         anchor = None if key is None else scope.filter(id=key).values_list("created_at", flat=True).first()
         if anchor is None:
             raise not_found("object", wire_id)
+    # Each cursor also bounds created_at alone: that bound is an index condition, so the scan
+    # starts at the cursor instead of walking every newer (older) row to reach it.
     if before is not None:
-        queryset = queryset.filter(Q(created_at__gt=anchor) | Q(created_at=anchor, id__gt=key))
+        queryset = queryset.filter(Q(created_at__gt=anchor) | Q(created_at=anchor, id__gt=key), created_at__gte=anchor)
         rows = list(queryset.order_by("created_at", "id")[: limit + 1])
         page = rows[:limit][::-1]
     else:
         if after is not None:
-            queryset = queryset.filter(Q(created_at__lt=anchor) | Q(created_at=anchor, id__lt=key))
+            queryset = queryset.filter(
+                Q(created_at__lt=anchor) | Q(created_at=anchor, id__lt=key), created_at__lte=anchor
+            )
         rows = list(queryset.order_by("-created_at", "-id")[: limit + 1])
         page = rows[:limit]
     return respond(
