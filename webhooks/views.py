@@ -1,8 +1,9 @@
-"""``/v1/events`` (the outbox, readable by the merchant it belongs to) and ``/v1/webhook_endpoints``."""
+"""``/v1/events`` (the outbox, readable by the merchant it belongs to), ``/v1/event_types`` and
+``/v1/webhook_endpoints`` (with their test events, deliveries and a delivery's retry)."""
 
 from django.http import HttpRequest, HttpResponse
 
-from api.framework import ApiError, Body, Field, owned, paginate, respond, route
+from api.framework import ApiError, Body, Field, not_found, owned, paginate, respond, route
 from api.params import LIST, Param, Query, takes_query
 from webhooks.delivery_wire import deliveries_for_wire, delivery_pk, render_delivery
 from webhooks.endpoint_wire import render_endpoint
@@ -162,7 +163,7 @@ def _delivery(delivery_id: int) -> HttpResponse:
 
 
 @route("POST")
-def test_webhook_endpoint(request: HttpRequest, endpoint_id: str) -> HttpResponse:
+def send_test_event(request: HttpRequest, endpoint_id: str) -> HttpResponse:
     """Send a ``webhook_endpoint.test`` event to this endpoint only; answers its delivery."""
     Body().parse(request)
     return _delivery(webhook_endpoint_test(merchant_id=request.merchant.pk, endpoint_id=endpoint_id))
@@ -190,13 +191,10 @@ def webhook_deliveries(request: HttpRequest, endpoint_id: str) -> HttpResponse:
 def retry_webhook_delivery(request: HttpRequest, endpoint_id: str, delivery_id: str) -> HttpResponse:
     """Send a finished delivery again now, with a fresh retry ladder; answers the delivery."""
     Body().parse(request)
-    retried = webhook_delivery_retry(
-        merchant_id=request.merchant.pk,
-        endpoint_id=endpoint_id,
-        delivery_id=delivery_pk(delivery_id),
-        wire_id=delivery_id,
-    )
-    return _delivery(retried)
+    pk = delivery_pk(delivery_id)
+    if pk is None:
+        raise not_found("webhook_delivery", delivery_id)
+    return _delivery(webhook_delivery_retry(merchant_id=request.merchant.pk, endpoint_id=endpoint_id, delivery_id=pk))
 
 
 EVENT_TYPES = Query({})

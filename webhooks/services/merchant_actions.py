@@ -68,23 +68,18 @@ def webhook_endpoint_test(*, merchant_id: str, endpoint_id: str) -> int:
     return delivery_id
 
 
-def webhook_delivery_retry(*, merchant_id: str, endpoint_id: str, delivery_id: int | None, wire_id: str) -> int:
+def webhook_delivery_retry(*, merchant_id: str, endpoint_id: str, delivery_id: int) -> int:
     """Send a finished delivery (``exhausted``, ``refused`` or ``succeeded``) again now with a
     fresh retry ladder, through the operators' resend (``resend_delivery``), whose
     compare-and-swap refuses a delivery that is pending or delivering, including one
     retried meanwhile by another request. Returns the delivery id.
 
-    ``delivery_id`` is the primary key ``wire_id`` names (None: it names none)."""
+    A delivery of another endpoint (even the merchant's own) is a ``NotFound``: the path
+    names both."""
     with transaction.atomic():
         endpoint = _live_endpoint(merchant_id, endpoint_id)
-        state = (
-            None
-            if delivery_id is None
-            else WebhookDelivery.objects.filter(pk=delivery_id, endpoint_id=endpoint.pk)
-            .values_list("state", flat=True)
-            .first()
-        )
-        if state is None:
+        if not WebhookDelivery.objects.filter(pk=delivery_id, endpoint_id=endpoint.pk).exists():
+            wire_id = delivery_wire_id(delivery_id)
             raise NotFound("resource_missing", f"No such webhook_delivery: {wire_id!r}.", param="id")
         _refuse_disabled(endpoint)
         if not resend_delivery(delivery_id, states=RETRYABLE, reason=RETRY_REASON):
