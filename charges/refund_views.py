@@ -6,6 +6,7 @@ from django.http import HttpRequest, HttpResponse
 
 from api.framework import Body, Field, owned, paginate, respond, route
 from api.ids import ID_MAX_LENGTH
+from api.params import LIST, Param, takes_query
 from charges.models import Refund
 from charges.services.refunds import refund_create
 from charges.states import RefundReason
@@ -18,17 +19,21 @@ CREATE_REFUND = Body(
     reason=Field(str, choices=RefundReason.values),
 )
 
+LIST_REFUNDS = LIST.extend(
+    {"payment_intent": Param(str, "Only this payment intent's refunds.", max_length=ID_MAX_LENGTH)}
+)
+
 
 @route("GET", "POST")
+@takes_query(LIST_REFUNDS)
 def refunds(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":
         fields = CREATE_REFUND.parse(request)
         return respond(render_refund(refund_create(merchant=request.merchant, **fields)))
     queryset = Refund.objects.filter(merchant=request.merchant)
-    intent = request.GET.get("payment_intent")
-    if intent:
-        queryset = queryset.filter(intent_id=intent)
-    return paginate(request, queryset, render_refund, "payment_intent")
+    if "payment_intent" in request.query:
+        queryset = queryset.filter(intent_id=request.query["payment_intent"])
+    return paginate(request, queryset, render_refund, request.query)
 
 
 @route("GET")

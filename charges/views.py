@@ -9,8 +9,9 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from api.framework import METADATA, ApiError, Body, Field, error_response, owned, paginate, respond, route
+from api.framework import METADATA, Body, Field, error_response, owned, paginate, respond, route
 from api.ids import ID_MAX_LENGTH
+from api.params import LIST, Param, takes_query
 from charges import repository
 from charges.models import Charge, CheckoutSession, PaymentIntent
 from charges.rails import get_rail
@@ -46,22 +47,25 @@ def _intent(request: HttpRequest, intent_id: str) -> PaymentIntent:
     return owned(request, PaymentIntent.objects.select_related("charge"), intent_id, "payment_intent")
 
 
+LIST_INTENTS = LIST.extend(
+    {
+        "status": Param(str, "Only intents in this status.", choices=IntentStatus.values),
+        "customer": Param(str, "Only this customer's intents.", max_length=ID_MAX_LENGTH),
+    }
+)
+
+
 @route("GET", "POST")
+@takes_query(LIST_INTENTS)
 def payment_intents(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":
         return respond(render_intent(create_intent(request.merchant, CREATE_INTENT.parse(request))))
     queryset = PaymentIntent.objects.select_related("charge").filter(merchant=request.merchant)
-    status = request.GET.get("status")
-    if status:
-        if status not in IntentStatus.values:
-            raise ApiError(
-                400, "parameter_invalid", f"status must be one of: {', '.join(IntentStatus.values)}.", param="status"
-            )
-        queryset = queryset.filter(status=status)
-    customer = request.GET.get("customer")
-    if customer:
-        queryset = queryset.filter(customer_id=customer)
-    return paginate(request, queryset, render_intent, "status", "customer")
+    if "status" in request.query:
+        queryset = queryset.filter(status=request.query["status"])
+    if "customer" in request.query:
+        queryset = queryset.filter(customer_id=request.query["customer"])
+    return paginate(request, queryset, render_intent, request.query)
 
 
 @route("GET")

@@ -3,6 +3,7 @@
 from django.http import HttpRequest, HttpResponse
 
 from api.framework import METADATA, Body, Field, owned, paginate, respond, route
+from api.params import LIST, takes_query
 from customers import services
 from customers.models import Customer
 from customers.wire import render_customer, render_deleted
@@ -28,12 +29,13 @@ def _owned(request: HttpRequest, customer_id: str) -> Customer:
 
 
 @route("GET", "POST")
+@takes_query(LIST)
 def customers(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":
         customer = services.create_customer(request.merchant, WRITE.parse(request))
         customer.refresh_from_db(fields=["created_at", "last_used_at"])
         return respond(render_customer(customer))
-    return paginate(request, Customer.objects.filter(merchant=request.merchant), render_customer)
+    return paginate(request, Customer.objects.filter(merchant=request.merchant), render_customer, request.query)
 
 
 @route("GET", "POST", "DELETE")

@@ -1,4 +1,5 @@
-"""The closed set of event types vpay emits (and endpoints may subscribe to)."""
+"""The closed set of event types vpay emits (and endpoints may subscribe to), each with the
+one line ``GET /v1/event_types`` describes it by."""
 
 from django.db import models
 
@@ -16,3 +17,22 @@ class EventType(models.TextChoices):
     # Operational: about one of the merchant's endpoints, sent to its other endpoints.
     WEBHOOK_ENDPOINT_FAILING = "webhook_endpoint.failing"
     WEBHOOK_ENDPOINT_DISABLED = "webhook_endpoint.disabled"
+    # Asked for by the merchant (POST /v1/webhook_endpoints/{id}/test): sent to that endpoint only.
+    WEBHOOK_ENDPOINT_TEST = "webhook_endpoint.test"
+
+
+DESCRIPTIONS: dict[str, str] = {
+    EventType.PAYMENT_INTENT_SUCCEEDED: "A payment intent's charge succeeded at the rail; the money is captured.",
+    EventType.PAYMENT_INTENT_PAYMENT_FAILED: "A payment intent's charge was refused or failed; the intent can be retried.",
+    EventType.PAYMENT_INTENT_CANCELED: "A payment intent was canceled before its charge went live.",
+    EventType.CHARGE_UNRESOLVED: "A charge's outcome is still unknown after its horizon; it is still polled.",
+    EventType.CHECKOUT_SESSION_COMPLETED: "A checkout session's payment succeeded.",
+    EventType.CHECKOUT_SESSION_EXPIRED: "A checkout session expired (or its intent was canceled) without a payment.",
+    EventType.CUSTOMER_DELETED: "A customer was deleted; the event carries its id only.",
+    EventType.REFUND_SUCCEEDED: "A refund succeeded at the rail.",
+    EventType.REFUND_FAILED: "A refund failed; its amount can be refunded again.",
+    EventType.WEBHOOK_ENDPOINT_FAILING: "Another of your webhook endpoints keeps failing and will be disabled if it goes on.",
+    EventType.WEBHOOK_ENDPOINT_DISABLED: "Another of your webhook endpoints was disabled; its deliveries wait.",
+    EventType.WEBHOOK_ENDPOINT_TEST: "A test event you asked for, sent to that one endpoint whatever it subscribes to.",
+}
+"""Every type has its line (``tests/test_webhook_endpoint_tools.py`` checks it)."""

@@ -247,6 +247,9 @@ class WebhookDelivery(models.Model):
                 name="webhook_deliveries_failed",
                 condition=Q(state__in=[DeliveryState.EXHAUSTED, DeliveryState.REFUSED]),
             ),
+            # The merchant's list of an endpoint's deliveries (GET /v1/webhook_endpoints/{id}/deliveries),
+            # newest first, and its cursors in both directions.
+            models.Index(fields=["endpoint", "-created_at", "-id"], name="webhook_deliveries_ep_created"),
             # Endpoint health: an endpoint's deliveries touched recently (every attempt moves updated_at).
             models.Index(fields=["endpoint", "updated_at"], name="webhook_deliveries_ep_recent"),
             # Retention's keyset pages (webhooks.retention): finished deliveries by when they finished.

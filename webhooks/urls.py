@@ -10,4 +10,8 @@ urlpatterns = [
     path("webhook_endpoints/<str:endpoint_id>/rotate_secret", views.rotate_webhook_secret),
     path("webhook_endpoints/<str:endpoint_id>/disable", views.disable_webhook_endpoint),
     path("webhook_endpoints/<str:endpoint_id>/enable", views.enable_webhook_endpoint),
+    path("webhook_endpoints/<str:endpoint_id>/test", views.send_test_event),
+    path("webhook_endpoints/<str:endpoint_id>/deliveries", views.webhook_deliveries),
+    path("webhook_endpoints/<str:endpoint_id>/deliveries/<str:delivery_id>/retry", views.retry_webhook_delivery),
+    path("event_types", views.event_types),
 ]

@@ -1,25 +1,43 @@
-"""``/v1/events`` (the outbox, readable by the merchant it belongs to) and ``/v1/webhook_endpoints``."""
+"""``/v1/events`` (the outbox, readable by the merchant it belongs to), ``/v1/event_types`` and
+``/v1/webhook_endpoints`` (with their test events, deliveries and a delivery's retry)."""
 
 from django.http import HttpRequest, HttpResponse
 
-from api.framework import ApiError, Body, Field, owned, paginate, respond, route
+from api.framework import ApiError, Body, Field, not_found, owned, paginate, respond, route
+from api.params import LIST, Param, Query, takes_query
+from webhooks.delivery_wire import deliveries_for_wire, delivery_pk, render_delivery
 from webhooks.endpoint_wire import render_endpoint
-from webhooks.event_types import EventType
+from webhooks.event_types import DESCRIPTIONS, EventType
 from webhooks.events import render_event
-from webhooks.models import Event, WebhookEndpoint
+from webhooks.models import DeliveryState, Event, WebhookDelivery, WebhookEndpoint
 from webhooks.services import endpoint_health, endpoints
+from webhooks.services.merchant_actions import webhook_delivery_retry, webhook_endpoint_test
+
+LIST_EVENTS = LIST.extend(
+    {
+        "type": Param(str, "Only events of this type.", choices=EventType.values),
+        "types[]": Param(
+            str,
+            "Only events of these types (repeat it).",
+            repeated=True,
+            max_items=len(EventType),
+            choices=EventType.values,
+        ),
+    },
+    exclusive=[("type", "types[]")],
+)
 
 
 @route("GET")
+@takes_query(LIST_EVENTS)
 def events(request: HttpRequest) -> HttpResponse:
-    """List events, newest first; ``?type=`` filters by one event type."""
+    """List events, newest first; ``?type=`` filters by one event type, ``?types[]=`` by several."""
     queryset = Event.objects.filter(merchant=request.merchant)
-    wanted = request.GET.get("type")
-    if wanted is not None:
-        if wanted not in EventType.values:
-            raise ApiError(400, "parameter_invalid", f"Unknown event type: {wanted!r}.", param="type")
-        queryset = queryset.filter(type=wanted)
-    return paginate(request, queryset, render_event, "type")
+    if "type" in request.query:
+        queryset = queryset.filter(type=request.query["type"])
+    if "types[]" in request.query:
+        queryset = queryset.filter(type__in=request.query["types[]"])
+    return paginate(request, queryset, render_event, request.query)
 
 
 @route("GET")
@@ -55,6 +73,7 @@ def _owned_endpoint(request: HttpRequest, endpoint_id: str) -> WebhookEndpoint:
 
 
 @route("GET", "POST")
+@takes_query(LIST)
 def webhook_endpoints(request: HttpRequest) -> HttpResponse:
     """Create an endpoint (the answer carries its ``secret``, once), or list them."""
     if request.method == "POST":
@@ -70,7 +89,7 @@ def webhook_endpoints(request: HttpRequest) -> HttpResponse:
             ) from None
         return respond(render_endpoint(endpoint, secret=secret))
     queryset = WebhookEndpoint.objects.filter(merchant=request.merchant, deleted_at__isnull=True)
-    return paginate(request, queryset, render_endpoint)
+    return paginate(request, queryset, render_endpoint, request.query)
 
 
 @route("GET", "POST", "DELETE")
@@ -134,3 +153,56 @@ def enable_webhook_endpoint(request: HttpRequest, endpoint_id: str) -> HttpRespo
     Body().parse(request)
     endpoint_health.endpoint_enable(endpoint_id=endpoint.pk, actor=endpoint_health.DISABLED_BY_MERCHANT)
     return respond(render_endpoint(_owned_endpoint(request, endpoint_id)))
+
+
+# --- test events, deliveries and their retry ----------------------------------------------
+
+
+def _delivery(delivery_id: int) -> HttpResponse:
+    return respond(render_delivery(deliveries_for_wire(WebhookDelivery.objects.filter(pk=delivery_id)).get()))
+
+
+@route("POST")
+def send_test_event(request: HttpRequest, endpoint_id: str) -> HttpResponse:
+    """Send a ``webhook_endpoint.test`` event to this endpoint only; answers its delivery."""
+    Body().parse(request)
+    return _delivery(webhook_endpoint_test(merchant_id=request.merchant.pk, endpoint_id=endpoint_id))
+
+
+LIST_DELIVERIES = LIST.extend({"state": Param(str, "Only deliveries in this state.", choices=DeliveryState.values)})
+
+
+@route("GET")
+@takes_query(LIST_DELIVERIES)
+def webhook_deliveries(request: HttpRequest, endpoint_id: str) -> HttpResponse:
+    """The endpoint's deliveries, newest first, each with its latest attempts."""
+    endpoint = _owned_endpoint(request, endpoint_id)
+    # webhook_deliveries_ep_created (endpoint_id, created_at DESC, id DESC) serves both directions.
+    scope = WebhookDelivery.objects.filter(endpoint_id=endpoint.pk)
+    queryset = scope
+    if "state" in request.query:
+        queryset = queryset.filter(state=request.query["state"])
+    return paginate(
+        request, deliveries_for_wire(queryset), render_delivery, request.query, scope=scope, cursor=delivery_pk
+    )
+
+
+@route("POST")
+def retry_webhook_delivery(request: HttpRequest, endpoint_id: str, delivery_id: str) -> HttpResponse:
+    """Send a finished delivery again now, with a fresh retry ladder; answers the delivery."""
+    Body().parse(request)
+    pk = delivery_pk(delivery_id)
+    if pk is None:
+        raise not_found("webhook_delivery", delivery_id)
+    return _delivery(webhook_delivery_retry(merchant_id=request.merchant.pk, endpoint_id=endpoint_id, delivery_id=pk))
+
+
+EVENT_TYPES = Query({})
+
+
+@route("GET")
+@takes_query(EVENT_TYPES)
+def event_types(request: HttpRequest) -> HttpResponse:
+    """Every event type vpay emits, with a line saying when."""
+    data = [{"object": "event_type", "type": value, "description": DESCRIPTIONS[value]} for value in EventType.values]
+    return respond({"object": "list", "url": request.path, "has_more": False, "data": data})
