@@ -1,21 +1,11 @@
 """The webhook delivery state machine under Hypothesis, against the real database.
 
-Every rule drives the real code path, with no receiver anywhere: an event emitted and
-fanned out (``webhooks.services.fanout``); an attempt begun (``delivery.begin_attempt``:
-the lease, and the recovery of an expired one on the way); an answer recorded
-(``delivery.record``: succeeded, failed, no response, refused by the SSRF guard) for any
-attempt a "worker" still holds, late or not; a real ``delivery.perform`` against a port
-nobody listens on (a no-response, or nothing sent for a deleted endpoint); a lease running
-out on the database clock; the backstop (``scan.scan_once``, ``recover_expired``); an
-endpoint deleted, disabled, enabled; an operator's resend (``resend_delivery``, the
-succeeded ones too when asked); time passing (a later rung due).
-
-After every step each delivery and attempt row is compared with what it was: every change
-must be an edge of docs/architecture.md §8 *that the rule may cause*. And always: attempts
-numbered 1..n without gaps, at most one ``in_flight`` attempt per delivery and only the
-one holding the delivery's lease, a succeeded delivery has exactly one succeeded attempt on
-its current ladder, ``payload_sha256`` never changes once set, a finished delivery says
-when (and a cancelled one why), an exhausted or refused one has its alert.
+Every rule drives the real code path, with no receiver anywhere (fan-out, begin, record,
+a real perform against a port nobody listens on, lease expiry, recovery and backstop,
+endpoint add/delete/disable/enable, an operator's resend, time passing); after every step
+each delivery and attempt row is compared with what it was: every change must be an edge
+of docs/architecture.md §8 that the rule may cause. The invariants are listed, with what
+each rule does, in docs/rehearsals.md ("State machines under Hypothesis").
 """
 
 from __future__ import annotations
