@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import configparser
 import os
+import pwd
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import pytest
 
@@ -72,7 +73,10 @@ class PgBouncer:
         ini.chmod(0o644)
         self.log_path = self.dir / "pgbouncer.log"
         self._log = self.log_path.open("wb")
-        command = [binary, *(["-u", "nobody"] if os.getuid() == 0 else []), str(ini)]
+        # A server on a Unix socket (the embedded development database) is reached through
+        # its folder, which only the server's own user may enter: pgbouncer runs as that user.
+        run_as = pwd.getpwuid(os.stat(server_host).st_uid).pw_name if server_host.startswith("/") else "nobody"
+        command = [binary, *(["-u", run_as] if os.getuid() == 0 else []), str(ini)]
         self.proc = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 15
         while True:
@@ -89,7 +93,10 @@ class PgBouncer:
         """``direct_url`` with its host and port replaced by this pgbouncer's."""
         parts = urlsplit(direct_url)
         auth = parts.netloc.rpartition("@")[0]
-        return urlunsplit(parts._replace(netloc=f"{auth}@127.0.0.1:{self.port}" if auth else f"127.0.0.1:{self.port}"))
+        # A socket folder in the query (?host=/path) would win over the netloc: drop it.
+        query = urlencode([(k, v) for k, v in parse_qsl(parts.query) if k != "host"])
+        netloc = f"{auth}@127.0.0.1:{self.port}" if auth else f"127.0.0.1:{self.port}"
+        return urlunsplit(parts._replace(netloc=netloc, query=query))
 
     def output(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
