@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import wraps
 from typing import Any
@@ -50,15 +50,19 @@ class ApiError(Exception):
         param: str | None = None,
         type: str = INVALID_REQUEST,
         retry_after: int | None = None,
+        allow: Iterable[str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status, self.code, self.message, self.param, self.type = status, code, message, param, type
         self.retry_after = retry_after  # seconds, sent as Retry-After (a 503 that will pass)
+        self.allow = allow  # the methods a 405's route takes, sent as Allow (RFC 9110 §15.5.6)
 
     def response(self) -> JsonResponse:
         response = error_response(self.status, self.code, self.message, param=self.param, type=self.type)
         if self.retry_after is not None:
             response["Retry-After"] = str(self.retry_after)
+        if self.allow is not None:
+            response["Allow"] = ", ".join(sorted(self.allow))
         return response
 
     @classmethod
@@ -120,6 +124,10 @@ class Field:
     choices: Iterable[str] | None = None
     items: type | None = None
     check: Callable[[Any], Any] | None = None
+    # For the API description (api.openapi): what the field is, and the JSON Schema
+    # keywords that say what ``check`` enforces (a pattern, a format).
+    description: str = ""
+    schema: Mapping[str, Any] | None = None
 
     def clean(self, name: str, value: Any) -> Any:
         if value is None:
@@ -165,7 +173,16 @@ def _metadata(value: dict) -> dict:
     return value
 
 
-METADATA = Field(dict, check=_metadata)
+METADATA = Field(
+    dict,
+    check=_metadata,
+    description="Up to 50 keys of 1 to 40 characters, each with a string value of at most 500 characters.",
+    schema={
+        "maxProperties": 50,
+        "propertyNames": {"minLength": 1, "maxLength": 40},
+        "additionalProperties": {"type": "string", "maxLength": 500},
+    },
+)
 """``metadata``: up to 50 string keys (40 chars) with string values (500 chars)."""
 
 
@@ -216,10 +233,17 @@ def parse_json_object(request: HttpRequest) -> dict[str, Any]:
 # --- lists ---------------------------------------------------------------------------
 
 
+PAGING = {
+    "limit": Field(int, min_value=1, max_value=MAX_PAGE, description=f"Page size (default {DEFAULT_PAGE})."),
+    "starting_after": Field(str, description="An object id: the page starts after it."),
+}
+"""The query parameters every list takes (described by ``api.openapi``; read by :func:`paginate`)."""
+
+
 def list_params(request: HttpRequest, *filters: str) -> dict[str, str]:
-    """The query string of a list call: ``limit``, ``starting_after`` and the named
+    """The query string of a list call: the :data:`PAGING` parameters and the named
     filters; anything else is a 400."""
-    allowed = {"limit", "starting_after", *filters}
+    allowed = {*PAGING, *filters}
     params = {}
     for name in request.GET:
         if name not in allowed:
@@ -272,7 +296,7 @@ def paginate(request: HttpRequest, queryset: QuerySet, render: Callable[[Model],
 # --- the decorator -------------------------------------------------------------------
 
 
-def route(*methods: str, atomic: bool = True) -> Callable:
+def route(*methods: Any, atomic: bool = True) -> Callable:
     """Wrap a ``/v1`` view: method check, body bound, authentication by secret key or
     OAuth bearer token (sets ``request.merchant``; ``merchants.credentials``), the
     merchant's rate limit (``api.ratelimit``), ``Idempotency-Key`` on POST, and errors in
@@ -282,8 +306,12 @@ def route(*methods: str, atomic: bool = True) -> Callable:
     record: either both commit or neither. A view that must commit before calling out
     (confirm calls a rail between two transactions) passes ``atomic=False`` and owns its
     transactions; its answer is then stored after it returns.
+
+    Each method is a string or an ``api.operations.Operation`` declaring what it accepts
+    and answers; the wrapper keeps them as ``operations`` for ``api.openapi``.
     """
-    allowed = set(methods)
+    operations = tuple(_operation(method) for method in methods)
+    allowed = {operation.method for operation in operations}
 
     def decorate(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
         @csrf_exempt
@@ -291,7 +319,7 @@ def route(*methods: str, atomic: bool = True) -> Callable:
         def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
             try:
                 if request.method not in allowed:
-                    raise ApiError(405, "method_not_allowed", f"{request.method} is not allowed here.")
+                    raise ApiError(405, "method_not_allowed", f"{request.method} is not allowed here.", allow=allowed)
                 _bound_body(request)
                 request.merchant = credential_authenticate(authorization=request.headers.get("Authorization", ""))
                 ratelimit.rate_limit_charge(merchant_id=request.merchant.id)
@@ -327,9 +355,17 @@ def route(*methods: str, atomic: bool = True) -> Callable:
                 )
                 return error_response(500, "internal_error", "An internal error occurred.", type=API)
 
+        wrapper.operations = operations
         return wrapper
 
     return decorate
+
+
+def _operation(method: Any) -> Any:
+    """A bare method string as an undeclared ``Operation`` (imported here: it imports us)."""
+    from api.operations import Operation
+
+    return Operation(method) if isinstance(method, str) else method
 
 
 def _bound_body(request: HttpRequest) -> None:

@@ -6,6 +6,8 @@ from django.http import HttpRequest, HttpResponse
 
 from api.framework import Body, Field, owned, paginate, respond, route
 from api.ids import ID_MAX_LENGTH
+from api.operations import Operation, Query
+from api.schemas import list_of, ref
 from charges.models import Refund
 from charges.services.refunds import refund_create
 from charges.states import RefundReason
@@ -17,20 +19,36 @@ CREATE_REFUND = Body(
     amount=Field(int, min_value=1, max_value=MAX_AMOUNT),  # absent: all that is left
     reason=Field(str, choices=RefundReason.values),
 )
+LIST_REFUNDS = Query(
+    payment_intent=Field(str, max_length=ID_MAX_LENGTH, description="Only this payment intent's refunds."),
+)
 
 
-@route("GET", "POST")
+@route(
+    Operation("GET", "List refunds, newest first.", query=LIST_REFUNDS, answers=list_of("refund")),
+    Operation(
+        "POST",
+        "Refund a succeeded payment intent, all that is left unless amount says less.",
+        body=CREATE_REFUND,
+        answers=ref("refund"),
+        errors={
+            400: ("amount_too_large", "charge_already_refunded"),
+            404: ("resource_missing",),
+            409: ("payment_intent_unexpected_state", "rail_unknown"),
+        },
+    ),
+)
 def refunds(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":
         fields = CREATE_REFUND.parse(request)
         return respond(render_refund(refund_create(merchant=request.merchant, **fields)))
     queryset = Refund.objects.filter(merchant=request.merchant)
-    intent = request.GET.get("payment_intent")
-    if intent:
-        queryset = queryset.filter(intent_id=intent)
-    return paginate(request, queryset, render_refund, "payment_intent")
+    filters = LIST_REFUNDS.parse(request)
+    if "payment_intent" in filters:
+        queryset = queryset.filter(intent_id=filters["payment_intent"])
+    return paginate(request, queryset, render_refund, *LIST_REFUNDS.fields)
 
 
-@route("GET")
+@route(Operation("GET", "Retrieve a refund.", answers=ref("refund")))
 def refund(request: HttpRequest, refund_id: str) -> HttpResponse:
     return respond(render_refund(owned(request, Refund.objects.all(), refund_id, "refund")))

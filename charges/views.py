@@ -9,8 +9,10 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from api.framework import METADATA, ApiError, Body, Field, error_response, owned, paginate, respond, route
+from api.framework import METADATA, Body, Field, error_response, owned, paginate, respond, route
 from api.ids import ID_MAX_LENGTH
+from api.operations import Operation, Query
+from api.schemas import list_of, ref
 from charges import repository
 from charges.models import Charge, CheckoutSession, PaymentIntent
 from charges.rails import get_rail
@@ -40,55 +42,93 @@ CREATE_SESSION = Body(
 )
 CONFIRM = Body()  # no parameters; anything sent is an unknown-parameter 400
 CANCEL = Body(cancellation_reason=Field(str, choices=CancellationReason.values))
+LIST_INTENTS = Query(
+    status=Field(str, choices=IntentStatus.values, description="Only intents in this status."),
+    customer=Field(str, max_length=ID_MAX_LENGTH, description="Only this customer's intents."),
+)
+# What creating an intent (or a session) refuses beyond the body's own checks.
+_PAYMENT_REFUSALS = {400: ("rail_unknown", "currency_unsupported", "resource_missing")}
 
 
 def _intent(request: HttpRequest, intent_id: str) -> PaymentIntent:
     return owned(request, PaymentIntent.objects.select_related("charge"), intent_id, "payment_intent")
 
 
-@route("GET", "POST")
+@route(
+    Operation("GET", "List payment intents, newest first.", query=LIST_INTENTS, answers=list_of("payment_intent")),
+    Operation(
+        "POST",
+        "Create a payment intent (requires_confirmation).",
+        body=CREATE_INTENT,
+        answers=ref("payment_intent"),
+        errors=_PAYMENT_REFUSALS,
+    ),
+)
 def payment_intents(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":
         return respond(render_intent(create_intent(request.merchant, CREATE_INTENT.parse(request))))
     queryset = PaymentIntent.objects.select_related("charge").filter(merchant=request.merchant)
-    status = request.GET.get("status")
-    if status:
-        if status not in IntentStatus.values:
-            raise ApiError(
-                400, "parameter_invalid", f"status must be one of: {', '.join(IntentStatus.values)}.", param="status"
-            )
-        queryset = queryset.filter(status=status)
-    customer = request.GET.get("customer")
-    if customer:
-        queryset = queryset.filter(customer_id=customer)
-    return paginate(request, queryset, render_intent, "status", "customer")
+    filters = LIST_INTENTS.parse(request)
+    if "status" in filters:
+        queryset = queryset.filter(status=filters["status"])
+    if "customer" in filters:
+        queryset = queryset.filter(customer_id=filters["customer"])
+    return paginate(request, queryset, render_intent, *LIST_INTENTS.fields)
 
 
-@route("GET")
+@route(Operation("GET", "Retrieve a payment intent.", answers=ref("payment_intent")))
 def payment_intent(request: HttpRequest, intent_id: str) -> HttpResponse:
     return respond(render_intent(_intent(request, intent_id)))
 
 
 # Not atomic: confirm commits the charge and its poll job before it calls the rail, and
 # acts on the answer in a second transaction (charges/services/confirm.py says why).
-@route("POST", atomic=False)
+@route(
+    Operation(
+        "POST",
+        "Confirm a payment intent: its charge is submitted to the rail.",
+        body=CONFIRM,
+        answers=ref("payment_intent"),
+        errors={
+            409: ("payment_intent_unexpected_state", "checkout_session_expired", "rail_unknown"),
+            503: ("rail_unavailable",),
+        },
+    ),
+    atomic=False,
+)
 def confirm(request: HttpRequest, intent_id: str) -> HttpResponse:
     CONFIRM.parse(request)
     return respond(render_intent(confirm_intent(request.merchant, intent_id)))
 
 
-@route("POST")
+@route(
+    Operation(
+        "POST",
+        "Cancel a payment intent that is not yet confirmed.",
+        body=CANCEL,
+        answers=ref("payment_intent"),
+        errors={409: ("payment_intent_unexpected_state",)},
+    )
+)
 def cancel(request: HttpRequest, intent_id: str) -> HttpResponse:
     fields = CANCEL.parse(request)
     return respond(render_intent(payment_intent_cancel(merchant=request.merchant, payment_intent=intent_id, **fields)))
 
 
-@route("POST")
+@route(
+    Operation(
+        "POST",
+        "Create a checkout session and its payment intent.",
+        body=CREATE_SESSION,
+        answers=ref("checkout.session"),
+        errors=_PAYMENT_REFUSALS,
+    )
+)
 def checkout_sessions(request: HttpRequest) -> HttpResponse:
     return respond(render_session(create_session(request.merchant, CREATE_SESSION.parse(request))))
 
 
-@route("GET")
+@route(Operation("GET", "Retrieve a checkout session.", answers=ref("checkout.session")))
 def checkout_session(request: HttpRequest, session_id: str) -> HttpResponse:
     found = owned(request, CheckoutSession.objects.select_related("intent"), session_id, "checkout.session")
     return respond(render_session(found))

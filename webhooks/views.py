@@ -3,26 +3,28 @@
 from django.http import HttpRequest, HttpResponse
 
 from api.framework import ApiError, Body, Field, owned, paginate, respond, route
+from api.operations import Operation, Query
+from api.schemas import list_of, ref
 from webhooks.endpoint_wire import render_endpoint
 from webhooks.event_types import EventType
 from webhooks.events import render_event
 from webhooks.models import Event, WebhookEndpoint
 from webhooks.services import endpoint_health, endpoints
 
+LIST_EVENTS = Query(type=Field(str, choices=EventType.values, description="Only events of this type."))
 
-@route("GET")
+
+@route(Operation("GET", "List events, newest first.", query=LIST_EVENTS, answers=list_of("event")))
 def events(request: HttpRequest) -> HttpResponse:
     """List events, newest first; ``?type=`` filters by one event type."""
     queryset = Event.objects.filter(merchant=request.merchant)
-    wanted = request.GET.get("type")
-    if wanted is not None:
-        if wanted not in EventType.values:
-            raise ApiError(400, "parameter_invalid", f"Unknown event type: {wanted!r}.", param="type")
-        queryset = queryset.filter(type=wanted)
-    return paginate(request, queryset, render_event, "type")
+    filters = LIST_EVENTS.parse(request)
+    if "type" in filters:
+        queryset = queryset.filter(type=filters["type"])
+    return paginate(request, queryset, render_event, *LIST_EVENTS.fields)
 
 
-@route("GET")
+@route(Operation("GET", "Retrieve an event (kept 30 days).", answers=ref("event")))
 def event(request: HttpRequest, event_id: str) -> HttpResponse:
     return respond(render_event(owned(request, Event.objects, event_id, "event")))
 
@@ -50,11 +52,26 @@ UPDATE = Body(
 )
 
 
+LIST_ENDPOINTS = Query()
+_LIMIT_REACHED = {409: ("webhook_endpoint_limit_reached",)}
+
+
 def _owned_endpoint(request: HttpRequest, endpoint_id: str) -> WebhookEndpoint:
     return owned(request, WebhookEndpoint.objects.filter(deleted_at__isnull=True), endpoint_id, "webhook_endpoint")
 
 
-@route("GET", "POST")
+@route(
+    Operation(
+        "GET", "List webhook endpoints, newest first.", query=LIST_ENDPOINTS, answers=list_of("webhook_endpoint")
+    ),
+    Operation(
+        "POST",
+        "Create a webhook endpoint; the answer carries its signing secret, once.",
+        body=CREATE,
+        answers=ref("webhook_endpoint"),
+        errors=_LIMIT_REACHED,
+    ),
+)
 def webhook_endpoints(request: HttpRequest) -> HttpResponse:
     """Create an endpoint (the answer carries its ``secret``, once), or list them."""
     if request.method == "POST":
@@ -70,10 +87,14 @@ def webhook_endpoints(request: HttpRequest) -> HttpResponse:
             ) from None
         return respond(render_endpoint(endpoint, secret=secret))
     queryset = WebhookEndpoint.objects.filter(merchant=request.merchant, deleted_at__isnull=True)
-    return paginate(request, queryset, render_endpoint)
+    return paginate(request, queryset, render_endpoint, *LIST_ENDPOINTS.fields)
 
 
-@route("GET", "POST", "DELETE")
+@route(
+    Operation("GET", "Retrieve a webhook endpoint.", answers=ref("webhook_endpoint")),
+    Operation("POST", "Update a webhook endpoint.", body=UPDATE, answers=ref("webhook_endpoint")),
+    Operation("DELETE", "Delete a webhook endpoint.", answers=ref("deleted_webhook_endpoint")),
+)
 def webhook_endpoint(request: HttpRequest, endpoint_id: str) -> HttpResponse:
     """Retrieve, update (``url``, ``enabled_events``, ``description``) or delete one endpoint."""
     endpoint = _owned_endpoint(request, endpoint_id)
@@ -88,7 +109,15 @@ def webhook_endpoint(request: HttpRequest, endpoint_id: str) -> HttpResponse:
 ROTATE = Body(overlap_seconds=Field(int, min_value=0, max_value=7 * 24 * 3600))
 
 
-@route("POST")
+@route(
+    Operation(
+        "POST",
+        "Rotate the signing secret; the answer carries the new one, once.",
+        body=ROTATE,
+        answers=ref("webhook_endpoint"),
+        errors={409: ("webhook_secrets_at_limit",)},
+    )
+)
 def rotate_webhook_secret(request: HttpRequest, endpoint_id: str) -> HttpResponse:
     """A new signing secret (in the answer, once). The old one keeps signing alongside it for
     ``overlap_seconds`` (default ``VPAY_WEBHOOK_SECRET_OVERLAP``, 24 h); 0 retires it now."""
@@ -113,9 +142,10 @@ def rotate_webhook_secret(request: HttpRequest, endpoint_id: str) -> HttpRespons
 
 DISABLE = Body(reason=Field(str, max_length=endpoint_health.REASON_MAX))
 DISABLED_BY_MERCHANT_REASON = "Disabled by the merchant."
+ENABLE = Body()
 
 
-@route("POST")
+@route(Operation("POST", "Stop sending to the endpoint.", body=DISABLE, answers=ref("webhook_endpoint")))
 def disable_webhook_endpoint(request: HttpRequest, endpoint_id: str) -> HttpResponse:
     """Stop sending to the endpoint (``{"reason"?}``); its pending deliveries wait for
     ``/enable``. Emits ``webhook_endpoint.disabled`` to the merchant's other endpoints.
@@ -126,11 +156,11 @@ def disable_webhook_endpoint(request: HttpRequest, endpoint_id: str) -> HttpResp
     return respond(render_endpoint(_owned_endpoint(request, endpoint_id)))
 
 
-@route("POST")
+@route(Operation("POST", "Send to the endpoint again.", body=ENABLE, answers=ref("webhook_endpoint")))
 def enable_webhook_endpoint(request: HttpRequest, endpoint_id: str) -> HttpResponse:
     """Send to the endpoint again; its pending deliveries resume now. Already enabled:
     answered as it is, nothing changes."""
     endpoint = _owned_endpoint(request, endpoint_id)
-    Body().parse(request)
+    ENABLE.parse(request)
     endpoint_health.endpoint_enable(endpoint_id=endpoint.pk, actor=endpoint_health.DISABLED_BY_MERCHANT)
     return respond(render_endpoint(_owned_endpoint(request, endpoint_id)))
