@@ -104,6 +104,27 @@ def respond(payload: dict, status: int = 200) -> JsonResponse:
 # --- request bodies ------------------------------------------------------------------
 
 
+_UNSTORABLE = "may not contain NUL characters or unpaired surrogates."
+
+
+def storable(value: Any) -> bool:
+    """Whether every string in ``value`` (keys too) is text PostgreSQL can store: no NUL,
+    no unpaired surrogate (JSON's escapes let a client send both)."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            return False
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            return False
+        return True
+    if isinstance(value, dict):
+        return all(storable(key) and storable(item) for key, item in value.items())
+    if isinstance(value, list):
+        return all(storable(item) for item in value)
+    return True
+
+
 _TYPE_NAMES = {str: "a string", int: "an integer", bool: "a boolean", dict: "an object", list: "an array"}
 
 
@@ -130,6 +151,8 @@ class Field:
     schema: Mapping[str, Any] | None = None
 
     def clean(self, name: str, value: Any) -> Any:
+        if not storable(value):
+            raise ApiError(400, "parameter_invalid", f"{name} {_UNSTORABLE}", param=name)
         if value is None:
             if self.nullable:
                 return None
@@ -323,6 +346,7 @@ def route(*methods: Any, atomic: bool = True) -> Callable:
                 _bound_body(request)
                 request.merchant = credential_authenticate(authorization=request.headers.get("Authorization", ""))
                 ratelimit.rate_limit_charge(merchant_id=request.merchant.id)
+                _refuse_unstorable(request, kwargs)
                 if request.method == "POST" and "Idempotency-Key" in request.headers:
                     return _idempotent(request, view, atomic, args, kwargs)
                 if atomic and request.method != "GET":
@@ -366,6 +390,17 @@ def _operation(method: Any) -> Any:
     from api.operations import Operation
 
     return Operation(method) if isinstance(method, str) else method
+
+
+def _refuse_unstorable(request: HttpRequest, kwargs: dict) -> None:
+    """No view sees a path id or a query value the database could not even compare: such
+    an id names no object, such a filter is refused (and neither is a 500)."""
+    for name, value in kwargs.items():
+        if not storable(value):
+            raise ApiError(404, "resource_missing", "No such object.", param=name)
+    for name, values in request.GET.lists():
+        if not storable(name) or not storable(values):
+            raise ApiError(400, "parameter_invalid", f"Query parameters {_UNSTORABLE}", param=None)
 
 
 def _bound_body(request: HttpRequest) -> None:
