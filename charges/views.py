@@ -29,16 +29,18 @@ MAX_AMOUNT = 10**12  # minor units; well inside bigint, far above any real payme
 
 PAYMENT_FIELDS = {
     "amount": Field(int, required=True, min_value=1, max_value=MAX_AMOUNT),
-    "currency": Field(str, required=True, max_length=3),
-    "rail": Field(str, required=True, max_length=32),
+    "currency": Field(str, required=True, max_length=3, description="Lower case; one of VPAY_CURRENCIES."),
+    "rail": Field(str, required=True, max_length=32, description="The code of a configured rail."),
     "customer": Field(str, max_length=ID_MAX_LENGTH),
     "metadata": METADATA,
 }
 CREATE_INTENT = Body(**PAYMENT_FIELDS)
+_URI = {"format": "uri"}
+_RETURN_URL = "Where the payer's browser goes: http or https (https in live mode), a host, no user:password@."
 CREATE_SESSION = Body(
     **PAYMENT_FIELDS,
-    success_url=Field(str, max_length=MAX_RETURN_URL, check=clean_return_url),
-    cancel_url=Field(str, max_length=MAX_RETURN_URL, check=clean_return_url),
+    success_url=Field(str, max_length=MAX_RETURN_URL, check=clean_return_url, description=_RETURN_URL, schema=_URI),
+    cancel_url=Field(str, max_length=MAX_RETURN_URL, check=clean_return_url, description=_RETURN_URL, schema=_URI),
 )
 CONFIRM = Body()  # no parameters; anything sent is an unknown-parameter 400
 CANCEL = Body(cancellation_reason=Field(str, choices=CancellationReason.values))

@@ -40,14 +40,18 @@ def _events(value: list) -> list:
     return endpoints.clean_enabled_events(value)
 
 
+_URL = {"format": "uri"}
+_URL_DOC = "An http or https URL (https in live mode) with a host and no user:password part."
+# clean_enabled_events: known types or "*", at least one.
+_EVENTS = {"minItems": 1, "items": {"type": "string", "enum": [endpoints.WILDCARD, *EventType.values]}}
 CREATE = Body(
-    url=Field(str, required=True, max_length=endpoints.MAX_URL, check=_url),
-    enabled_events=Field(list, required=True, items=str, check=_events),
+    url=Field(str, required=True, max_length=endpoints.MAX_URL, check=_url, description=_URL_DOC, schema=_URL),
+    enabled_events=Field(list, required=True, items=str, check=_events, schema=_EVENTS),
     description=Field(str, max_length=500),
 )
 UPDATE = Body(
-    url=Field(str, max_length=endpoints.MAX_URL, check=_url),
-    enabled_events=Field(list, items=str, check=_events),
+    url=Field(str, max_length=endpoints.MAX_URL, check=_url, description=_URL_DOC, schema=_URL),
+    enabled_events=Field(list, items=str, check=_events, schema=_EVENTS),
     description=Field(str, max_length=500),
 )
 
