@@ -395,9 +395,8 @@ def _operation(method: Any) -> Any:
 def _refuse_unstorable(request: HttpRequest, kwargs: dict) -> None:
     """No view sees a path id or a query value the database could not even compare: such
     an id names no object, such a filter is refused (and neither is a 500)."""
-    for name, value in kwargs.items():
-        if not storable(value):
-            raise ApiError(404, "resource_missing", "No such object.", param=name)
+    if not storable(list(kwargs.values())):
+        raise ApiError(404, "resource_missing", "No such object.", param="id")
     for name, values in request.GET.lists():
         if not storable(name) or not storable(values):
             raise ApiError(400, "parameter_invalid", f"Query parameters {_UNSTORABLE}", param=None)

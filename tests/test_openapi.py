@@ -210,7 +210,7 @@ def test_metadata_is_the_merchants_own_strings_even_with_an_object_key(acme, des
 @pytest.mark.parametrize(
     ("method", "path", "body", "status", "param"),
     [
-        ("GET", "/v1/customers/cus_%00x", None, 404, "customer_id"),
+        ("GET", "/v1/customers/cus_%00x", None, 404, "id"),
         ("GET", "/v1/customers?starting_after=cus_%00", None, 400, None),
         ("GET", "/v1/refunds?payment_intent=pi_%00", None, 400, None),
         ("POST", "/v1/customers", '{"name": "a\\u0000b"}', 400, "name"),
