@@ -29,9 +29,13 @@ CHECKS = [
 ]
 
 
-def fuzz(base_url: str, credential: str, *, examples: int, real_ids: dict[str, str]) -> list[str]:
-    """Run every operation ``examples`` times per mode (and once more per mode with the
-    real ids for its path parameters); the failures, one readable entry each."""
+def fuzz(
+    base_url: str, credential: str, *, examples: int, real_ids: dict[str, str], derandomize: bool = True
+) -> list[str]:
+    """Run every operation ``examples`` times per mode (and as often again per mode with
+    the real ids for its path parameters); the failures, one readable entry each.
+    ``derandomize``: the same cases every run (CI is repeatable); off, each run explores
+    new ones."""
     schema = schemathesis.openapi.from_url(base_url + "/v1/openapi.json")
     session = requests.Session()
     headers = {"Authorization": f"Bearer {credential}"}
@@ -51,7 +55,7 @@ def fuzz(base_url: str, credential: str, *, examples: int, real_ids: dict[str, s
                     max_examples=examples,
                     deadline=None,
                     database=None,
-                    derandomize=True,  # the same cases every run: CI is repeatable
+                    derandomize=derandomize,
                     suppress_health_check=list(HealthCheck),
                     phases=[Phase.explicit, Phase.generate, Phase.shrink],
                 )

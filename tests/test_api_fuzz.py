@@ -3,7 +3,7 @@
 and finds no 5xx, no answer that breaks the description and no undocumented status.
 
 The normal run is a CI budget (a few examples per operation and mode, derandomized); the
-``rehearse`` run (``make rehearse``) tries many more, randomly.
+``rehearse`` run (``make rehearse``) tries ten times as many, new ones each run.
 """
 
 from __future__ import annotations
@@ -17,6 +17,11 @@ from tests.refund_support import RefundingMerchant
 from webhooks.models import Event
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+# Examples per operation, generation mode and set of path ids: about 25 s for the whole API
+# at 3 on the shared 2-core machine, about 4 min at 30.
+CI_EXAMPLES = 3
+REHEARSE_EXAMPLES = 30
 
 
 @pytest.fixture
@@ -59,10 +64,10 @@ def _assert_clean(failures: list[str]) -> None:
 def test_schemathesis_finds_nothing_within_the_ci_budget(served):
     url, key, ids = served
     assert httpx.get(url + "/v1/openapi.json").status_code == 200
-    _assert_clean(fuzz(url, key, examples=3, real_ids=ids))
+    _assert_clean(fuzz(url, key, examples=CI_EXAMPLES, real_ids=ids))
 
 
 @pytest.mark.rehearse
 def test_schemathesis_finds_nothing_with_a_bigger_budget(served):
     url, key, ids = served
-    _assert_clean(fuzz(url, key, examples=200, real_ids=ids))
+    _assert_clean(fuzz(url, key, examples=REHEARSE_EXAMPLES, real_ids=ids, derandomize=False))
