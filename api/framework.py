@@ -23,6 +23,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from api import idempotency, ratelimit
 from api.errors import API, AUTHENTICATION, IDEMPOTENCY, INVALID_REQUEST, http_of  # noqa: F401 - views import them from here
+from api.storable import storable
 from jobs.invoke import connection_lost
 from merchants.credentials import credential_authenticate
 from vpay.errors import DomainError, RateLimited, error_chain
@@ -105,24 +106,6 @@ def respond(payload: dict, status: int = 200) -> JsonResponse:
 
 
 _UNSTORABLE = "may not contain NUL characters or unpaired surrogates."
-
-
-def storable(value: Any) -> bool:
-    """Whether every string in ``value`` (keys too) is text PostgreSQL can store: no NUL,
-    no unpaired surrogate (JSON's escapes let a client send both)."""
-    if isinstance(value, str):
-        if "\x00" in value:
-            return False
-        try:
-            value.encode()
-        except UnicodeEncodeError:
-            return False
-        return True
-    if isinstance(value, dict):
-        return all(storable(key) and storable(item) for key, item in value.items())
-    if isinstance(value, list):
-        return all(storable(item) for item in value)
-    return True
 
 
 _TYPE_NAMES = {str: "a string", int: "an integer", bool: "a boolean", dict: "an object", list: "an array"}
