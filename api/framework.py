@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import wraps
@@ -24,6 +24,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from api import idempotency, ratelimit
 from api.errors import API, AUTHENTICATION, IDEMPOTENCY, INVALID_REQUEST, http_of  # noqa: F401 - views import them from here
+from api.storable import storable
 from jobs.invoke import connection_lost
 from merchants.credentials import credential_authenticate
 from vpay.errors import DomainError, RateLimited, error_chain
@@ -51,15 +52,19 @@ class ApiError(Exception):
         param: str | None = None,
         type: str = INVALID_REQUEST,
         retry_after: int | None = None,
+        allow: Iterable[str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status, self.code, self.message, self.param, self.type = status, code, message, param, type
         self.retry_after = retry_after  # seconds, sent as Retry-After (a 503 that will pass)
+        self.allow = allow  # the methods a 405's route takes, sent as Allow (RFC 9110 §15.5.6)
 
     def response(self) -> JsonResponse:
         response = error_response(self.status, self.code, self.message, param=self.param, type=self.type)
         if self.retry_after is not None:
             response["Retry-After"] = str(self.retry_after)
+        if self.allow is not None:
+            response["Allow"] = ", ".join(sorted(self.allow))
         return response
 
     @classmethod
@@ -101,6 +106,9 @@ def respond(payload: dict, status: int = 200) -> JsonResponse:
 # --- request bodies ------------------------------------------------------------------
 
 
+_UNSTORABLE = "may not contain NUL characters or unpaired surrogates."
+
+
 _TYPE_NAMES = {str: "a string", int: "an integer", bool: "a boolean", dict: "an object", list: "an array"}
 
 
@@ -121,8 +129,14 @@ class Field:
     choices: Iterable[str] | None = None
     items: type | None = None
     check: Callable[[Any], Any] | None = None
+    # For the API description (api.openapi): what the field is, and the JSON Schema
+    # keywords that say what ``check`` enforces (a pattern, a format).
+    description: str = ""
+    schema: Mapping[str, Any] | None = None
 
     def clean(self, name: str, value: Any) -> Any:
+        if not storable(value):
+            raise ApiError(400, "parameter_invalid", f"{name} {_UNSTORABLE}", param=name)
         if value is None:
             if self.nullable:
                 return None
@@ -166,7 +180,16 @@ def _metadata(value: dict) -> dict:
     return value
 
 
-METADATA = Field(dict, check=_metadata)
+METADATA = Field(
+    dict,
+    check=_metadata,
+    description="Up to 50 keys of 1 to 40 characters, each with a string value of at most 500 characters.",
+    schema={
+        "maxProperties": 50,
+        "propertyNames": {"minLength": 1, "maxLength": 40},
+        "additionalProperties": {"type": "string", "maxLength": 500},
+    },
+)
 """``metadata``: up to 50 string keys (40 chars) with string values (500 chars)."""
 
 
@@ -291,7 +314,7 @@ def _instant(unix_seconds: int) -> datetime:
 # --- the decorator -------------------------------------------------------------------
 
 
-def route(*methods: str, atomic: bool = True) -> Callable:
+def route(*methods: Any, atomic: bool = True) -> Callable:
     """Wrap a ``/v1`` view: method check, body bound, authentication by secret key or
     OAuth bearer token (sets ``request.merchant``; ``merchants.credentials``), the
     merchant's rate limit (``api.ratelimit``), ``Idempotency-Key`` on POST, and errors in
@@ -301,8 +324,12 @@ def route(*methods: str, atomic: bool = True) -> Callable:
     record: either both commit or neither. A view that must commit before calling out
     (confirm calls a rail between two transactions) passes ``atomic=False`` and owns its
     transactions; its answer is then stored after it returns.
+
+    Each method is a string or an ``api.operations.Operation`` declaring what it accepts
+    and answers; the wrapper keeps them as ``operations`` for ``api.openapi``.
     """
-    allowed = set(methods)
+    operations = tuple(_operation(method) for method in methods)
+    allowed = {operation.method for operation in operations}
 
     def decorate(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
         @csrf_exempt
@@ -310,10 +337,11 @@ def route(*methods: str, atomic: bool = True) -> Callable:
         def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
             try:
                 if request.method not in allowed:
-                    raise ApiError(405, "method_not_allowed", f"{request.method} is not allowed here.")
+                    raise ApiError(405, "method_not_allowed", f"{request.method} is not allowed here.", allow=allowed)
                 _bound_body(request)
                 request.merchant = credential_authenticate(authorization=request.headers.get("Authorization", ""))
                 ratelimit.rate_limit_charge(merchant_id=request.merchant.id)
+                _refuse_unstorable(request, kwargs)
                 if request.method == "POST" and "Idempotency-Key" in request.headers:
                     return _idempotent(request, view, atomic, args, kwargs)
                 if atomic and request.method != "GET":
@@ -346,9 +374,27 @@ def route(*methods: str, atomic: bool = True) -> Callable:
                 )
                 return error_response(500, "internal_error", "An internal error occurred.", type=API)
 
+        wrapper.operations = operations
         return wrapper
 
     return decorate
+
+
+def _operation(method: Any) -> Any:
+    """A bare method string as an undeclared ``Operation`` (imported here: it imports us)."""
+    from api.operations import Operation
+
+    return Operation(method) if isinstance(method, str) else method
+
+
+def _refuse_unstorable(request: HttpRequest, kwargs: dict) -> None:
+    """No view sees a path id or a query value the database could not even compare: such
+    an id names no object, such a filter is refused (and neither is a 500)."""
+    if not storable(list(kwargs.values())):
+        raise ApiError(404, "resource_missing", "No such object.", param="id")
+    for name, values in request.GET.lists():
+        if not storable(name) or not storable(values):
+            raise ApiError(400, "parameter_invalid", f"Query parameters {_UNSTORABLE}", param=None)
 
 
 def _bound_body(request: HttpRequest) -> None:

@@ -19,7 +19,10 @@ from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from merchants.clients import access_token_issue
+from api import schemas
+from api.framework import Body, Field
+from api.operations import Answer, Operation, describe
+from merchants.clients import ASSERTION_MAX, ASSERTION_TYPE, access_token_issue
 from vpay.errors import GrantRefused, error_chain
 
 logger = logging.getLogger(__name__)
@@ -34,6 +37,18 @@ def token_url() -> str:
     return settings.VPAY_OAUTH_TOKEN_URL or settings.VPAY_PUBLIC_URL.rstrip("/") + TOKEN_PATH
 
 
+# The form the grant reads, field by field (the view passes exactly these names on).
+TOKEN_FORM = Body(
+    grant_type=Field(str, required=True, choices=["client_credentials"]),
+    client_assertion_type=Field(str, required=True, choices=[ASSERTION_TYPE]),
+    client_assertion=Field(
+        str, required=True, max_length=ASSERTION_MAX, description="The JWT (client_assertion security scheme)."
+    ),
+    client_id=Field(str, description="Optional; must equal the assertion's iss."),
+)
+_NO_STORE = {"Cache-Control": {"type": "string", "const": "no-store"}}
+
+
 def _answer(body: dict, status: int = 200) -> JsonResponse:
     response = JsonResponse(body, status=status)
     response["Cache-Control"] = "no-store"  # RFC 6749 §5.1: a token must not be cached
@@ -45,6 +60,20 @@ def _refusal(error: str, description: str) -> JsonResponse:
     return _answer({"error": error, "error_description": description}, 401 if error == "invalid_client" else 400)
 
 
+@describe(
+    Operation(
+        "POST",
+        "A bearer token for an OAuth client (client_credentials, private_key_jwt).",
+        form=TOKEN_FORM,
+        public=True,
+        responses={
+            200: Answer("The token, never cached.", schemas.OAUTH_TOKEN, headers=_NO_STORE),
+            400: Answer("invalid_request or unsupported_grant_type (RFC 6749 §5.2).", schemas.ref("oauth_error")),
+            401: Answer("invalid_client: every refusal of the assertion or the client.", schemas.ref("oauth_error")),
+            500: Answer("server_error.", schemas.ref("oauth_error")),
+        },
+    )
+)
 @csrf_exempt
 def token(request: HttpRequest) -> JsonResponse:
     if request.method != "POST":
@@ -62,11 +91,7 @@ def token(request: HttpRequest) -> JsonResponse:
             if len(form.getlist(name)) != 1:
                 return _refusal("invalid_request", f"{name} may be given once.")
         issued, expires_in, _client = access_token_issue(
-            grant_type=form.get("grant_type", ""),
-            client_assertion_type=form.get("client_assertion_type", ""),
-            client_assertion=form.get("client_assertion", ""),
-            client_id=form.get("client_id", ""),
-            audience=token_url(),
+            **{name: form.get(name, "") for name in TOKEN_FORM.fields}, audience=token_url()
         )
     except RequestDataTooBig:
         return _refusal("invalid_request", f"The request body is larger than {settings.VPAY_API_MAX_BODY_BYTES} bytes.")

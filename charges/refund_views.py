@@ -6,7 +6,9 @@ from django.http import HttpRequest, HttpResponse
 
 from api.framework import Body, Field, owned, paginate, respond, route
 from api.ids import ID_MAX_LENGTH
+from api.operations import Operation
 from api.params import LIST, Param, takes_query
+from api.schemas import list_of, ref
 from charges.models import Refund
 from charges.services.refunds import refund_create
 from charges.states import RefundReason
@@ -24,7 +26,20 @@ LIST_REFUNDS = LIST.extend(
 )
 
 
-@route("GET", "POST")
+@route(
+    Operation("GET", "List refunds, newest first.", query=LIST_REFUNDS, answers=list_of("refund")),
+    Operation(
+        "POST",
+        "Refund a succeeded payment intent, all that is left unless amount says less.",
+        body=CREATE_REFUND,
+        answers=ref("refund"),
+        errors={
+            400: ("amount_too_large", "charge_already_refunded"),
+            404: ("resource_missing",),
+            409: ("payment_intent_unexpected_state", "rail_unknown"),
+        },
+    ),
+)
 @takes_query(LIST_REFUNDS)
 def refunds(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":
@@ -36,6 +51,6 @@ def refunds(request: HttpRequest) -> HttpResponse:
     return paginate(request, queryset, render_refund, request.query)
 
 
-@route("GET")
+@route(Operation("GET", "Retrieve a refund.", answers=ref("refund")))
 def refund(request: HttpRequest, refund_id: str) -> HttpResponse:
     return respond(render_refund(owned(request, Refund.objects.all(), refund_id, "refund")))

@@ -11,7 +11,9 @@ from django.views.decorators.http import require_POST
 
 from api.framework import METADATA, Body, Field, error_response, owned, paginate, respond, route
 from api.ids import ID_MAX_LENGTH
+from api.operations import Operation
 from api.params import LIST, Param, takes_query
+from api.schemas import list_of, ref
 from charges import repository
 from charges.models import Charge, CheckoutSession, PaymentIntent
 from charges.rails import get_rail
@@ -28,19 +30,23 @@ MAX_AMOUNT = 10**12  # minor units; well inside bigint, far above any real payme
 
 PAYMENT_FIELDS = {
     "amount": Field(int, required=True, min_value=1, max_value=MAX_AMOUNT),
-    "currency": Field(str, required=True, max_length=3),
-    "rail": Field(str, required=True, max_length=32),
+    "currency": Field(str, required=True, max_length=3, description="Lower case; one of VPAY_CURRENCIES."),
+    "rail": Field(str, required=True, max_length=32, description="The code of a configured rail."),
     "customer": Field(str, max_length=ID_MAX_LENGTH),
     "metadata": METADATA,
 }
 CREATE_INTENT = Body(**PAYMENT_FIELDS)
+_URI = {"format": "uri"}
+_RETURN_URL = "Where the payer's browser goes: http or https (https in live mode), a host, no user:password@."
 CREATE_SESSION = Body(
     **PAYMENT_FIELDS,
-    success_url=Field(str, max_length=MAX_RETURN_URL, check=clean_return_url),
-    cancel_url=Field(str, max_length=MAX_RETURN_URL, check=clean_return_url),
+    success_url=Field(str, max_length=MAX_RETURN_URL, check=clean_return_url, description=_RETURN_URL, schema=_URI),
+    cancel_url=Field(str, max_length=MAX_RETURN_URL, check=clean_return_url, description=_RETURN_URL, schema=_URI),
 )
 CONFIRM = Body()  # no parameters; anything sent is an unknown-parameter 400
 CANCEL = Body(cancellation_reason=Field(str, choices=CancellationReason.values))
+# What creating an intent (or a session) refuses beyond the body's own checks.
+_PAYMENT_REFUSALS = {400: ("rail_unknown", "currency_unsupported", "resource_missing")}
 
 
 def _intent(request: HttpRequest, intent_id: str) -> PaymentIntent:
@@ -55,7 +61,16 @@ LIST_INTENTS = LIST.extend(
 )
 
 
-@route("GET", "POST")
+@route(
+    Operation("GET", "List payment intents, newest first.", query=LIST_INTENTS, answers=list_of("payment_intent")),
+    Operation(
+        "POST",
+        "Create a payment intent (requires_confirmation).",
+        body=CREATE_INTENT,
+        answers=ref("payment_intent"),
+        errors=_PAYMENT_REFUSALS,
+    ),
+)
 @takes_query(LIST_INTENTS)
 def payment_intents(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":
@@ -68,31 +83,59 @@ def payment_intents(request: HttpRequest) -> HttpResponse:
     return paginate(request, queryset, render_intent, request.query)
 
 
-@route("GET")
+@route(Operation("GET", "Retrieve a payment intent.", answers=ref("payment_intent")))
 def payment_intent(request: HttpRequest, intent_id: str) -> HttpResponse:
     return respond(render_intent(_intent(request, intent_id)))
 
 
 # Not atomic: confirm commits the charge and its poll job before it calls the rail, and
 # acts on the answer in a second transaction (charges/services/confirm.py says why).
-@route("POST", atomic=False)
+@route(
+    Operation(
+        "POST",
+        "Confirm a payment intent: its charge is submitted to the rail.",
+        body=CONFIRM,
+        answers=ref("payment_intent"),
+        errors={
+            409: ("payment_intent_unexpected_state", "checkout_session_expired", "rail_unknown"),
+            503: ("rail_unavailable",),
+        },
+    ),
+    atomic=False,
+)
 def confirm(request: HttpRequest, intent_id: str) -> HttpResponse:
     CONFIRM.parse(request)
     return respond(render_intent(confirm_intent(request.merchant, intent_id)))
 
 
-@route("POST")
+@route(
+    Operation(
+        "POST",
+        "Cancel a payment intent that is not yet confirmed.",
+        body=CANCEL,
+        answers=ref("payment_intent"),
+        errors={409: ("payment_intent_unexpected_state",)},
+    )
+)
 def cancel(request: HttpRequest, intent_id: str) -> HttpResponse:
     fields = CANCEL.parse(request)
     return respond(render_intent(payment_intent_cancel(merchant=request.merchant, payment_intent=intent_id, **fields)))
 
 
-@route("POST")
+@route(
+    Operation(
+        "POST",
+        "Create a checkout session and its payment intent.",
+        body=CREATE_SESSION,
+        answers=ref("checkout.session"),
+        errors=_PAYMENT_REFUSALS,
+    )
+)
 def checkout_sessions(request: HttpRequest) -> HttpResponse:
     return respond(render_session(create_session(request.merchant, CREATE_SESSION.parse(request))))
 
 
-@route("GET")
+@route(Operation("GET", "Retrieve a checkout session.", answers=ref("checkout.session")))
 def checkout_session(request: HttpRequest, session_id: str) -> HttpResponse:
     found = owned(request, CheckoutSession.objects.select_related("intent"), session_id, "checkout.session")
     return respond(render_session(found))

@@ -3,7 +3,9 @@
 from django.http import HttpRequest, HttpResponse
 
 from api.framework import METADATA, Body, Field, owned, paginate, respond, route
+from api.operations import Operation
 from api.params import LIST, takes_query
+from api.schemas import list_of, ref
 from customers import services
 from customers.models import Customer
 from customers.wire import render_customer, render_deleted
@@ -16,7 +18,13 @@ def _email(value: str) -> str:
 
 
 FIELDS = {
-    "email": Field(str, max_length=254, check=_email),
+    "email": Field(
+        str,
+        max_length=254,
+        check=_email,
+        description="Empty, or an address with an @ and no whitespace.",
+        schema={"pattern": r"^(|\S*@\S*)$"},
+    ),
     "name": Field(str, max_length=256),
     "phone": Field(str, max_length=32),
     "metadata": METADATA,
@@ -28,7 +36,10 @@ def _owned(request: HttpRequest, customer_id: str) -> Customer:
     return owned(request, Customer.objects, customer_id, "customer")
 
 
-@route("GET", "POST")
+@route(
+    Operation("GET", "List customers, newest first.", query=LIST, answers=list_of("customer")),
+    Operation("POST", "Create a customer.", body=WRITE, answers=ref("customer")),
+)
 @takes_query(LIST)
 def customers(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":
@@ -38,7 +49,15 @@ def customers(request: HttpRequest) -> HttpResponse:
     return paginate(request, Customer.objects.filter(merchant=request.merchant), render_customer, request.query)
 
 
-@route("GET", "POST", "DELETE")
+@route(
+    Operation("GET", "Retrieve a customer.", answers=ref("customer")),
+    Operation("POST", "Update a customer: the fields given are set.", body=WRITE, answers=ref("customer")),
+    Operation(
+        "DELETE",
+        "Delete a customer for good (emits customer.deleted with its id only).",
+        answers=ref("deleted_customer"),
+    ),
+)
 def customer(request: HttpRequest, customer_id: str) -> HttpResponse:
     found = _owned(request, customer_id)
     if request.method == "POST":

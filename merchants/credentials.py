@@ -43,10 +43,12 @@ PREFIXES: dict[Kind, dict[bool, str]] = {
 
 @dataclass(frozen=True)
 class Scheme:
-    """One way to authenticate, as an API description names it."""
+    """One way to authenticate, as an API description names it: a bearer credential of
+    ``kind`` on every ``/v1`` call, or (``kind`` None) the token endpoint's own client
+    authentication, carried in its form body."""
 
     name: str
-    kind: Kind
+    kind: Kind | None
     description: str
 
 
@@ -62,7 +64,18 @@ SCHEMES = (
         "A bearer token (`at_live_…`/`at_test_…`) from `POST /v1/oauth/token` (client_credentials with a "
         "private_key_jwt client assertion, RFC 7523), as `Authorization: Bearer at_…`.",
     ),
+    Scheme(
+        "client_assertion",
+        None,
+        "`POST /v1/oauth/token` authenticates an OAuth client by a private_key_jwt client assertion "
+        "(RFC 7523 §2.2) in its form body: `client_assertion_type=urn:ietf:params:oauth:client-assertion-type:"
+        "jwt-bearer` and `client_assertion`, a JWT signed with the client's registered key whose `iss` = `sub` = "
+        "the client id, `aud` the token URL, `exp` at most 5 minutes ahead and `jti` never used before.",
+    ),
 )
+
+REFUSAL_CODES = ("api_key_missing", "api_key_invalid", "access_token_invalid", "livemode_mismatch")
+"""Every ``code`` of an :class:`AuthenticationFailed` raised here."""
 
 
 def prefix(kind: Kind, *, live_mode: bool) -> str:

@@ -24,7 +24,9 @@ def with_livemode(value: Any, livemode: bool | None = None) -> Any:
     if livemode is None:
         livemode = settings.LIVE_MODE
     if isinstance(value, dict):
-        copied = {key: with_livemode(item, livemode) for key, item in value.items()}
+        # ``metadata`` is the merchant's own strings, never an object of ours, even when
+        # one of its keys is "object".
+        copied = {key: item if key == "metadata" else with_livemode(item, livemode) for key, item in value.items()}
         # Lists are envelopes, and a deleted object is its id alone (as Stripe's are).
         if isinstance(copied.get("object"), str) and copied["object"] != "list" and copied.get("deleted") is not True:
             copied.setdefault("livemode", livemode)

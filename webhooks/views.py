@@ -4,7 +4,9 @@
 from django.http import HttpRequest, HttpResponse
 
 from api.framework import ApiError, Body, Field, not_found, owned, paginate, respond, route
+from api.operations import Operation
 from api.params import LIST, Param, Query, takes_query
+from api.schemas import list_of, ref
 from webhooks.delivery_wire import deliveries_for_wire, delivery_pk, render_delivery
 from webhooks.endpoint_wire import render_endpoint
 from webhooks.event_types import DESCRIPTIONS, EventType
@@ -28,7 +30,7 @@ LIST_EVENTS = LIST.extend(
 )
 
 
-@route("GET")
+@route(Operation("GET", "List events, newest first.", query=LIST_EVENTS, answers=list_of("event")))
 @takes_query(LIST_EVENTS)
 def events(request: HttpRequest) -> HttpResponse:
     """List events, newest first; ``?type=`` filters by one event type, ``?types[]=`` by several."""
@@ -40,7 +42,7 @@ def events(request: HttpRequest) -> HttpResponse:
     return paginate(request, queryset, render_event, request.query)
 
 
-@route("GET")
+@route(Operation("GET", "Retrieve an event (kept 30 days).", answers=ref("event")))
 def event(request: HttpRequest, event_id: str) -> HttpResponse:
     return respond(render_event(owned(request, Event.objects, event_id, "event")))
 
@@ -56,23 +58,41 @@ def _events(value: list) -> list:
     return endpoints.clean_enabled_events(value)
 
 
+_URL = {"format": "uri"}
+_URL_DOC = "An http or https URL (https in live mode) with a host and no user:password part."
+# clean_enabled_events: known types or "*", at least one.
+_EVENTS = {"minItems": 1, "items": {"type": "string", "enum": [endpoints.WILDCARD, *EventType.values]}}
 CREATE = Body(
-    url=Field(str, required=True, max_length=endpoints.MAX_URL, check=_url),
-    enabled_events=Field(list, required=True, items=str, check=_events),
+    url=Field(str, required=True, max_length=endpoints.MAX_URL, check=_url, description=_URL_DOC, schema=_URL),
+    enabled_events=Field(list, required=True, items=str, check=_events, schema=_EVENTS),
     description=Field(str, max_length=500),
 )
 UPDATE = Body(
-    url=Field(str, max_length=endpoints.MAX_URL, check=_url),
-    enabled_events=Field(list, items=str, check=_events),
+    url=Field(str, max_length=endpoints.MAX_URL, check=_url, description=_URL_DOC, schema=_URL),
+    enabled_events=Field(list, items=str, check=_events, schema=_EVENTS),
     description=Field(str, max_length=500),
 )
+
+
+_LIMIT_REACHED = {409: ("webhook_endpoint_limit_reached",)}
 
 
 def _owned_endpoint(request: HttpRequest, endpoint_id: str) -> WebhookEndpoint:
     return owned(request, WebhookEndpoint.objects.filter(deleted_at__isnull=True), endpoint_id, "webhook_endpoint")
 
 
-@route("GET", "POST")
+@route(
+    Operation(
+        "GET", "List webhook endpoints, newest first.", query=LIST, answers=list_of("webhook_endpoint")
+    ),
+    Operation(
+        "POST",
+        "Create a webhook endpoint; the answer carries its signing secret, once.",
+        body=CREATE,
+        answers=ref("webhook_endpoint"),
+        errors=_LIMIT_REACHED,
+    ),
+)
 @takes_query(LIST)
 def webhook_endpoints(request: HttpRequest) -> HttpResponse:
     """Create an endpoint (the answer carries its ``secret``, once), or list them."""
@@ -92,7 +112,11 @@ def webhook_endpoints(request: HttpRequest) -> HttpResponse:
     return paginate(request, queryset, render_endpoint, request.query)
 
 
-@route("GET", "POST", "DELETE")
+@route(
+    Operation("GET", "Retrieve a webhook endpoint.", answers=ref("webhook_endpoint")),
+    Operation("POST", "Update a webhook endpoint.", body=UPDATE, answers=ref("webhook_endpoint")),
+    Operation("DELETE", "Delete a webhook endpoint.", answers=ref("deleted_webhook_endpoint")),
+)
 def webhook_endpoint(request: HttpRequest, endpoint_id: str) -> HttpResponse:
     """Retrieve, update (``url``, ``enabled_events``, ``description``) or delete one endpoint."""
     endpoint = _owned_endpoint(request, endpoint_id)
@@ -107,7 +131,15 @@ def webhook_endpoint(request: HttpRequest, endpoint_id: str) -> HttpResponse:
 ROTATE = Body(overlap_seconds=Field(int, min_value=0, max_value=7 * 24 * 3600))
 
 
-@route("POST")
+@route(
+    Operation(
+        "POST",
+        "Rotate the signing secret; the answer carries the new one, once.",
+        body=ROTATE,
+        answers=ref("webhook_endpoint"),
+        errors={409: ("webhook_secrets_at_limit",)},
+    )
+)
 def rotate_webhook_secret(request: HttpRequest, endpoint_id: str) -> HttpResponse:
     """A new signing secret (in the answer, once). The old one keeps signing alongside it for
     ``overlap_seconds`` (default ``VPAY_WEBHOOK_SECRET_OVERLAP``, 24 h); 0 retires it now."""
@@ -132,9 +164,10 @@ def rotate_webhook_secret(request: HttpRequest, endpoint_id: str) -> HttpRespons
 
 DISABLE = Body(reason=Field(str, max_length=endpoint_health.REASON_MAX))
 DISABLED_BY_MERCHANT_REASON = "Disabled by the merchant."
+ENABLE = Body()
 
 
-@route("POST")
+@route(Operation("POST", "Stop sending to the endpoint.", body=DISABLE, answers=ref("webhook_endpoint")))
 def disable_webhook_endpoint(request: HttpRequest, endpoint_id: str) -> HttpResponse:
     """Stop sending to the endpoint (``{"reason"?}``); its pending deliveries wait for
     ``/enable``. Emits ``webhook_endpoint.disabled`` to the merchant's other endpoints.
@@ -145,12 +178,12 @@ def disable_webhook_endpoint(request: HttpRequest, endpoint_id: str) -> HttpResp
     return respond(render_endpoint(_owned_endpoint(request, endpoint_id)))
 
 
-@route("POST")
+@route(Operation("POST", "Send to the endpoint again.", body=ENABLE, answers=ref("webhook_endpoint")))
 def enable_webhook_endpoint(request: HttpRequest, endpoint_id: str) -> HttpResponse:
     """Send to the endpoint again; its pending deliveries resume now. Already enabled:
     answered as it is, nothing changes."""
     endpoint = _owned_endpoint(request, endpoint_id)
-    Body().parse(request)
+    ENABLE.parse(request)
     endpoint_health.endpoint_enable(endpoint_id=endpoint.pk, actor=endpoint_health.DISABLED_BY_MERCHANT)
     return respond(render_endpoint(_owned_endpoint(request, endpoint_id)))
 
@@ -162,7 +195,15 @@ def _delivery(delivery_id: int) -> HttpResponse:
     return respond(render_delivery(deliveries_for_wire(WebhookDelivery.objects.filter(pk=delivery_id)).get()))
 
 
-@route("POST")
+@route(
+    Operation(
+        "POST",
+        "Send a webhook_endpoint.test event to this endpoint only; answers its delivery.",
+        body=Body(),
+        answers=ref("webhook_delivery"),
+        errors={404: ("resource_missing",), 409: ("webhook_endpoint_disabled",)},
+    )
+)
 def send_test_event(request: HttpRequest, endpoint_id: str) -> HttpResponse:
     """Send a ``webhook_endpoint.test`` event to this endpoint only; answers its delivery."""
     Body().parse(request)
@@ -172,7 +213,14 @@ def send_test_event(request: HttpRequest, endpoint_id: str) -> HttpResponse:
 LIST_DELIVERIES = LIST.extend({"state": Param(str, "Only deliveries in this state.", choices=DeliveryState.values)})
 
 
-@route("GET")
+@route(
+    Operation(
+        "GET",
+        "The endpoint's deliveries, newest first, each with its latest attempts.",
+        query=LIST_DELIVERIES,
+        answers=list_of("webhook_delivery"),
+    )
+)
 @takes_query(LIST_DELIVERIES)
 def webhook_deliveries(request: HttpRequest, endpoint_id: str) -> HttpResponse:
     """The endpoint's deliveries, newest first, each with its latest attempts."""
@@ -187,7 +235,18 @@ def webhook_deliveries(request: HttpRequest, endpoint_id: str) -> HttpResponse:
     )
 
 
-@route("POST")
+@route(
+    Operation(
+        "POST",
+        "Send a finished delivery again now, with a fresh retry ladder; answers the delivery.",
+        body=Body(),
+        answers=ref("webhook_delivery"),
+        errors={
+            404: ("resource_missing",),
+            409: ("webhook_delivery_in_progress", "webhook_delivery_not_retryable", "webhook_endpoint_disabled"),
+        },
+    )
+)
 def retry_webhook_delivery(request: HttpRequest, endpoint_id: str, delivery_id: str) -> HttpResponse:
     """Send a finished delivery again now, with a fresh retry ladder; answers the delivery."""
     Body().parse(request)
@@ -200,7 +259,7 @@ def retry_webhook_delivery(request: HttpRequest, endpoint_id: str, delivery_id: 
 EVENT_TYPES = Query({})
 
 
-@route("GET")
+@route(Operation("GET", "Every event type vpay emits, with a line saying when.", answers=list_of("event_type")))
 @takes_query(EVENT_TYPES)
 def event_types(request: HttpRequest) -> HttpResponse:
     """Every event type vpay emits, with a line saying when."""
