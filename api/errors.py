@@ -3,7 +3,15 @@ code and an error ``type``. Services raise; ``api.framework.route`` answers."""
 
 from __future__ import annotations
 
-from vpay.errors import AuthenticationFailed, DomainError, InvalidInput, InvalidState, NotFound, RateLimited
+from vpay.errors import (
+    AuthenticationFailed,
+    DomainError,
+    InvalidInput,
+    InvalidState,
+    NotFound,
+    RateLimited,
+    Unavailable,
+)
 
 INVALID_REQUEST = "invalid_request_error"
 AUTHENTICATION = "authentication_error"
@@ -15,6 +23,7 @@ API = "api_error"
 _HTTP: tuple[tuple[type[DomainError], int, str], ...] = (
     (AuthenticationFailed, 401, AUTHENTICATION),
     (RateLimited, 429, RATE_LIMIT),
+    (Unavailable, 503, API),
     (NotFound, 404, INVALID_REQUEST),
     (InvalidState, 409, INVALID_REQUEST),
     (InvalidInput, 400, INVALID_REQUEST),

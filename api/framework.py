@@ -27,7 +27,7 @@ from api.errors import API, AUTHENTICATION, IDEMPOTENCY, INVALID_REQUEST, http_o
 from api.storable import storable
 from jobs.invoke import connection_lost
 from merchants.credentials import credential_authenticate
-from vpay.errors import DomainError, RateLimited, error_chain
+from vpay.errors import DomainError, error_chain
 from vpay.livemode import with_livemode
 
 logger = logging.getLogger(__name__)
@@ -71,7 +71,7 @@ class ApiError(Exception):
     def of(cls, exc: DomainError) -> ApiError:
         """A service's refusal as the API answers it (``api.errors``)."""
         status, error_type = http_of(exc)
-        retry_after = exc.retry_after if isinstance(exc, RateLimited) else None
+        retry_after = getattr(exc, "retry_after", None)  # RateLimited, Unavailable
         return cls(status, exc.code, exc.message, param=exc.param, type=error_type, retry_after=retry_after)
 
 

@@ -14,7 +14,6 @@ from django.db import models
 from django.db.models import F, Q, Value
 from django.db.models.functions import Length, Now
 
-from api.ids import ID_MAX_LENGTH, new_id
 from charges.states import (
     CHARGE_LIVE,
     REFUND_LIVE,
@@ -28,6 +27,7 @@ from charges.states import (
     RefundReason,
     RefundStatus,
 )
+from vpay.ids import ID_MAX_LENGTH, new_id
 from vpay.sealing import SealedTextField
 
 CHECKOUT_SESSION_LIFETIME = timedelta(hours=24)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.db import models
 from django.db.models.functions import Now
 
-from api.ids import ID_MAX_LENGTH, new_id
+from vpay.ids import ID_MAX_LENGTH, new_id
 
 
 def new_customer_id() -> str:

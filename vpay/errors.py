@@ -180,6 +180,15 @@ class RateLimited(DomainError):
         self.retry_after = retry_after
 
 
+class Unavailable(DomainError):
+    """A dependency is failing right now (a rail's breaker is open); nothing was done, and
+    the same request may succeed after ``retry_after`` seconds."""
+
+    def __init__(self, code: str, message: str, *, retry_after: int) -> None:
+        super().__init__(code, message)
+        self.retry_after = retry_after
+
+
 class GrantRefused(DomainError):
     """The token endpoint refuses (RFC 6749 §5.2): ``code`` is the RFC's ``error`` value
     (``invalid_request``, ``invalid_client``, ``invalid_grant``, ``unsupported_grant_type``)."""

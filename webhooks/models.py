@@ -10,7 +10,7 @@ from django.db import DatabaseError, models
 from django.db.models import Q
 from django.db.models.functions import Length, Now
 
-from api.ids import ID_MAX_LENGTH, new_id
+from vpay.ids import ID_MAX_LENGTH, new_id
 from webhooks.event_types import EventType
 
 

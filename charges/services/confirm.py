@@ -41,7 +41,6 @@ from django.db import transaction
 from django.db.models import Q
 from django.db.models.functions import Now
 
-from api.framework import API, ApiError
 from charges import repository
 from charges.models import Charge, CheckoutSession, PaymentIntent
 from charges.policy import from_settings
@@ -54,6 +53,7 @@ from jobs import port as queue
 from jobs.alerts import Severity, raise_alert
 from jobs.kinds import JobKind
 from merchants.models import Merchant
+from vpay.errors import InvalidState, NotFound, Unavailable
 
 logger = logging.getLogger(__name__)
 
@@ -64,17 +64,16 @@ def confirm_intent(merchant: Merchant, intent_id: str) -> PaymentIntent:
     with transaction.atomic():
         intent = PaymentIntent.objects.select_for_update().filter(merchant=merchant, id=intent_id).first()
         if intent is None:
-            raise ApiError(404, "resource_missing", f"No such payment_intent: {intent_id!r}.", param="id")
+            raise NotFound("resource_missing", f"No such payment_intent: {intent_id!r}.", param="id")
         if intent.status == IntentStatus.CANCELED:
-            raise ApiError(409, "payment_intent_unexpected_state", "This PaymentIntent was canceled; create a new one.")
+            raise InvalidState("payment_intent_unexpected_state", "This PaymentIntent was canceled; create a new one.")
         if intent.status in INTENT_TERMINAL:
-            raise ApiError(
-                409,
+            raise InvalidState(
                 "payment_intent_unexpected_state",
                 f"This PaymentIntent has {intent.status}; create a new one to try again.",
             )
         if intent.status != IntentStatus.REQUIRES_CONFIRMATION:
-            raise ApiError(409, "payment_intent_unexpected_state", "This PaymentIntent has already been confirmed.")
+            raise InvalidState("payment_intent_unexpected_state", "This PaymentIntent has already been confirmed.")
         # The expiry sweep locks this same intent row before it expires the session, so the
         # two serialize: a session is either expired before this confirm or not at all. A
         # session past its expires_at that the hourly sweep has not reached yet is just as
@@ -85,23 +84,21 @@ def confirm_intent(merchant: Merchant, intent_id: str) -> PaymentIntent:
             .filter(Q(status=CheckoutSessionStatus.EXPIRED) | Q(expires_at__lte=Now()))
             .exists()
         ):
-            raise ApiError(
-                409, "checkout_session_expired", "This PaymentIntent's checkout session has expired; start a new one."
+            raise InvalidState(
+                "checkout_session_expired", "This PaymentIntent's checkout session has expired; start a new one."
             )
         rail = get_rail(intent.rail)
         if rail is None:
-            raise ApiError(409, "rail_unknown", f"The rail {intent.rail!r} is no longer configured.", param="rail")
+            raise InvalidState("rail_unknown", f"The rail {intent.rail!r} is no longer configured.", param="rail")
         try:
             ticket = rail_gate.admit(rail.code)
         except RailDeferred as exc:
             # The rail's breaker is open: refused before anything is written (this
             # transaction rolls back), so the intent stays requires_confirmation and the
             # merchant may confirm again (a 503 is never stored under an Idempotency-Key).
-            raise ApiError(
-                503,
+            raise Unavailable(
                 "rail_unavailable",
                 f"The rail {rail.code!r} is failing right now; nothing was charged. Confirm again later.",
-                type=API,
                 retry_after=max(1, math.ceil(exc.delay_seconds)),
             ) from None
         repository.intent_to(intent.id, IntentStatus.PROCESSING, [IntentStatus.REQUIRES_CONFIRMATION])

@@ -7,12 +7,12 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from django.db import transaction
 
-from api.framework import ApiError
 from charges import repository
 from charges.models import CheckoutSession, PaymentIntent
 from charges.rails import configured_rails
 from customers.models import Customer
 from merchants.models import Merchant
+from vpay.errors import InvalidInput
 from vpay.tokens import new_token
 
 
@@ -21,11 +21,10 @@ def validate_payment(merchant: Merchant, fields: dict) -> Customer | None:
     unsupported currency, a customer that is not this merchant's. Amounts are bounded by
     the body schema (a positive integer of minor units)."""
     if fields["rail"] not in configured_rails():
-        raise ApiError(400, "rail_unknown", f"No such rail: {fields['rail']!r}.", param="rail")
+        raise InvalidInput("rail_unknown", f"No such rail: {fields['rail']!r}.", param="rail")
     currency = fields["currency"]
     if currency != currency.lower() or currency not in settings.VPAY_CURRENCIES:
-        raise ApiError(
-            400,
+        raise InvalidInput(
             "currency_unsupported",
             f"Unsupported currency {currency!r}; use one of: {', '.join(settings.VPAY_CURRENCIES)} (lower case).",
             param="currency",
@@ -35,7 +34,7 @@ def validate_payment(merchant: Merchant, fields: dict) -> Customer | None:
         return None
     customer = Customer.objects.filter(merchant=merchant, id=customer_id).first()
     if customer is None:
-        raise ApiError(400, "resource_missing", f"No such customer: {customer_id!r}.", param="customer")
+        raise InvalidInput("resource_missing", f"No such customer: {customer_id!r}.", param="customer")
     return customer
 
 
@@ -99,7 +98,7 @@ def create_session(merchant: Merchant, fields: dict) -> CheckoutSession:
             try:
                 urls[name] = clean_return_url(fields[name])
             except ValueError as exc:
-                raise ApiError(400, "parameter_invalid", f"{name}: {exc}", param=name) from None
+                raise InvalidInput("parameter_invalid", f"{name}: {exc}", param=name) from None
     with transaction.atomic():
         intent = create_intent(merchant, {k: v for k, v in fields.items() if k not in ("success_url", "cancel_url")})
         session = CheckoutSession.objects.create(

@@ -14,13 +14,13 @@ import time
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from api.framework import ApiError
 from charges.models import PaymentIntent
 from charges.services.confirm import confirm_intent
 from charges.services.intents import create_intent
 from charges.states import INTENT_TERMINAL
 from merchants.models import Merchant
 from merchants.services import create_merchant
+from vpay.errors import DomainError
 from webhooks.models import Event
 
 # The merchant vpay.devstack creates, with the sandbox receiver as its endpoint.
@@ -47,7 +47,7 @@ class Command(BaseCommand):
                 merchant, {"amount": opts["amount"], "currency": opts["currency"], "rail": opts["rail"]}
             )
             intent = confirm_intent(merchant, intent.id)
-        except ApiError as exc:
+        except DomainError as exc:
             raise CommandError(f"{exc.code}: {exc.message}") from None
         charge = intent.charge
         self.stdout.write(f"confirmed {intent.id}: intent {intent.status}, charge {charge.id} {charge.status}")
