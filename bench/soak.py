@@ -13,7 +13,8 @@ jobs a second in batches every 100 ms, mixed kinds (85 % ``tests.tasks.noop``, 1
    xid assigned) for the whole phase, so no dead tuple left since it began can be removed;
 3. ``delayed``: first ``--delayed`` jobs due in a day are written, then as 1.
 
-Each phase reports throughput (jobs finished a second: fence rows written, every task is
+Autovacuum is off on the shared benchmark server, so each phase runs ``VACUUM jobs`` every
+10 s itself, as an aggressive autovacuum would on a hot queue table. Each phase reports throughput (jobs finished a second: fence rows written, every task is
 fenced), the claim's latency (a probe runs the worker's own claim statement, for one job,
 every 250 ms in a transaction it rolls back, and times it), and, at its end, the dead and
 live tuples and the size of ``jobs`` and its indexes. After phase 2 the horizon is
@@ -95,6 +96,24 @@ class Producer(threading.Thread):
             connection.close()
 
 
+class Vacuum(threading.Thread):
+    """``VACUUM jobs`` every ``period`` seconds: what autovacuum does for a hot queue table,
+    done by hand because autovacuum is off on the shared benchmark server (``SHOW
+    autovacuum``). Under a held horizon it runs all the same and can remove nothing newer."""
+
+    def __init__(self, stop: threading.Event, period: float) -> None:
+        super().__init__(daemon=True)
+        self.stop, self.period, self.runs, self.seconds = stop, period, 0, 0.0
+
+    def run(self) -> None:
+        with psycopg.connect(bench_vpay.dsn(), autocommit=True) as c:
+            while not self.stop.wait(self.period):
+                t0 = time.monotonic()
+                c.execute("VACUUM jobs")
+                self.seconds += time.monotonic() - t0
+                self.runs += 1
+
+
 class ClaimProbe(threading.Thread):
     """Times the worker's claim statement (one job) every 250 ms, rolled back."""
 
@@ -128,13 +147,17 @@ class ClaimProbe(threading.Thread):
             connection.close()
 
 
+VACUUM_EVERY = 10.0
+
+
 def phase(name: str, minutes: float, rate: int, concurrency: int, extra: dict | None = None) -> dict:
     start_done = finished()
     stop = threading.Event()
     worker = bench_vpay.WorkerProc(["--concurrency", str(concurrency)], f"soak_{name}.log")
-    producer, probe = Producer(rate, stop), ClaimProbe(stop)
+    producer, probe, vacuum = Producer(rate, stop), ClaimProbe(stop), Vacuum(stop, VACUUM_EVERY)
     producer.start()
     probe.start()
+    vacuum.start()
     t0 = time.monotonic()
     samples = []
     while time.monotonic() - t0 < minutes * 60:
@@ -146,6 +169,7 @@ def phase(name: str, minutes: float, rate: int, concurrency: int, extra: dict | 
     stop.set()
     producer.join()
     probe.join()
+    vacuum.join()
     worker.stop()
     ms = sorted(probe.ms)
     rec = {
@@ -160,6 +184,8 @@ def phase(name: str, minutes: float, rate: int, concurrency: int, extra: dict | 
         "claim_ms_p50": round(statistics.median(ms), 3) if ms else None,
         "claim_ms_p99": round(bench_vpay.pct(ms, 0.99), 3) if ms else None,
         "claim_samples": len(ms),
+        "vacuums": vacuum.runs,
+        "vacuum_s": round(vacuum.seconds, 2),
         "end": table_stats(),
         "samples": samples,
         "loadavg": bench_vpay.loadavg(),
