@@ -15,7 +15,8 @@ from django.db.models.functions import Now
 
 from charges.models import PaymentIntent, Refund
 from charges.recovery import SubmitEvidence
-from charges.states import RefundStatus
+from charges.states import REFUND_LIVE, RefundStatus
+from jobs.kinds import JobKind
 
 POLL_DEDUPE_PREFIX = "refund:poll:"
 
@@ -170,3 +171,43 @@ UPDATE refunds
 def record_not_found(refund_id: str) -> None:
     with connection.cursor() as cursor:
         cursor.execute(_RECORD_NOT_FOUND, [refund_id])
+
+
+# One more thing a resend must do first: forget the 404 streak that justified it, so a
+# resend that goes unanswered is asked about on the next rung, not sent again on each one.
+# A primary-key update.
+_FORGET_NOT_FOUND = """
+UPDATE refunds SET not_found_count = 0, first_not_found_at = NULL, updated_at = now()
+ WHERE id = %s AND status IN ('submitting', 'unresolved')
+"""
+
+
+def forget_not_found(refund_id: str) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(_FORGET_NOT_FOUND, [refund_id])
+
+
+# --- the backstop (charges.services.polling.scan_live_charges) ---------------------------
+
+# Live refunds after ``after`` by id (index refunds_live_idx), leaving out one whose poll is a
+# dead letter awaiting review (the human's, as for charges: charges.repository.live_page).
+_LIVE_PAGE = """
+SELECT id, merchant_id FROM refunds
+ WHERE status IN ({live}) AND id > %(after)s
+   AND (%(prefix)s::text || id) NOT IN (
+       SELECT d.dedupe_key FROM dead_letters d
+        WHERE d.state = 'pending_review' AND d.kind = %(kind)s AND d.dedupe_key IS NOT NULL
+   )
+ ORDER BY id
+ LIMIT %(limit)s
+""".format(live=", ".join(f"'{s}'" for s in sorted(REFUND_LIVE)))
+
+
+def live_page(after: str, limit: int) -> list[tuple[str, str]]:
+    """Live refunds with ids after ``after`` whose poll is not awaiting a human's review."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _LIVE_PAGE,
+            {"after": after, "limit": limit, "prefix": POLL_DEDUPE_PREFIX, "kind": JobKind.POLL_REFUND.value},
+        )
+        return cursor.fetchall()

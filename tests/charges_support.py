@@ -58,7 +58,7 @@ FAST_POLICY = {
 def apply_policy(settings, policy: dict) -> None:
     """The same numbers in this (web) process's settings."""
     for name, value in policy.items():
-        if name == "VPAY_CHARGE_POLL_LADDER_SECONDS":
+        if name in ("VPAY_CHARGE_POLL_LADDER_SECONDS", "VPAY_REFUND_POLL_LADDER_SECONDS"):
             value = [float(x) for x in str(value).split(",")]
         setattr(settings, name, value)
 

@@ -12,7 +12,7 @@ import logging
 from django.conf import settings
 from django.db import transaction
 
-from charges import repository
+from charges import refund_repository, repository
 from charges.ladder import past_the_horizon, poll_delay
 from charges.policy import RecoveryPolicy, from_settings
 from charges.rails import get_rail
@@ -252,7 +252,8 @@ def _backstop_period() -> float:
     singleton=registry.Singleton(),
 )
 def scan_live_charges(ctx: JobContext) -> Outcome:
-    """Backstop: every live charge has a poll job. A page of live charges at a time, each
+    """Backstop: every live charge has a poll job (and, at the end of each pass, every live
+    refund: ``_restore_refund_polls``). A page of live charges at a time, each
     page one ``INSERT … ON CONFLICT DO NOTHING`` on the poll jobs' dedupe keys, so a charge
     whose job is live (waiting or leased) costs nothing and one whose job was lost (an
     operator's cancel, a letter discarded) gets a new one, due now. A charge whose poll is
@@ -279,6 +280,7 @@ def scan_live_charges(ctx: JobContext) -> Outcome:
             )
             after, pages = page[-1][0], pages + 1
         if len(page) < SCAN_PAGE:
+            restored += _restore_refund_polls()  # refunds are few: all of them, once a pass
             ctx.checkpoint(None)  # the end of the table: the next pass starts over
             outcome = Outcome.reschedule_in(_backstop_period())
             break
@@ -287,5 +289,27 @@ def scan_live_charges(ctx: JobContext) -> Outcome:
             outcome = Outcome.reschedule_in(0, f"{pages} pages scanned; continuing after the last")
             break
     if restored:
-        logger.warning("backstop re-enqueued polls for live charges that had none", extra={"count": restored})
+        logger.warning(
+            "backstop re-enqueued polls for live charges and refunds that had none", extra={"count": restored}
+        )
     return outcome
+
+
+def _restore_refund_polls() -> int:
+    """Every live refund has its poll (which is also what sends it): the same
+    ``ON CONFLICT DO NOTHING`` on the poll's dedupe key, a page at a time."""
+    restored, after = 0, ""
+    while page := refund_repository.live_page(after, SCAN_PAGE):
+        restored += queue.enqueue_many(
+            JobRequest(
+                JobKind.POLL_REFUND,
+                {"refund_id": refund_id},
+                dedupe_key=refund_repository.poll_dedupe_key(refund_id),
+                tenant=merchant_id,
+            )
+            for refund_id, merchant_id in page
+        )
+        after = page[-1][0]
+        if len(page) < SCAN_PAGE:
+            break
+    return restored

@@ -14,6 +14,7 @@ import logging
 from charges import refund_repository
 from charges.rails import get_rail
 from charges.rails.adapter import RailConfigurationError, RailRejected, RailUnavailable
+from charges.recovery import SubmitEvidence
 from charges.refund_policy import RefundPolicy, RefundStep, from_settings, recovery_step, settle_refund
 from charges.refund_repository import RefundRow
 from charges.services import rail_calls, refunds
@@ -66,13 +67,20 @@ def poll_refund(ctx: JobContext) -> Outcome:
     rail = get_rail(row.rail)
     if rail is None:
         raise ConfigurationError(f"refund {row.id}: rail {row.rail!r} is no longer configured")
-    sending = row.status == RefundStatus.SUBMITTING and (
-        recovery_step(row.submit, row.not_found_count, row.not_found_age, policy) is RefundStep.SEND
+    # Sent when the rail cannot have it: no submit ever went out (also for a refund escalated
+    # past the horizon before its first send: a rail down for a day, credentials replaced),
+    # or a 404 streak spanning the window says it never arrived.
+    sending = (row.status == RefundStatus.UNRESOLVED and row.submit is SubmitEvidence.NEVER) or (
+        row.status == RefundStatus.SUBMITTING
+        and recovery_step(row.submit, row.not_found_count, row.not_found_age, policy) is RefundStep.SEND
     )
+    resending = sending and row.submit is not SubmitEvidence.NEVER
     share = worker_share(ctx.worker_concurrency)
     retry_after = 0.0
     try:
         if sending:
+            if resending:
+                refund_repository.forget_not_found(row.id)  # unanswered, it is asked about next
             request_id, answer = rail_calls.refund_submit(
                 row.id, row.charge_id, rail, amount=row.amount, currency=row.currency, share=share
             )
@@ -93,13 +101,20 @@ def poll_refund(ctx: JobContext) -> Outcome:
         status, failure_code = RailStatus.UNAVAILABLE, None
         retry_after = exc.retry_after or 0.0
     except RailRejected as exc:
-        if sending:
-            # A definitive refusal of the refund itself: the rail holds no refund.
+        if sending and not resending:
+            # A definitive refusal of the first send: the rail holds no refund.
             refunds.refund_fail(row=row, failure_code=refunds.REFUND_REJECTED)
             return Outcome.done()
-        if not past:
+        if sending:
+            # A resend refused ("duplicate reference", "already refunded"): an earlier send may
+            # have landed, so this proves nothing. Failing it would give the amount back to
+            # refund again; it is a non-answer, asked about on the ladder (then a human).
+            logger.warning("rail refused a refund resend", extra={"refund_id": row.id, "error": error_chain(exc, 300)})
+            status, failure_code = RailStatus.UNAVAILABLE, None
+        elif not past:
             raise  # a refused status request: dead-lettered, for a human
-        return _escalate(row, policy, f"rail refused a refund poll: {error_chain(exc, 200)}")
+        else:
+            return _escalate(row, policy, f"rail refused a refund poll: {error_chain(exc, 200)}")
     except RailConfigurationError as exc:
         if not past:
             raise  # our credentials: paged and dead-lettered; replayed once fixed, nothing failed
