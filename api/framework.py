@@ -335,6 +335,7 @@ def route(*methods: Any, atomic: bool = True) -> Callable:
         @csrf_exempt
         @wraps(view)
         def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            writing = False  # a non-GET view has started: its commit may have happened
             try:
                 if request.method not in allowed:
                     raise ApiError(405, "method_not_allowed", f"{request.method} is not allowed here.", allow=allowed)
@@ -342,6 +343,7 @@ def route(*methods: Any, atomic: bool = True) -> Callable:
                 request.merchant = credential_authenticate(authorization=request.headers.get("Authorization", ""))
                 ratelimit.rate_limit_charge(merchant_id=request.merchant.id)
                 _refuse_unstorable(request, kwargs)
+                writing = request.method not in ("GET", "HEAD")
                 if request.method == "POST" and "Idempotency-Key" in request.headers:
                     return _idempotent(request, view, atomic, args, kwargs)
                 if atomic and request.method != "GET":
@@ -353,10 +355,27 @@ def route(*methods: Any, atomic: bool = True) -> Callable:
             except DomainError as exc:
                 return ApiError.of(exc).response()
             except Exception as exc:  # noqa: BLE001 - one error format for every 5xx
+                if connection_lost(exc, closed=False) and writing and "Idempotency-Key" not in request.headers:
+                    # The link died while a write ran: its transaction rolled back, unless it
+                    # died inside the COMMIT after the server had committed. Nobody can say
+                    # which, so no "retry shortly" that could make a second refund: the
+                    # client reads the object (or retries with an Idempotency-Key, which
+                    # replays the first answer if there was one).
+                    logger.error(
+                        "api write's outcome unknown: the database connection was lost",
+                        extra={"path": request.path, "method": request.method, "error": error_chain(exc, 500)},
+                    )
+                    return error_response(
+                        500,
+                        "outcome_unknown",
+                        "The database connection was lost while this request ran; it may or may not have taken"
+                        " effect. Read the object before trying again, or send requests with an Idempotency-Key.",
+                        type=API,
+                    )
                 if connection_lost(exc, closed=False):
-                    # The database is away (refused, restarting, the link cut), not a bug: a
-                    # 503 the client retries, as for a rail that is down. Its transaction
-                    # rolled back with the connection.
+                    # The database is away (refused, restarting, the link cut) before anything
+                    # was written, or a read, or a write under an Idempotency-Key (its replay
+                    # is safe): a 503 the client retries, as for a rail that is down.
                     logger.warning(
                         "api request refused: the database is unavailable",
                         extra={"path": request.path, "method": request.method, "error": error_chain(exc, 500)},
