@@ -33,7 +33,7 @@ _EVERY_ROUTE = {
     401: credentials.REFUSAL_CODES,
     413: ("body_too_large",),
     429: ("rate_limited",),
-    500: ("internal_error",),
+    500: ("internal_error", "outcome_unknown"),  # the latter: a write whose link died (api.framework.route)
     503: ("database_unavailable",),
 }
 _BODY = {
