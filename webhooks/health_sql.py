@@ -92,6 +92,7 @@ def mark_warned(endpoint_id: str, streak_first_at: datetime) -> str | None:
 
     Guarded on what the warning is about: still live and enabled, not re-enabled since the
     streak began, not yet warned for this streak, and nothing succeeded since it began."""
+    # The endpoint by primary key; the success probe as _SUCCEEDED_SINCE says.
     rows = _rows(
         "UPDATE webhook_endpoints e SET health_warned_at = now()"
         " WHERE e.id = %(id)s AND e.deleted_at IS NULL AND e.disabled_at IS NULL"
@@ -112,6 +113,7 @@ def disable_failing(
     for this streak at least half a window ago (database clock; a re-enable clears the
     warning, so an endpoint re-enabled since cannot match), and nothing succeeded since
     the streak began."""
+    # The endpoint by primary key; the success probe as _SUCCEEDED_SINCE says.
     rows = _rows(
         "UPDATE webhook_endpoints e SET disabled_at = now(), disabled_reason = %(reason)s, disabled_by = 'vpay'"
         " WHERE e.id = %(id)s AND e.deleted_at IS NULL AND e.disabled_at IS NULL"
@@ -125,6 +127,7 @@ def disable_failing(
 
 def disable(endpoint_id: str, *, reason: str, actor: str) -> str | None:
     """CAS enabled → disabled (a merchant's or an operator's choice); the merchant id, or None."""
+    # The endpoint by primary key.
     rows = _rows(
         "UPDATE webhook_endpoints SET disabled_at = now(), disabled_reason = %s, disabled_by = %s"
         " WHERE id = %s AND deleted_at IS NULL AND disabled_at IS NULL RETURNING merchant_id",
@@ -140,10 +143,12 @@ def enable(endpoint_id: str) -> tuple[str, list[int]] | None:
     The pending deliveries are locked first (id order, by endpoint: webhook_deliveries_ep_due),
     before the endpoint: the order an attempt takes them in, so an enable never deadlocks
     with an attempt or a delete."""
+    # Lock the endpoint's pending deliveries (webhook_deliveries_ep_due).
     _rows(
         "SELECT id FROM webhook_deliveries WHERE endpoint_id = %s AND state = 'pending' ORDER BY id FOR UPDATE",
         [endpoint_id],
     )
+    # The endpoint by primary key.
     rows = _rows(
         "UPDATE webhook_endpoints SET disabled_at = NULL, disabled_reason = '', disabled_by = '',"
         " health_since = now(), health_warned_at = NULL"

@@ -33,6 +33,7 @@ from jobs.kinds import JobKind
 from jobs.paging import sweep_in_pages
 from jobs.port import JobRequest, enqueue_many, pull_forward
 from vpay.admin_log import log_change
+from vpay.errors import InvalidInput
 from webhooks import health_sql
 from webhooks.endpoint_wire import render_endpoint
 from webhooks.event_types import EventType
@@ -133,12 +134,13 @@ def _disabled(endpoint_id: str, merchant_id: str, *, by: str) -> None:
 
 
 def clean_reason(reason: str) -> str:
-    """A disable's reason: stripped, non-empty, at most :data:`REASON_MAX` characters; ValueError otherwise."""
+    """A disable's reason: stripped, non-empty, at most :data:`REASON_MAX` characters;
+    :class:`~vpay.errors.InvalidInput` otherwise."""
     reason = (reason or "").strip()
     if not reason:
-        raise ValueError("a reason is required")
+        raise InvalidInput("parameter_missing", "A reason is required.", param="reason")
     if len(reason) > REASON_MAX:
-        raise ValueError(f"at most {REASON_MAX} characters")
+        raise InvalidInput("parameter_too_long", f"A reason is at most {REASON_MAX} characters.", param="reason")
     return reason
 
 
