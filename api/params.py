@@ -161,5 +161,5 @@ LIST = Query(
     },
     exclusive=[("starting_after", "ending_before")],
 )
-"""Every list's paging and ``created`` window (``api.framework.paginate`` applies them);
+"""Every list's paging and ``created`` window (``api.lists.paginate`` applies them);
 a list with filters declares ``LIST.extend({...})``."""

@@ -270,7 +270,7 @@ OBJECTS: dict[str, Schema] = {
 
 
 def list_of(name: str) -> Schema:
-    """The envelope of a list of ``name`` objects (``api.framework.paginate``)."""
+    """The envelope of a list of ``name`` objects (``api.lists.paginate``)."""
     return _obj(
         {
             "object": {"const": "list"},

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from django.http import HttpRequest, HttpResponse
 
-from api.framework import Body, Field, owned, paginate, respond, route
+from api.framework import Body, Field, owned, respond, route
 from api.ids import ID_MAX_LENGTH
+from api.lists import paginate
 from api.operations import Operation
 from api.params import LIST, Param, takes_query
 from api.schemas import list_of, ref

@@ -9,8 +9,9 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from api.framework import METADATA, Body, Field, error_response, owned, paginate, respond, route
+from api.framework import METADATA, Body, Field, error_response, owned, respond, route
 from api.ids import ID_MAX_LENGTH
+from api.lists import paginate
 from api.operations import Operation
 from api.params import LIST, Param, takes_query
 from api.schemas import list_of, ref

@@ -2,7 +2,8 @@
 
 from django.http import HttpRequest, HttpResponse
 
-from api.framework import METADATA, Body, Field, owned, paginate, respond, route
+from api.framework import METADATA, Body, Field, owned, respond, route
+from api.lists import paginate
 from api.operations import Operation
 from api.params import LIST, takes_query
 from api.schemas import list_of, ref

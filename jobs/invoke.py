@@ -14,9 +14,8 @@ import logging
 import time
 from dataclasses import dataclass
 
-import psycopg
 from django.conf import settings
-from django.db import InterfaceError, OperationalError, connection, transaction
+from django.db import connection, transaction
 
 from jobs import cancels, fence, registry, repository
 from jobs.context import JobContext, LeaseLost
@@ -27,6 +26,7 @@ from jobs.outcome import Action, Outcome
 from jobs.rowless import rowless
 from jobs.schema import PayloadError
 from vpay import metrics
+from vpay.db_errors import connection_lost
 from vpay.db_pooler import fenced_idle_in_tx_ms
 from vpay.errors import Classification, PoisonError, Severity, classify, error_chain
 
@@ -143,24 +143,6 @@ def database_went_away(exc: BaseException) -> bool:
     with the state Django and psycopg keep of this thread's connection."""
     raw = connection.connection
     return connection_lost(exc, closed=raw is None or raw.closed or raw.broken)
-
-
-def connection_lost(exc: BaseException, *, closed: bool) -> bool:
-    """The connection failed (terminated, crashed server, network), as opposed to a statement
-    failing on a healthy connection (a timeout, a constraint): the former is never the job's
-    doing. Only database errors count; then a connection already closed (by Django) or
-    marked broken (by psycopg) says so, and otherwise the SQLSTATE does: class 08
-    (connection exception) and 57P01-03 (admin or crash shutdown, cannot connect now). An
-    error with no SQLSTATE is the client's own (the socket went away). Pure."""
-    if not isinstance(exc, OperationalError | InterfaceError | psycopg.OperationalError | psycopg.InterfaceError):
-        return False
-    if closed:
-        return True
-    cause = exc.__cause__ if isinstance(exc.__cause__, psycopg.Error) else exc
-    sqlstate = getattr(cause, "sqlstate", None)
-    if sqlstate is None:
-        return isinstance(cause, psycopg.OperationalError | psycopg.InterfaceError)
-    return sqlstate.startswith("08") or sqlstate in ("57P01", "57P02", "57P03")
 
 
 def _call(spec: registry.KindSpec, ctx: JobContext) -> Outcome:

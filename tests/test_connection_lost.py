@@ -9,7 +9,7 @@ import pytest
 from django.db import IntegrityError, OperationalError
 from psycopg import errors as pg
 
-from jobs.invoke import connection_lost
+from vpay.db_errors import connection_lost
 
 
 def wrapped(cause: BaseException) -> OperationalError:

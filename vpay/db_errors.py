@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import psycopg
 from django.conf import settings
+from django.db import InterfaceError, OperationalError
 from psycopg import errors as pg
 
 from vpay.errors import error_chain
@@ -48,3 +49,21 @@ def unavailable_message(exc: BaseException) -> str | None:
         # server closed the socket) rather than the server refusing a statement.
         return f"cannot connect to the database (DATABASE_URL): {chain}"
     return None
+
+
+def connection_lost(exc: BaseException, *, closed: bool) -> bool:
+    """The connection failed (terminated, crashed server, network), as opposed to a statement
+    failing on a healthy connection (a timeout, a constraint): the former is never the job's
+    doing. Only database errors count; then a connection already closed (by Django) or
+    marked broken (by psycopg) says so, and otherwise the SQLSTATE does: class 08
+    (connection exception) and 57P01-03 (admin or crash shutdown, cannot connect now). An
+    error with no SQLSTATE is the client's own (the socket went away). Pure."""
+    if not isinstance(exc, OperationalError | InterfaceError | psycopg.OperationalError | psycopg.InterfaceError):
+        return False
+    if closed:
+        return True
+    cause = exc.__cause__ if isinstance(exc.__cause__, psycopg.Error) else exc
+    sqlstate = getattr(cause, "sqlstate", None)
+    if sqlstate is None:
+        return isinstance(cause, psycopg.OperationalError | psycopg.InterfaceError)
+    return sqlstate.startswith("08") or sqlstate in ("57P01", "57P02", "57P03")

@@ -3,7 +3,8 @@
 
 from django.http import HttpRequest, HttpResponse
 
-from api.framework import ApiError, Body, Field, not_found, owned, paginate, respond, route
+from api.framework import ApiError, Body, Field, not_found, owned, respond, route
+from api.lists import paginate
 from api.operations import Operation
 from api.params import LIST, Param, Query, takes_query
 from api.schemas import list_of, ref
