@@ -1,7 +1,7 @@
 """Soak: steady enqueue and drain for minutes, with and without a held xmin horizon, and with
 1,000,000 delayed jobs in the table. A measuring tool, not a test.
 
-  python bench/soak.py [--minutes 10] [--rate 300] [--concurrency 4] [--delayed 1000000]
+  python bench/soak.py [--minutes 10] [--rate 300] [--concurrency 4] [--delayed 1000000] [--only-baseline]
 
 Three phases on ``bench_vpay`` (``bench/bench_vpay.py``'s database), each ``--minutes`` long,
 each with a fresh real ``runworker --concurrency N`` and a producer enqueueing ``--rate``
@@ -207,6 +207,7 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=300)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--delayed", type=int, default=1_000_000)
+    parser.add_argument("--only-baseline", action="store_true", help="phase 1 alone (a second baseline)")
     args = parser.parse_args()
     bench_vpay.setup()
     bench_vpay.sql(
@@ -217,6 +218,8 @@ def main() -> None:
     bench_vpay.reset()
     base = phase("baseline", args.minutes, args.rate, args.concurrency)
     emit(base)
+    if args.only_baseline:
+        return
 
     bench_vpay.reset()
     horizon = psycopg.connect(bench_vpay.dsn())
