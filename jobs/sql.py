@@ -40,8 +40,12 @@ def bookkeeping(sql: str, params) -> list[tuple] | int:
         return durable(sql, params)
     with connection.cursor() as cursor:
         try:
-            cursor.execute(f"BEGIN; SET LOCAL synchronous_commit TO off; {sql}; COMMIT", params)
-            cursor.nextset()  # SET
+            # JIT off too: a claim planned against a table holding a million delayed jobs costs
+            # enough to be JIT-compiled, and the compile took 1.2 s of a claim whose execution
+            # took 7 ms (bench/SOAK.md); behind a pooler no startup option can say so.
+            cursor.execute(f"BEGIN; SET LOCAL synchronous_commit TO off; SET LOCAL jit TO off; {sql}; COMMIT", params)
+            cursor.nextset()  # SET synchronous_commit
+            cursor.nextset()  # SET jit
             cursor.nextset()  # the statement
             result = cursor.fetchall() if cursor.description else cursor.rowcount
         except BaseException:

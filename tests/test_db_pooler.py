@@ -35,7 +35,9 @@ def test_startup_options_carry_the_timeouts_only_without_a_pooler(pooler):
     if pooler == "transaction":
         assert options == {}  # PgBouncer 1.18 refuses the options startup parameter
     else:
-        assert options == {"options": "-c statement_timeout=30000 -c idle_in_transaction_session_timeout=60000"}
+        assert options == {
+            "options": "-c statement_timeout=30000 -c idle_in_transaction_session_timeout=60000 -c jit=off"
+        }
 
 
 def test_the_role_statements_are_scoped_to_the_database_and_quote_names():

@@ -34,12 +34,14 @@ def wake_source(*, pooler: str, direct_url: bool) -> WakeSource:
 
 
 def startup_options(*, pooler: str, statement_timeout_ms: int, idle_in_tx_timeout_ms: int) -> dict[str, str]:
-    """The libpq ``options`` a connection sends at startup: the timeouts, or nothing behind a pooler."""
+    """The libpq ``options`` a connection sends at startup: the timeouts and JIT off (vpay's
+    statements are short; a JIT compile costs a claim a second on a big table), or nothing
+    behind a pooler (the claim turns JIT off in its own transaction, ``jobs.sql``)."""
     if pooler == "transaction":
         return {}
     return {
         "options": f"-c statement_timeout={statement_timeout_ms}"
-        f" -c idle_in_transaction_session_timeout={idle_in_tx_timeout_ms}"
+        f" -c idle_in_transaction_session_timeout={idle_in_tx_timeout_ms} -c jit=off"
     }
 
 
