@@ -403,7 +403,7 @@ def test_a_worker_survives_its_connections_being_terminated_idle_and_busy_and_ke
     wait_for(lambda: terminate_backends(worker_id) >= 1, timeout=10, message="worker connections to kill")
     wait_for(
         lambda: logged(worker, "claim failed") or (terminate_backends(worker_id) and False),
-        timeout=30,
+        timeout=15,
         interval=0.5,
         message="the claim failure to be logged",
     )
