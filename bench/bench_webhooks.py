@@ -56,7 +56,9 @@ WORKER_ENV = {
     "VPAY_LOG_FORMAT": "json",
     "VPAY_WEBHOOK_FAN_OUT_IDLE": "5",
     "PYTHONUNBUFFERED": "1",
+    "VPAY_DB_APPLICATION_NAME": "vpay-worker",
 }
+os.environ["VPAY_DB_APPLICATION_NAME"] = "bench"  # this process's own connection, not counted as the worker's
 
 
 def ensure_database() -> None:
@@ -82,7 +84,106 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class Receiver:
+NGINX_CONF = """
+worker_processes 1;
+error_log {prefix}/error.log warn;
+pid {prefix}/nginx.pid;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    log_format receipt '$msec $request_uri $http_vpay_event_id $http_vpay_delivery_attempt $request_length';
+    client_body_buffer_size 64k;
+    client_body_temp_path {prefix}/body;
+    keepalive_requests 1000000;
+    keepalive_timeout 75s;
+    server {{
+        listen 127.0.0.1:{port} reuseport;
+        location / {{
+            access_log {prefix}/receipts.log receipt buffer=256k flush=100ms;
+            return 200 "ok";
+        }}
+    }}
+}}
+"""
+
+
+class NginxReceiver:
+    """nginx answering 200 to every POST over keep-alive, logging each receipt's time (its
+    ``$msec``, the same host clock as the bench's) and event id. It checks no signature
+    (``--receiver sandbox`` does); it is here because a Python receiver would be the
+    bottleneck this benchmark measures."""
+
+    def __init__(self) -> None:
+        import shutil
+        import tempfile
+
+        if not shutil.which("nginx"):
+            raise SystemExit("nginx is not installed (apt-get install nginx-light), or use --receiver sandbox")
+        self.port = free_port()
+        self.prefix = Path(tempfile.mkdtemp(prefix="vpay-bench-nginx-"))
+        os.chmod(self.prefix, 0o755)
+        (self.prefix / "nginx.conf").write_text(NGINX_CONF.format(prefix=self.prefix, port=self.port))
+        self.proc = subprocess.Popen(
+            ["nginx", "-p", str(self.prefix), "-c", str(self.prefix / "nginx.conf"), "-g", "daemon off;"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for _ in range(200):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=1).read()
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("nginx did not start")
+
+    def received(self) -> list[dict]:
+        time.sleep(0.3)  # the access log is flushed every 100 ms
+        out = []
+        path = self.prefix / "receipts.log"
+        for line in path.read_text().splitlines() if path.exists() else []:
+            msec, uri, event_id, _attempt, _length = line.split(" ")
+            if uri.startswith("/ep"):
+                out.append({"received_at": float(msec), "event_id": event_id, "path": uri, "verified": None})
+        return out
+
+    def add_secrets(self, secrets: list[str]) -> None:
+        pass
+
+    def limit(self, concurrency: int, requests: int, body: bytes) -> float:
+        """Requests/s ``ab -k`` gets from this nginx with a body of the same size: the
+        receiver-side limit measured beside the run."""
+        body_file = self.prefix / "body.json"
+        body_file.write_bytes(body)
+        out = subprocess.run(
+            [
+                "ab",
+                "-q",
+                "-k",
+                "-c",
+                str(concurrency),
+                "-n",
+                str(requests),
+                "-p",
+                str(body_file),
+                "-T",
+                "application/json",
+                f"http://127.0.0.1:{self.port}/limit",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        return float(next(line for line in out.splitlines() if line.startswith("Requests per second")).split()[3])
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait()
+
+
+class SandboxReceiver:
+    """``sandbox.receiver``: verifies every signature with the shipped ``verify()``; a
+    Python ThreadingHTTPServer, so it caps the rate well below the worker's."""
+
     def __init__(self) -> None:
         self.port = free_port()
         self.proc = subprocess.Popen(
@@ -119,7 +220,11 @@ class Receiver:
         self.proc.wait()
 
 
-def setup_merchant(receiver: Receiver, endpoints: int):
+def make_receiver(kind: str):
+    return NginxReceiver() if kind == "nginx" else SandboxReceiver()
+
+
+def setup_merchant(receiver, endpoints: int):
     import django
 
     django.setup()
@@ -151,8 +256,23 @@ def emit(merchant, n: int) -> list[str]:
 
 
 def start_worker(concurrency: int) -> subprocess.Popen:
+    command = [sys.executable, "manage.py", "runworker", "--concurrency", str(concurrency)]
+    if os.environ.get("VPAY_BENCH_PYSPY"):  # collapsed stacks of the worker, for a profile
+        command = [
+            "py-spy",
+            "record",
+            "--nonblocking",
+            "-r",
+            "100",
+            "-f",
+            "raw",
+            "-o",
+            os.environ["VPAY_BENCH_PYSPY"],
+            "--",
+            *command,
+        ]
     return subprocess.Popen(
-        [sys.executable, "manage.py", "runworker", "--concurrency", str(concurrency)],
+        command,
         cwd=ROOT,
         env=WORKER_ENV,
         stdout=subprocess.DEVNULL,
@@ -161,7 +281,10 @@ def start_worker(concurrency: int) -> subprocess.Popen:
 
 
 def stop_worker(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGTERM)
+    if os.environ.get("VPAY_BENCH_PYSPY"):  # stop the worker, not py-spy, so the profile is written
+        subprocess.run(["pkill", "-TERM", "-P", str(proc.pid)], check=False)
+    else:
+        proc.send_signal(signal.SIGTERM)
     try:
         proc.wait(timeout=60)
     except subprocess.TimeoutExpired:
@@ -173,39 +296,134 @@ def succeeded() -> int:
         return conn.execute("SELECT count(*) FROM webhook_deliveries WHERE state = 'succeeded'").fetchone()[0]
 
 
-def throughput(concurrency: int, events: int, endpoints: int) -> dict:
+class Resources:
+    """The worker's CPU and RSS (from /proc), the machine's CPU, and the database's backends,
+    sampled while a run lasts."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.rss_kib: list[tuple[int, int]] = []  # (deliveries succeeded so far, RSS)
+        self.backends = 0
+
+    def proc_cpu(self) -> float:
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    @staticmethod
+    def machine_cpu() -> float:
+        jiffies = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+        busy = sum(jiffies) - jiffies[3] - jiffies[4]  # all but idle and iowait
+        return busy / os.sysconf("SC_CLK_TCK")
+
+    @staticmethod
+    def cpu_by_command() -> dict[str, float]:
+        """CPU seconds so far of every live process, summed by command name (postgres, nginx, python...)."""
+        out: dict[str, float] = {}
+        tick = os.sysconf("SC_CLK_TCK")
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                raw = (entry / "stat").read_text()
+            except OSError:
+                continue
+            name = raw[raw.index("(") + 1 : raw.rindex(")")]
+            fields = raw.rsplit(")", 1)[1].split()
+            out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+        return out
+
+    def sample(self, done: int) -> None:
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                self.rss_kib.append((done, int(line.split()[1])))
+        with psycopg.connect(DATABASE_URL, autocommit=True) as conn:
+            # Backends of the bench database other than this probe and the bench's own
+            # Django connection (the worker's connections are all that is left).
+            n = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()"
+                " AND application_name NOT LIKE 'bench%%'",
+                [DB],
+            ).fetchone()[0]
+        self.backends = max(self.backends, n)
+
+
+def throughput(concurrency: int, events: int, endpoints: int, receiver_kind: str, limit_requests: int) -> dict:
     reset()
-    receiver = Receiver()
+    receiver = make_receiver(receiver_kind)
     try:
         merchant = setup_merchant(receiver, endpoints)
         emit(merchant, events)
         total = events * endpoints
         launched = time.time()
         worker = start_worker(concurrency)
-        deadline = time.monotonic() + 600
-        while succeeded() < total and time.monotonic() < deadline:
+        res = Resources(worker.pid)
+        cpu0, machine0, t0 = res.proc_cpu(), res.machine_cpu(), time.monotonic()
+        by_command0 = res.cpu_by_command()
+        deadline = time.monotonic() + 3600
+        last_sample = 0.0
+        while (done := succeeded()) < total and time.monotonic() < deadline:
+            if time.monotonic() - last_sample >= 1.0:
+                res.sample(done)
+                last_sample = time.monotonic()
             time.sleep(0.05)
+        cpu1, machine1, t1 = res.proc_cpu(), res.machine_cpu(), time.monotonic()
+        by_command1 = res.cpu_by_command()
+        res.sample(total)
         stop_worker(worker)
         got = receiver.received()
+        limit = None
+        if receiver_kind == "nginx" and limit_requests:
+            body = sample_body()
+            limit = receiver.limit(32, limit_requests, body)
     finally:
         receiver.stop()
     stamps = sorted(r["received_at"] for r in got)
     verified = sum(1 for r in got if r["verified"])
+    distinct = len({(r.get("path"), r["event_id"]) for r in got})
+    rate = round((len(stamps) - 1) / (stamps[-1] - stamps[0]), 1) if len(stamps) > 1 else None
+    # RSS: the first sample after a tenth of the run (imports and pools warmed) against the last.
+    warm = [kib for done, kib in res.rss_kib if done >= total // 10] or [kib for _, kib in res.rss_kib]
     return {
         "measure": "throughput",
+        "receiver": receiver_kind,
         "concurrency": concurrency,
         "deliveries": total,
+        "endpoints": endpoints,
         "received": len(got),
-        "verified": verified,
-        "deliveries_per_s": round((len(stamps) - 1) / (stamps[-1] - stamps[0]), 1) if len(stamps) > 1 else None,
+        "distinct": distinct,
+        "verified": verified if receiver_kind == "sandbox" else None,
+        "deliveries_per_s": rate,
         "deliveries_per_s_incl_start": round(len(stamps) / (stamps[-1] - launched), 1) if stamps else None,
+        "receiver_limit_per_s": limit,
+        "ratio_to_limit": round(rate / limit, 4) if rate and limit else None,
+        "worker_cpu_ms_per_delivery": round((cpu1 - cpu0) * 1000 / total, 3),
+        "machine_cpu_ms_per_delivery": round((machine1 - machine0) * 1000 / total, 3),
+        "wall_s": round(t1 - t0, 1),
+        # Processes that lived through the run only (a backend that exited is not counted).
+        "cpu_ms_per_delivery_by_command": {
+            name: round((by_command1[name] - by_command0.get(name, 0.0)) * 1000 / total, 3)
+            for name in by_command1
+            if by_command1[name] - by_command0.get(name, 0.0) > 0.05
+        },
+        "worker_backends": res.backends,
+        "rss_mib_warm": round(warm[0] / 1024, 1) if warm else None,
+        "rss_mib_end": round(warm[-1] / 1024, 1) if warm else None,
+        "rss_mib_max": round(max(kib for _, kib in res.rss_kib) / 1024, 1) if res.rss_kib else None,
         "loadavg_after": open("/proc/loadavg").read().split()[:3],
     }
 
 
-def latency(n: int) -> dict:
+def sample_body() -> bytes:
+    """A rendered event of the size the worker sends (the limit's request body)."""
+    from webhooks.models import Event
+    from webhooks.services.delivery import render_body
+
+    return render_body(Event.objects.order_by("created_at").first())
+
+
+def latency(n: int, receiver_kind: str) -> dict:
     reset()
-    receiver = Receiver()
+    receiver = make_receiver(receiver_kind)
     try:
         merchant = setup_merchant(receiver, 1)
         worker = start_worker(8)
@@ -214,7 +432,7 @@ def latency(n: int) -> dict:
         for _ in range(n):
             [event_id] = emit(merchant, 1)
             committed[event_id] = time.time()  # the commit has returned
-            time.sleep(0.2)
+            time.sleep(0.1)
         deadline = time.monotonic() + 60
         while len(receiver.received()) < n and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -225,10 +443,12 @@ def latency(n: int) -> dict:
     ms = sorted((got[e] - t) * 1000 for e, t in committed.items() if e in got)
     return {
         "measure": "latency",
+        "receiver": receiver_kind,
         "events": n,
         "received": len(ms),
         "p50_ms": round(statistics.median(ms), 1),
         "p95_ms": round(ms[max(0, round(0.95 * len(ms)) - 1)], 1),
+        "p99_ms": round(ms[max(0, round(0.99 * len(ms)) - 1)], 1),
         "max_ms": round(ms[-1], 1),
         "loadavg_after": open("/proc/loadavg").read().split()[:3],
     }
@@ -237,30 +457,44 @@ def latency(n: int) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--concurrency", default="8,32")
-    parser.add_argument("--events", type=int, default=500)
-    parser.add_argument("--endpoints", type=int, default=4)
-    parser.add_argument("--latency-events", type=int, default=50)
+    parser.add_argument("--events", type=int, default=300)
+    parser.add_argument("--endpoints", type=int, default=10)
+    parser.add_argument("--latency-events", type=int, default=100)
+    parser.add_argument("--receiver", choices=["nginx", "sandbox"], default="nginx")
+    parser.add_argument("--limit-requests", type=int, default=200_000, help="ab -k requests for the receiver's limit")
     args = parser.parse_args()
     ensure_database()
-    results = [throughput(int(c), args.events, args.endpoints) for c in args.concurrency.split(",")]
-    results.append(latency(args.latency_events))
+    results = [
+        throughput(int(c), args.events, args.endpoints, args.receiver, args.limit_requests)
+        for c in args.concurrency.split(",")
+    ]
+    if args.latency_events:
+        results.append(latency(args.latency_events, args.receiver))
     OUT.mkdir(parents=True, exist_ok=True)
     with open(OUT / "webhooks.jsonl", "a") as f:
         for r in results:
             f.write(json.dumps({**r, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}) + "\n")
-    print("| measure | value | detail |\n|---|---|---|")
+    print(
+        "| concurrency | deliveries | received (distinct) | deliveries/s | receiver limit/s (ab -k -c 32) | ratio"
+        " | worker CPU ms/delivery | machine CPU ms/delivery | worker backends | RSS MiB warm → end (max) | load after |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         if r["measure"] == "throughput":
             print(
-                f"| deliveries/s, worker concurrency {r['concurrency']} | {r['deliveries_per_s']} "
-                f"| {r['received']} of {r['deliveries']} received, {r['verified']} verified; "
-                f"incl. worker start {r['deliveries_per_s_incl_start']}/s; loadavg after {' '.join(r['loadavg_after'])} |"
+                f"| {r['concurrency']} | {r['deliveries']} | {r['received']} ({r['distinct']}) | {r['deliveries_per_s']}"
+                f" | {r['receiver_limit_per_s']} | {r['ratio_to_limit']} | {r['worker_cpu_ms_per_delivery']}"
+                f" | {r['machine_cpu_ms_per_delivery']} | {r['worker_backends']}"
+                f" | {r['rss_mib_warm']} → {r['rss_mib_end']} ({r['rss_mib_max']}) | {' '.join(r['loadavg_after'])} |"
             )
-        else:
+    for r in results:
+        if r["measure"] == "throughput":
+            print(f"\nCPU ms per delivery by command, concurrency {r['concurrency']}: {r['cpu_ms_per_delivery_by_command']}")
+    for r in results:
+        if r["measure"] == "latency":
             print(
-                f"| commit → receipt p50 / p95 ms | {r['p50_ms']} / {r['p95_ms']} "
-                f"| {r['received']} of {r['events']} events, 200 ms apart, idle worker (concurrency 8); "
-                f"max {r['max_ms']} ms; loadavg after {' '.join(r['loadavg_after'])} |"
+                f"\ncommit → receipt at idle (concurrency 8, {r['received']} of {r['events']} events 100 ms apart):"
+                f" p50 {r['p50_ms']} ms, p95 {r['p95_ms']} ms, p99 {r['p99_ms']} ms, max {r['max_ms']} ms"
             )
     return 0
 

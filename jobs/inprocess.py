@@ -163,6 +163,12 @@ class InProcessQueue:
             self._push(job)
             return True
 
+    def pull_forward_first(self, dedupe_keys: list[str], floor: timedelta | float = 0) -> str | None:
+        for name in dedupe_keys:
+            if self.pull_forward(name, floor):
+                return name
+        return None
+
     # --- admission and hand-over --------------------------------------------------------------
 
     def _admit(self, request: JobRequest) -> uuid.UUID | None:

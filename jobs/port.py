@@ -16,7 +16,8 @@ The contract both keep (tests/test_queue_port.py runs it on each):
   the commit, never after a rollback;
 * delivered at least once: a handler may run again after a failure (retried on its kind's
   policy), so its effect must be idempotent by the job's name or subject;
-* ``pull_forward(name)`` makes the waiting job of that name due now.
+* ``pull_forward(name)`` makes the waiting job of that name due now;
+  ``pull_forward_first(names)`` does it for the first of several names that can move.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ class QueueAdapter(Protocol):
 
     def pull_forward(self, dedupe_key: str, floor: timedelta | float = 0) -> bool: ...
 
+    def pull_forward_first(self, dedupe_keys: list[str], floor: timedelta | float = 0) -> str | None: ...
+
 
 class PostgresQueue:
     """:mod:`jobs.queue` exactly as it is, behind the port (a named job is required)."""
@@ -68,6 +71,9 @@ class PostgresQueue:
 
     def pull_forward(self, dedupe_key: str, floor: timedelta | float = 0) -> bool:
         return queue.pull_forward(dedupe_key, floor)
+
+    def pull_forward_first(self, dedupe_keys: list[str], floor: timedelta | float = 0) -> str | None:
+        return queue.pull_forward_first(dedupe_keys, floor)
 
 
 def _named(dedupe_key: str | None) -> None:
@@ -149,3 +155,9 @@ def enqueue_many(requests: Iterable[JobRequest]) -> int:
 def pull_forward(dedupe_key: str, floor: timedelta | float = 0) -> bool:
     """Make the waiting job named ``dedupe_key`` due now, if due more than ``floor`` from now."""
     return adapter().pull_forward(dedupe_key, floor)
+
+
+def pull_forward_first(dedupe_keys: list[str], floor: timedelta | float = 0) -> str | None:
+    """Make the first of the waiting jobs named ``dedupe_keys`` (in order) that can move due
+    now; returns its name, or None."""
+    return adapter().pull_forward_first(dedupe_keys, floor)

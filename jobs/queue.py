@@ -131,6 +131,14 @@ def pull_forward(dedupe_key: str, floor: timedelta | float = 0) -> bool:
     return repository.pull_forward(dedupe_key, _seconds(floor, "floor"))
 
 
+def pull_forward_first(dedupe_keys: list[str], floor: timedelta | float = 0) -> str | None:
+    """:func:`pull_forward` for the first of ``dedupe_keys`` (in order) that can be moved,
+    in one statement; returns the name moved, or None."""
+    if not dedupe_keys:
+        return None
+    return repository.pull_forward_first(list(dedupe_keys), _seconds(floor, "floor"))
+
+
 def validated(request: JobRequest) -> tuple:
     """``request`` checked exactly as :func:`enqueue` checks it, as a row in
     :data:`jobs.repository.BULK_COLUMNS` order with its payload as JSON text, or

@@ -166,6 +166,31 @@ def pull_forward(dedupe_key: str, floor_seconds: float) -> bool:
         return cursor.fetchone() is not None
 
 
+# The first of several named jobs (in the order given) that is waiting, not leased and due
+# more than the floor from now, made due now: one statement for a caller that would
+# otherwise try the names one by one (jobs_job_dedupe_key_unique finds each name; SKIP
+# LOCKED passes over a row another transaction is moving).
+_PULL_FORWARD_FIRST = f"""
+WITH candidate AS (
+    SELECT j.id FROM jobs j JOIN unnest(%s::text[]) WITH ORDINALITY AS k(name, n) ON j.dedupe_key = k.name
+     WHERE j.locked_at IS NULL AND j.run_at > now() + make_interval(secs => %s)
+     ORDER BY k.n LIMIT 1
+       FOR UPDATE OF j SKIP LOCKED
+), moved AS (
+    UPDATE jobs SET run_at = now() FROM candidate WHERE jobs.id = candidate.id
+    RETURNING jobs.queue, jobs.dedupe_key
+)
+SELECT dedupe_key, pg_notify('{NOTIFY_CHANNEL}', queue) FROM moved
+"""
+
+
+def pull_forward_first(dedupe_keys: list[str], floor_seconds: float) -> str | None:
+    with connection.cursor() as cursor:
+        cursor.execute(_PULL_FORWARD_FIRST, [dedupe_keys, floor_seconds])
+        row = cursor.fetchone()
+        return row[0] if row else None
+
+
 # --- settle ---------------------------------------------------------------------------
 
 _FINISH_MANY = """

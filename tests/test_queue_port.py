@@ -141,6 +141,18 @@ def test_pull_forward_makes_a_delayed_job_due_now(harness, effects):
     assert port.pull_forward("port:later") is False  # finished: nothing waits under that name
 
 
+def test_pull_forward_first_moves_the_first_name_in_order_that_can_move(harness, effects):
+    port.enqueue("task", task("record", "port:due"), dedupe_key="port:due")  # already due: cannot move
+    port.enqueue("task", task("record", "port:b"), dedupe_key="port:b", delay=3600)
+    port.enqueue("task", task("record", "port:c"), dedupe_key="port:c", delay=3600)
+    assert port.pull_forward_first(["port:missing", "port:due", "port:b", "port:c"]) == "port:b"
+    harness.run_jobs(timeout=2.0)
+    assert sorted(effects("port:")) == [("port:b", ""), ("port:due", "")]  # c still waits an hour
+    assert port.pull_forward_first(["port:b", "port:missing"]) is None
+    assert port.pull_forward_first([]) is None
+    assert port.pull_forward_first(["port:c"]) == "port:c"
+
+
 def test_a_job_that_heartbeats_and_answers_reschedule_keeps_its_name_live(harness):
     # sweep_expired heartbeats after each step and reschedules itself an hour out.
     assert port.enqueue("sweep_expired", {}, dedupe_key="port:sweep") is not None

@@ -349,6 +349,12 @@ VPAY_WEBHOOK_SECRET_OVERLAP = env.int("VPAY_WEBHOOK_SECRET_OVERLAP", default=24 
 VPAY_WEBHOOK_CONNECT_TIMEOUT = env.float("VPAY_WEBHOOK_CONNECT_TIMEOUT", default=5.0)
 # Total budget of one attempt (connect, send, the answer's head and its bounded excerpt).
 VPAY_WEBHOOK_TIMEOUT = env.float("VPAY_WEBHOOK_TIMEOUT", default=15.0)
+# Idle keep-alive connections to receivers a process keeps, across all hosts (least recently
+# used closed first); each reused only for its vetted address, host, port and scheme
+# (webhooks/services/transport.py). 0: a fresh connection per attempt.
+VPAY_WEBHOOK_KEEPALIVE_CONNECTIONS = env.int("VPAY_WEBHOOK_KEEPALIVE_CONNECTIONS", default=64)
+if VPAY_WEBHOOK_KEEPALIVE_CONNECTIONS < 0:
+    raise ImproperlyConfigured("VPAY_WEBHOOK_KEEPALIVE_CONNECTIONS must be 0 or more")
 # An attempt's lease: a worker that has not recorded its answer by then is presumed dead;
 # its attempt becomes `abandoned` and a late answer `stale`. At least twice the timeout.
 VPAY_WEBHOOK_LEASE_SECONDS = env.float("VPAY_WEBHOOK_LEASE_SECONDS", default=60.0)

@@ -59,7 +59,10 @@ def deliver(ctx: JobContext) -> Outcome:
     (no rung spent). With no deferrals left the attempt goes ahead regardless, so the
     ladder still ends the delivery (host_breakers' docstring)."""
     ticket = None
-    name = host_breakers.breaker_for(ctx.payload["delivery_id"])
+    # One read of the delivery, its event, endpoint and secrets: it names the host's breaker
+    # and is what the attempt sends (whether to send is decided under the row lock below).
+    loaded = delivery.load(ctx.payload["delivery_id"])
+    name = host_breakers.breaker_named_for(loaded.endpoint_url) if loaded is not None else None
     if name is not None and ctx.deferrals_left > 0:
         try:
             ticket = breakers.admit(name, host_breakers.limits())
@@ -77,7 +80,7 @@ def deliver(ctx: JobContext) -> Outcome:
     assert begun.lease is not None
     try:
         faultpoints.reached("webhook.attempt_recorded")
-        attempted = delivery.perform(begun.lease)
+        attempted = delivery.perform(begun.lease, loaded=loaded)
         faultpoints.reached("webhook.answered", str(attempted.attempt_state))
         recorded = delivery.record(begun.lease, attempted)
     finally:

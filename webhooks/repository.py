@@ -7,10 +7,13 @@ computed from ``now()`` (or ``clock_timestamp()``) in SQL, never from a worker's
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass
 
-from django.db import connection, transaction
+from django.db import connection
+
+from webhooks.models import Event
 
 EXCERPT_MAX = 4096
 ERROR_MAX = 2000
@@ -162,6 +165,49 @@ def reopen_delivery(delivery_id: int, states: list[str]) -> str | None:
 
 
 @dataclass(frozen=True)
+class Loaded:
+    """What an attempt sends: the delivery's event, its endpoint's URL and signing secrets."""
+
+    id: int
+    event_id: str
+    endpoint_id: str
+    endpoint_url: str
+    endpoint_deleted: bool
+    event: Event
+    sealed_secrets: list[str]  # sealed, still signing now, in configuration (creation) order
+
+    def __repr__(self) -> str:  # the sealed secrets stay out of every repr
+        return f"<Loaded delivery {self.id} event {self.event_id} endpoint {self.endpoint_id}>"
+
+
+def load_delivery(delivery_id: int) -> Loaded | None:
+    """One read of everything an attempt sends (hand-written: the ORM's compile of this join
+    and its subquery cost more CPU than the rest of an attempt together). Served by the
+    primary keys of the delivery, its endpoint and its event, and ``webhook_secrets_endpoint``."""
+    rows = _rows(
+        """
+        SELECT d.id, d.event_id, d.endpoint_id, e.url, e.deleted_at IS NOT NULL,
+               ev.merchant_id, ev.type, ev.data::text, ev.created_at,
+               ARRAY(SELECT s.sealed FROM webhook_secrets s
+                      WHERE s.endpoint_id = d.endpoint_id AND (s.expires_at IS NULL OR s.expires_at > now())
+                      ORDER BY s.created_at, s.id)
+          FROM webhook_deliveries d
+          JOIN webhook_endpoints e ON e.id = d.endpoint_id
+          JOIN events ev ON ev.id = d.event_id
+         WHERE d.id = %s
+        """,
+        [delivery_id],
+    )
+    if not rows:
+        return None
+    did, event_id, endpoint_id, url, deleted, merchant_id, type_, data, created_at, sealed = rows[0]
+    # The event as the ORM would load it: data decoded from the stored JSON text.
+    event = Event(id=event_id, merchant_id=merchant_id, type=type_, data=json.loads(data), created_at=created_at)
+    return Loaded(did, event_id, endpoint_id, url, deleted, event, list(sealed))
+
+
+
+@dataclass(frozen=True)
 class DeliveryRow:
     """A delivery as ``begin_attempt`` sees it, locked."""
 
@@ -238,10 +284,16 @@ def in_flight_for_endpoint(endpoint_id: str) -> tuple[int, float | None]:
     so two workers cannot both take the last slot, and the seconds until the earliest of
     those leases expires (the latest a slot can stay taken; None: no live lease). MUST run
     in a transaction."""
-    _rows("SELECT 1 FROM webhook_endpoints WHERE id = %s FOR NO KEY UPDATE", [endpoint_id])
+    # One statement: the CTE takes the endpoint's row lock (primary key) before the count
+    # reads (the partial index webhook_deliveries_in_flight), since the count
+    # refers to it.
     count, earliest = _rows(
-        "SELECT count(*), EXTRACT(EPOCH FROM min(lease_expires_at) - now())::float8 FROM webhook_deliveries"
-        " WHERE endpoint_id = %s AND state = 'delivering' AND lease_expires_at > now()",
+        """
+        WITH locked AS (SELECT id FROM webhook_endpoints WHERE id = %s FOR NO KEY UPDATE)
+        SELECT count(d.id), EXTRACT(EPOCH FROM min(d.lease_expires_at) - now())::float8
+          FROM locked LEFT JOIN webhook_deliveries d
+            ON d.endpoint_id = locked.id AND d.state = 'delivering' AND d.lease_expires_at > now()
+        """,
         [endpoint_id],
     )[0]
     return count, earliest
@@ -271,36 +323,39 @@ class Lease:
     token: uuid.UUID
     timestamp: int  # the signature's t: the database clock, in whole seconds
     endpoint_id: str = ""
+    # The digest of the first body that may have been sent, as read under the row lock that
+    # claimed this attempt: what the attempt's body must hash to (None: nothing sent yet).
+    payload_sha256: str | None = None
 
 
 def start_attempt(delivery_id: int, lease_seconds: float) -> Lease:
     """``pending → delivering`` with a fresh lease, and the attempt row written, in the
     caller's transaction (the caller checked due-ness and the cap under the same locks)."""
     token = uuid.uuid4()
-    with connection.cursor() as cursor:
-        cursor.execute(
-            """
+    # One statement: the delivery moves (primary key, already locked by the caller) and its
+    # attempt row is written from what the move returned.
+    rows = _rows(
+        """
+        WITH moved AS (
             UPDATE webhook_deliveries
-               SET state = 'delivering', attempts = attempts + 1, lease_token = %s,
-                   lease_expires_at = now() + make_interval(secs => %s), updated_at = now()
-             WHERE id = %s AND state = 'pending'
-         RETURNING attempts, attempts - ladder_base, floor(EXTRACT(EPOCH FROM clock_timestamp()))::bigint,
-                   endpoint_id
-            """,
-            [token, lease_seconds, delivery_id],
-        )
-        number, rung, timestamp, endpoint_id = cursor.fetchone()
-        cursor.execute(
-            """
+               SET state = 'delivering', attempts = attempts + 1, lease_token = %(token)s,
+                   lease_expires_at = now() + make_interval(secs => %(lease)s), updated_at = now()
+             WHERE id = %(id)s AND state = 'pending'
+         RETURNING id, attempts, attempts - ladder_base AS rung, endpoint_id, payload_sha256
+        ), attempt AS (
             INSERT INTO webhook_delivery_attempts
                    (delivery_id, number, lease_token, state, started_at, response_excerpt, error)
-            VALUES (%s, %s, %s, 'in_flight', now(), '', '')
+            SELECT id, attempts, %(token)s, 'in_flight', now(), '', '' FROM moved
             RETURNING id
-            """,
-            [delivery_id, number, token],
         )
-        attempt_id = cursor.fetchone()[0]
-    return Lease(delivery_id, attempt_id, number, rung, token, timestamp, endpoint_id)
+        SELECT attempt.id, moved.attempts, moved.rung, floor(EXTRACT(EPOCH FROM clock_timestamp()))::bigint,
+               moved.endpoint_id, moved.payload_sha256
+          FROM moved, attempt
+        """,
+        {"token": token, "lease": lease_seconds, "id": delivery_id},
+    )
+    attempt_id, number, rung, timestamp, endpoint_id, digest = rows[0]
+    return Lease(delivery_id, attempt_id, number, rung, token, timestamp, endpoint_id, digest)
 
 
 def recover_lease(row: DeliveryRow, next_state: str) -> None:
@@ -376,9 +431,14 @@ def record_outcome(
 
     ``payload_sha256`` is COALESCEd: the first digest of a body that may have left stays.
     """
-    with transaction.atomic():
-        moved = _rowcount(
-            """
+    heard = f"heard {status_code}" if status_code is not None else "no answer"
+    # One statement (no savepoint, no second round trip): the fenced move of the delivery
+    # (primary key), then its attempt (primary key) recorded as heard if the delivery moved,
+    # or marked stale if not. Only an attempt nobody has ended yet is written: one already
+    # abandoned by the recovery keeps that first terminal state and its record.
+    [(moved,)] = _rows(
+        """
+        WITH moved AS (
             UPDATE webhook_deliveries
                SET state = %(state)s, lease_token = NULL, lease_expires_at = NULL,
                    next_attempt_at = CASE WHEN %(state)s = 'pending'
@@ -390,46 +450,38 @@ def record_outcome(
                    cancel_reason = CASE WHEN %(state)s = 'cancelled' THEN %(reason)s ELSE cancel_reason END
              WHERE id = %(id)s AND state = 'delivering' AND lease_token = %(token)s
                AND lease_expires_at > now()
-            """,
-            {
-                "state": delivery_state,
-                "delay": delay or 0.0,
-                "digest": payload_sha256,
-                "status": status_code,
-                "id": lease.delivery_id,
-                "token": lease.token,
-                "reason": CANCELLED_ENDPOINT_DELETED,
-            },
+            RETURNING id
+        ), heard AS (
+            UPDATE webhook_delivery_attempts
+               SET state = %(attempt_state)s, status_code = %(status)s, response_excerpt = %(excerpt)s,
+                   error = %(error)s, duration_ms = %(duration)s, finished_at = now()
+             WHERE id = %(attempt)s AND state = 'in_flight' AND EXISTS (SELECT 1 FROM moved)
+        ), stale AS (
+            UPDATE webhook_delivery_attempts
+               SET state = 'stale', finished_at = now(), duration_ms = %(duration)s, error = %(stale_error)s
+             WHERE id = %(attempt)s AND state = 'in_flight' AND NOT EXISTS (SELECT 1 FROM moved)
         )
-        if moved:
-            _rowcount(
-                "UPDATE webhook_delivery_attempts SET state = %s, status_code = %s, response_excerpt = %s,"
-                " error = %s, duration_ms = %s, finished_at = now() WHERE id = %s AND state = 'in_flight'",
-                [
-                    attempt_state,
-                    status_code,
-                    _bounded(excerpt, EXCERPT_MAX),
-                    _bounded(error, ERROR_MAX),
-                    duration_ms,
-                    lease.attempt_id,
-                ],
-            )
-            return Recorded(False, delivery_state)
-        heard = f"heard {status_code}" if status_code is not None else "no answer"
-        # Only an attempt nobody has ended yet becomes stale: one already abandoned by the
-        # recovery keeps that first terminal state and its record (the log line says the rest).
-        _rowcount(
-            "UPDATE webhook_delivery_attempts SET state = 'stale', finished_at = now(),"
-            " duration_ms = %s, error = %s WHERE id = %s AND state = 'in_flight'",
-            [
-                duration_ms,
-                _bounded(
-                    f"lease expired before the answer was recorded; answer discarded ({heard}). {error}", ERROR_MAX
-                ),
-                lease.attempt_id,
-            ],
-        )
-        return Recorded(True)
+        SELECT EXISTS (SELECT 1 FROM moved)
+        """,
+        {
+            "state": delivery_state,
+            "delay": delay or 0.0,
+            "digest": payload_sha256,
+            "status": status_code,
+            "id": lease.delivery_id,
+            "token": lease.token,
+            "reason": CANCELLED_ENDPOINT_DELETED,
+            "attempt_state": attempt_state,
+            "excerpt": _bounded(excerpt, EXCERPT_MAX),
+            "error": _bounded(error, ERROR_MAX),
+            "duration": duration_ms,
+            "attempt": lease.attempt_id,
+            "stale_error": _bounded(
+                f"lease expired before the answer was recorded; answer discarded ({heard}). {error}", ERROR_MAX
+            ),
+        },
+    )
+    return Recorded(False, delivery_state) if moved else Recorded(True)
 
 
 def active_sealed_secrets(endpoint_id: str) -> list[str]:

@@ -20,6 +20,7 @@ a compare-and-swap on the delivery's state and lease token. Tests drive the step
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import hashlib
 import json
@@ -36,11 +37,11 @@ from django.db import DatabaseError, transaction
 from django.urls import reverse
 
 from jobs.alerts import Severity, admin_path, raise_alert
-from jobs.port import pull_forward
+from jobs.port import pull_forward_first
 from vpay.errors import error_chain
 from webhooks import metrics, repository, sealing, ssrf
 from webhooks.decisions import AttemptResult, Next, after_failure, attempt_result, delivery_delay
-from webhooks.models import AttemptState, DeliveryState, Event, WebhookDelivery, WebhookEndpoint
+from webhooks.models import AttemptState, DeliveryState, Event, WebhookDelivery
 from webhooks.services import transport
 from webhooks.signing import HEADER, signature_header
 
@@ -196,10 +197,9 @@ def hand_off(endpoint_id: str) -> int | None:
     """A slot of ``endpoint_id`` was just freed: pull the job of its longest-waiting due
     delivery forward, so the slot is used now rather than when that job's at-cap wait ends.
     Returns the delivery woken, if any. Best effort: the waiters' own timers are the backstop."""
-    for delivery_id in repository.waiting_deliveries(endpoint_id, HAND_OFF_CANDIDATES):
-        if pull_forward(dedupe_key(delivery_id)):
-            return delivery_id
-    return None
+    candidates = {dedupe_key(d): d for d in repository.waiting_deliveries(endpoint_id, HAND_OFF_CANDIDATES)}
+    moved = pull_forward_first(list(candidates)) if candidates else None
+    return candidates[moved] if moved is not None else None
 
 
 def _recover(row: repository.DeliveryRow) -> str:
@@ -258,36 +258,93 @@ def render_body(event: Event) -> bytes:
     return json.dumps(render_event(event), separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
-def perform(lease: repository.Lease, *, resolver: ssrf.Resolver = ssrf.system_resolver) -> Attempted:
-    """Step 2: render, hash, sign, vet, POST. Never raises for the network or the receiver."""
-    delivery = WebhookDelivery.objects.select_related("event", "endpoint").get(pk=lease.delivery_id)
-    endpoint: WebhookEndpoint = delivery.endpoint
-    if endpoint.deleted_at is not None:
+def load(delivery_id: int) -> repository.Loaded | None:
+    """The delivery with its event, its endpoint's URL and the endpoint's signing secrets
+    still signing now, in one read (:func:`webhooks.repository.load_delivery`).
+
+    The deliver job reads this *before* it claims the attempt (it names the host's breaker,
+    and the attempt then sends what was read). Nothing read here decides whether to send:
+    :func:`begin_attempt` decides that under the delivery's row lock, and the digest an
+    attempt is compared with is the one that lock read (the lease carries it)."""
+    return repository.load_delivery(delivery_id)
+
+
+class _OpenedSecrets:
+    """Decrypted signing secrets by their sealed text, per process (Fernet costs more than
+    the rest of an attempt's CPU together). Keyed by the sealed text and the configured
+    keys: a rotated secret is a new row with a new sealed text, and a changed key set
+    decrypts afresh, so nothing cached outlives what the database and settings say. Bounded;
+    never logged (values are secrets)."""
+
+    LIMIT = 4096
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._opened: dict[tuple[str, tuple[str, ...]], str] = {}
+
+    def open(self, sealed: str) -> str:
+        key = (sealed, tuple(settings.VPAY_SECRETS_KEYS))
+        with self._lock:
+            found = self._opened.get(key)
+        if found is not None:
+            return found
+        opened = sealing.open_sealed(sealed)  # SecretUnreadable is not cached: a key fix heals it
+        with self._lock:
+            if len(self._opened) >= self.LIMIT:
+                self._opened.clear()
+            self._opened[key] = opened
+        return opened
+
+    def __repr__(self) -> str:
+        return f"<_OpenedSecrets: {len(self._opened)} cached>"
+
+
+OPENED = _OpenedSecrets()
+
+
+def perform(
+    lease: repository.Lease,
+    *,
+    resolver: ssrf.Resolver = ssrf.system_resolver,
+    loaded: repository.Loaded | None = None,
+) -> Attempted:
+    """Step 2: render, hash, sign, vet, POST. Never raises for the network or the receiver.
+
+    ``loaded``: the delivery as :func:`load` read it before the claim (read now otherwise)."""
+    delivery = loaded if loaded is not None else load(lease.delivery_id)
+    if delivery is None:
+        return Attempted(AttemptState.FAILED, error="the delivery is gone; nothing sent")
+    if delivery.endpoint_deleted:
         return Attempted(
             AttemptState.FAILED, delivery_state=DeliveryState.CANCELLED, error="the endpoint was deleted; nothing sent"
         )
     body = render_body(delivery.event)
     digest = hashlib.sha256(body).hexdigest()
-    if delivery.payload_sha256 is not None and delivery.payload_sha256 != digest:
+    # The digest stored by the first attempt that may have sent a body, as read under the
+    # delivery's row lock when this attempt was claimed (the lease), so a digest recorded by
+    # an attempt that ended just before this claim is never missed.
+    if lease.payload_sha256 is not None and lease.payload_sha256 != digest:
         # The renderer no longer produces what was signed before: sending would put a
         # different body under the same event id. Fail loudly instead.
         with transaction.atomic():
             raise_alert(
-                key=f"webhook_body_changed:{delivery.pk}",
-                title=f"Webhook delivery {delivery.pk}: the rendered body changed since its first sent attempt",
+                key=f"webhook_body_changed:{delivery.id}",
+                title=f"Webhook delivery {delivery.id}: the rendered body changed since its first sent attempt",
                 source="webhooks.body_changed",
                 severity=Severity.ERROR,
-                details={"delivery_id": delivery.pk, "event_id": delivery.event_id, "endpoint_id": endpoint.pk},
-                link=admin_path(delivery),
+                details={"delivery_id": delivery.id, "event_id": delivery.event_id, "endpoint_id": delivery.endpoint_id},
+                link=admin_path(WebhookDelivery(pk=delivery.id)),
                 correlation_id=delivery.event_id,
             )
         return Attempted(AttemptState.FAILED, error="rendered body differs from the first sent attempt; not sent")
     secrets = []
-    for sealed in repository.active_sealed_secrets(endpoint.pk):
+    for sealed in delivery.sealed_secrets:
         try:
-            secrets.append(sealing.open_sealed(sealed))
+            secrets.append(OPENED.open(sealed))
         except sealing.SecretUnreadable:
-            logger.warning("a webhook secret is unreadable with the configured keys", extra={"endpoint": endpoint.pk})
+            logger.warning(
+                "a webhook secret is unreadable with the configured keys", extra={"endpoint": delivery.endpoint_id}
+            )
     if not secrets:
         # Never an unsigned send: a failed attempt on the ladder (a key fix heals it).
         return Attempted(AttemptState.FAILED, error="the endpoint has no usable signing secret; nothing sent")
@@ -301,7 +358,7 @@ def perform(lease: repository.Lease, *, resolver: ssrf.Resolver = ssrf.system_re
     started = time.monotonic()
     deadline = started + settings.VPAY_WEBHOOK_TIMEOUT
     try:
-        url = httpx.URL(endpoint.url)
+        url = httpx.URL(delivery.endpoint_url)
         if url.scheme not in ("http", "https") or not url.host or (settings.LIVE_MODE and url.scheme != "https"):
             return Attempted(AttemptState.FAILED, error="the endpoint URL is not deliverable (https only in live mode)")
         port = url.port or (443 if url.scheme == "https" else 80)
@@ -336,6 +393,7 @@ def perform(lease: repository.Lease, *, resolver: ssrf.Resolver = ssrf.system_re
         addresses=addresses,
         connect_timeout=settings.VPAY_WEBHOOK_CONNECT_TIMEOUT,
         total_timeout=left,
+        keep=transport.kept_connections() if settings.VPAY_WEBHOOK_KEEPALIVE_CONNECTIONS else None,
     )
     duration_ms = int((time.monotonic() - started) * 1000)
     result = attempt_result(answer.status_code)
@@ -365,7 +423,10 @@ def record(lease: repository.Lease, attempted: Attempted) -> repository.Recorded
     else:
         next_, delay = after_failure(lease.rung, _schedule())
         delivery_state = DeliveryState.EXHAUSTED if next_ is Next.EXHAUSTED else DeliveryState.PENDING
-    with transaction.atomic():
+    # A success writes one statement and alerts nothing: it needs no transaction of its own
+    # (two round trips fewer on the path every delivery takes). Every other outcome may
+    # alert, and the alert must commit with the transition that made it.
+    with transaction.atomic() if delivery_state != DeliveryState.SUCCEEDED else contextlib.nullcontext():
         if delivery_state not in (DeliveryState.SUCCEEDED, DeliveryState.CANCELLED) and (
             repository.endpoint_deleted_for(lease.delivery_id)
         ):

@@ -18,7 +18,7 @@ import httpx
 from django.conf import settings
 
 from jobs import breakers
-from webhooks.models import AttemptState, WebhookDelivery
+from webhooks.models import AttemptState
 
 # A probe may take the attempt's whole budget and its two short transactions.
 PROBE_MARGIN_SECONDS = 15.0
@@ -32,12 +32,8 @@ def limits() -> breakers.Limits:
     )
 
 
-def breaker_for(delivery_id: int) -> str | None:
-    """``webhook_host:<host>`` for the delivery's endpoint, or None (no such delivery, or a
-    URL without a host: the attempt fails on the ladder by itself)."""
-    url = WebhookDelivery.objects.filter(pk=delivery_id).values_list("endpoint__url", flat=True).first()
-    if url is None:
-        return None
+def breaker_named_for(url: str) -> str | None:
+    """``webhook_host:<host>`` for an endpoint URL, or None (a URL without a host)."""
     try:
         host = httpx.URL(url).host
     except httpx.InvalidURL:

@@ -12,18 +12,29 @@ Also here, because they are properties of the connection, not of the caller:
   no redirects (a 3xx is an answer like any other non-2xx), no decompression;
 * one deadline for the whole attempt: every socket read and write is given only what is
   left of it, so a receiver dripping one byte a second cannot stretch an attempt;
-* the answer's body is read up to ``excerpt_bytes`` and the connection is then closed, so
+* the answer's body is read up to ``excerpt_bytes``; a longer one closes the connection, so
   an endless body costs one buffer, never the worker;
 * whether any of the request may have reached the receiver (:attr:`Answer.sent`): a
   refused connection, a failed TLS handshake or a budget spent before the first write
   sent nothing, and the delivery's digest is only ever of a body that may have left.
+
+Keep-alive that keeps the pin. A connection is kept only after an answer read to its end,
+in a per-process pool keyed by (vetted address, host, port, scheme): the address it was
+dialled to, and the name TLS checked. An attempt vets its host afresh (the caller resolves
+it every time) and reuses only a connection whose address is among the addresses this
+resolution returned, for the same host, port and scheme; so a host whose DNS now answers
+elsewhere never reaches the old address over an old connection, and a connection is never
+lent to another host that shares its address (SNI and the certificate were that host's).
+A kept connection that died meanwhile is re-dialled, to that same vetted address only.
 """
 
 from __future__ import annotations
 
 import ssl
+import threading
 import time
 import typing
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -35,6 +46,10 @@ from webhooks.ssrf import IPAddress
 
 USER_AGENT = "vpay-webhooks/1"
 EXCERPT_BYTES = 4096
+# An idle kept connection older than this is closed rather than reused: under most
+# receivers' own keep-alive timeouts, so a reused connection is rarely one the receiver
+# is closing at that moment.
+KEEPALIVE_EXPIRY_SECONDS = 20.0
 
 
 class PinnedBackend(httpcore.NetworkBackend):
@@ -118,17 +133,92 @@ class _WriteWatch(httpcore.NetworkStream):
 class _PinnedTransport(httpx.HTTPTransport):
     """httpx's own transport (its exception mapping, its response streams) over a pinned pool."""
 
-    def __init__(self, backend: PinnedBackend, ssl_context: ssl.SSLContext) -> None:
+    def __init__(self, backend: PinnedBackend, ssl_context: ssl.SSLContext, *, keep: bool) -> None:
         super().__init__(verify=ssl_context, trust_env=False)
         # The pool httpx built dials through the default backend (which resolves the host
-        # again); replace it with one over the pinned backend. One connection, not kept.
+        # again); replace it with one over the pinned backend: one connection, kept open
+        # after a complete answer only when ``keep`` (the caller then pools this transport).
         self._pool.close()
         self._pool = httpcore.ConnectionPool(
             ssl_context=ssl_context,
             max_connections=1,
-            max_keepalive_connections=0,
+            max_keepalive_connections=1 if keep else 0,
+            keepalive_expiry=KEEPALIVE_EXPIRY_SECONDS,
             network_backend=backend,
         )
+
+    def idle_connections(self) -> int:
+        """Connections this transport holds open and idle (after a complete answer)."""
+        return sum(1 for c in self._pool.connections if c.is_idle())
+
+
+PoolKey = tuple[str, str, int, str]  # (vetted address, host, port, scheme)
+
+
+@dataclass
+class _Kept:
+    backend: PinnedBackend
+    client: httpx.Client
+    transport: _PinnedTransport
+
+
+class KeptConnections:
+    """Idle keep-alive connections, one per entry, at most ``limit`` across every key (the
+    least recently used is closed first). Thread-safe: an entry is taken out while one
+    attempt uses it and given back after a complete answer."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._idle: OrderedDict[tuple[PoolKey, int], _Kept] = OrderedDict()
+        self._serial = 0
+
+    def take(self, keys: Sequence[PoolKey]) -> tuple[PoolKey, _Kept] | None:
+        """An idle connection for the first of ``keys`` that has one (most recent first)."""
+        with self._lock:
+            for key in keys:
+                for entry_key in reversed(self._idle):
+                    if entry_key[0] == key:
+                        return key, self._idle.pop(entry_key)
+        return None
+
+    def give(self, key: PoolKey, kept: _Kept) -> None:
+        evicted = []
+        with self._lock:
+            self._serial += 1
+            self._idle[(key, self._serial)] = kept
+            while len(self._idle) > self.limit:
+                evicted.append(self._idle.popitem(last=False)[1])
+        for old in evicted:
+            old.client.close()
+
+    def close_all(self) -> None:
+        with self._lock:
+            entries, self._idle = list(self._idle.values()), OrderedDict()
+        for kept in entries:
+            kept.client.close()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._idle)
+
+
+_KEPT: KeptConnections | None = None
+_KEPT_LOCK = threading.Lock()
+
+
+def kept_connections() -> KeptConnections:
+    """This process's kept connections, sized by ``VPAY_WEBHOOK_KEEPALIVE_CONNECTIONS``."""
+    global _KEPT
+    from django.conf import settings
+
+    limit = settings.VPAY_WEBHOOK_KEEPALIVE_CONNECTIONS
+    with _KEPT_LOCK:
+        if _KEPT is None or _KEPT.limit != limit:
+            if _KEPT is not None:
+                _KEPT.close_all()
+            _KEPT = KeptConnections(limit)
+        return _KEPT
 
 
 _SSL_CONTEXT: ssl.SSLContext | None = None
@@ -167,36 +257,65 @@ def post(
     total_timeout: float,
     excerpt_bytes: int = EXCERPT_BYTES,
     ssl_context: ssl.SSLContext | None = None,
+    keep: KeptConnections | None = None,
 ) -> Answer:
     """POST ``body`` to ``url`` connecting only to ``addresses``; never raises for the network.
 
     Transport failures (refused, reset, timeouts, TLS) come back as ``Answer(None, error=…)``.
+    With ``keep``, a connection kept from an earlier attempt to one of ``addresses`` (same
+    host, port and scheme) is reused, and this one is kept after a complete answer.
     """
+    if ssl_context is not None:
+        keep = None  # a caller's own TLS context: its connections are not the pool's
     deadline = time.monotonic() + total_timeout
-    backend = PinnedBackend(addresses, deadline)
-    transport = _PinnedTransport(backend, ssl_context or default_ssl_context())
+    target = httpx.URL(url)
+    port = target.port or (443 if target.scheme == "https" else 80)
+    keys = [(str(address), target.host, port, target.scheme) for address in addresses]
+    taken = keep.take(keys) if keep is not None else None
+    if taken is not None:
+        key, kept = taken
+        # Re-armed for this attempt: its deadline, and, should the kept connection have died,
+        # a re-dial to this key's address only (vetted by this attempt's resolution).
+        kept.backend.addresses = [key[0]]
+        kept.backend.deadline = deadline
+        kept.backend.wrote = False
+    else:
+        backend = PinnedBackend(addresses, deadline)
+        transport = _PinnedTransport(backend, ssl_context or default_ssl_context(), keep=keep is not None)
+        client = httpx.Client(transport=transport, follow_redirects=False, trust_env=False)
+        kept = _Kept(backend, client, transport)
+    backend = kept.backend
     timeout = httpx.Timeout(total_timeout, connect=min(connect_timeout, total_timeout))
     all_headers = {"User-Agent": USER_AGENT, "Content-Type": "application/json", **headers}
+    reusable = False
     try:
-        with (
-            httpx.Client(transport=transport, follow_redirects=False, trust_env=False, timeout=timeout) as client,
-            client.stream("POST", url, content=body, headers=all_headers) as response,
-        ):
+        with kept.client.stream("POST", url, content=body, headers=all_headers, timeout=timeout) as response:
             excerpt = bytearray()
             error: BaseException | None = None
+            complete = False
             try:
                 for chunk in response.iter_raw():
                     excerpt += chunk
                     if len(excerpt) >= excerpt_bytes:
                         break  # leaving the block closes the connection: the rest is never read
+                else:
+                    complete = True
             except httpx.TransportError as exc:
                 error = exc  # the status was heard; a broken or slow body only shortens the excerpt
-            return Answer(
+            answer = Answer(
                 response.status_code,
                 bytes(excerpt[:excerpt_bytes]).decode("utf-8", "replace"),
                 error,
                 backend.connected_to,
                 {k: v for k, v in list(response.headers.items())[:20]},
             )
+        reusable = complete and error is None and backend.connected_to is not None
+        return answer
     except (httpx.TransportError, httpx.InvalidURL, OSError, ssl.SSLError) as exc:
         return Answer(None, error=exc, connected_to=backend.connected_to, sent=backend.wrote)
+    finally:
+        if keep is not None and reusable and kept.transport.idle_connections():
+            assert backend.connected_to is not None
+            keep.give((backend.connected_to[0], target.host, port, target.scheme), kept)
+        else:
+            kept.client.close()

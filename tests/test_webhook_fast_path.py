@@ -1,0 +1,81 @@
+"""What the delivery's fast path may not change (issue 13): the secrets decrypted once per
+process still follow rotation and the configured keys, and the digest an attempt is held
+to is the one read under the row lock that claimed it, not the earlier unlocked read the
+deliver job names the breaker from. Real PostgreSQL, a real receiver process."""
+
+from __future__ import annotations
+
+import ipaddress
+
+import pytest
+from django.db import connection, transaction
+
+from merchants.services import create_merchant
+from sandbox.receiver import fingerprint
+from webhooks import sealing
+from webhooks.event_types import EventType
+from webhooks.events import emit
+from webhooks.models import AttemptState, DeliveryAttempt, WebhookDelivery
+from webhooks.services import delivery, endpoints, fanout
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def _local_receivers(settings):
+    settings.VPAY_WEBHOOK_ALLOW_CIDRS = (ipaddress.ip_network("127.0.0.1/32"),)
+    settings.VPAY_WEBHOOK_RETRY_SCHEDULE = (0.0, 0.0, 0.0)
+    settings.VPAY_WEBHOOK_TIMEOUT = 2.0
+
+
+def one_delivery(receiver, path):
+    m = create_merchant("Fast")[0]
+    ep, secret = endpoints.create_endpoint(m, url=receiver.url(path), enabled_events=["*"])
+    with transaction.atomic():
+        emit(m, EventType.PAYMENT_INTENT_SUCCEEDED, {"id": "pi_1", "object": "payment_intent", "amount": 1})
+    fanout.drain_once()
+    return ep, secret, WebhookDelivery.objects.get(endpoint=ep)
+
+
+def attempt(delivery_id, loaded=None):
+    begun = delivery.begin_attempt(delivery_id)
+    assert begun.kind is delivery.Begin.CLAIMED
+    attempted = delivery.perform(begun.lease, loaded=loaded)
+    delivery.record(begun.lease, attempted)
+    return attempted
+
+
+def test_a_rotated_out_secret_stops_signing_though_it_was_decrypted_before(receiver):
+    ep, first, d = one_delivery(receiver, "/hooks/rot?mode=status&status=500")
+    receiver.add_secrets(first)
+    attempt(d.pk)  # signed with the first secret, now decrypted in this process
+    second = endpoints.rotate_secret(ep, overlap_seconds=0)  # the first stops signing at once
+    receiver.add_secrets(second)
+    attempt(d.pk)
+    first_got, second_got = receiver.received("/hooks/rot")
+    assert first_got["verified_by"] == [fingerprint(first)]
+    assert second_got["verified_by"] == [fingerprint(second)]
+
+
+def test_a_key_set_that_cannot_open_the_secret_is_not_bypassed_by_an_earlier_decryption(receiver, settings):
+    _, secret, d = one_delivery(receiver, "/hooks/keys?mode=status&status=500")
+    receiver.add_secrets(secret)
+    attempt(d.pk)
+    settings.VPAY_SECRETS_KEYS = [sealing.derive_dev_key("another key altogether")]
+    attempted = attempt(d.pk)
+    assert attempted.attempt_state == AttemptState.FAILED and "no usable signing secret" in attempted.error
+    assert len(receiver.received("/hooks/keys")) == 1  # never an unsigned (or stale-keyed) send
+
+
+def test_the_digest_an_attempt_is_held_to_is_read_under_the_lock_that_claimed_it(receiver):
+    _, secret, d = one_delivery(receiver, "/hooks/digest")
+    receiver.add_secrets(secret)
+    loaded = delivery.load(d.pk)  # the deliver job's early read, before any digest was stored
+    # Meanwhile an attempt that ended before this one's claim recorded the digest of a body
+    # that differs from what renders now.
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE webhook_deliveries SET payload_sha256 = repeat('0', 64) WHERE id = %s", [d.pk])
+    attempted = attempt(d.pk, loaded=loaded)
+    assert attempted.attempt_state == AttemptState.FAILED and "differs from the first sent attempt" in attempted.error
+    assert receiver.received("/hooks/digest") == []
+    assert DeliveryAttempt.objects.get(delivery=d).error == attempted.error
