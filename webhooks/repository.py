@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from django.db import connection
 
+from vpay.prepared import execute_prepared
 from webhooks.models import Event
 
 EXCERPT_MAX = 4096
@@ -37,6 +39,30 @@ def _rowcount(sql: str, params=None) -> int:
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.rowcount
+
+
+def _one_prepared(sql: str, params: list) -> tuple | None:
+    """The first row of a hot statement, run prepared (``vpay.prepared``: planned once per
+    connection; the attempt's statements were planned afresh on every call, which cost the
+    server more than running them). Values come back as text, or typed where it falls back
+    to Django's cursor: read them with the converters below, which take both."""
+    return execute_prepared(sql, params)
+
+
+def _int(value) -> int | None:
+    return None if value is None else int(value)
+
+
+def _float(value) -> float | None:
+    return None if value is None else float(value)
+
+
+def _bool(value) -> bool:
+    return value is True or value == "t"
+
+
+def _uuid(value) -> uuid.UUID | None:
+    return None if value is None else uuid.UUID(str(value))
 
 
 # --- fan-out ------------------------------------------------------------------------------
@@ -181,30 +207,38 @@ class Loaded:
 
 
 def load_delivery(delivery_id: int) -> Loaded | None:
-    """One read of everything an attempt sends (hand-written: the ORM's compile of this join
-    and its subquery cost more CPU than the rest of an attempt together). Served by the
-    primary keys of the delivery, its endpoint and its event, and ``webhook_secrets_endpoint``."""
-    rows = _rows(
+    """One read of everything an attempt sends (hand-written and prepared: the ORM's compile
+    of this join cost more CPU than the rest of an attempt). Served by the primary keys of
+    the delivery, its endpoint and its event, and ``webhook_secrets_endpoint``. Sealed
+    secrets are Fernet tokens (URL-safe base64): a space never occurs in one."""
+    row = _one_prepared(
         """
         SELECT d.id, d.event_id, d.endpoint_id, e.url, e.deleted_at IS NOT NULL,
-               ev.merchant_id, ev.type, ev.data::text, ev.created_at,
-               ARRAY(SELECT s.sealed FROM webhook_secrets s
-                      WHERE s.endpoint_id = d.endpoint_id AND (s.expires_at IS NULL OR s.expires_at > now())
-                      ORDER BY s.created_at, s.id)
+               ev.merchant_id, ev.type, ev.data::text,
+               to_char(ev.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US'),
+               array_to_string(ARRAY(
+                   SELECT s.sealed FROM webhook_secrets s
+                    WHERE s.endpoint_id = d.endpoint_id AND (s.expires_at IS NULL OR s.expires_at > now())
+                    ORDER BY s.created_at, s.id), ' ')
           FROM webhook_deliveries d
           JOIN webhook_endpoints e ON e.id = d.endpoint_id
           JOIN events ev ON ev.id = d.event_id
-         WHERE d.id = %s
+         WHERE d.id = %s::bigint
         """,
         [delivery_id],
     )
-    if not rows:
+    if row is None:
         return None
-    did, event_id, endpoint_id, url, deleted, merchant_id, type_, data, created_at, sealed = rows[0]
-    # The event as the ORM would load it: data decoded from the stored JSON text.
-    event = Event(id=event_id, merchant_id=merchant_id, type=type_, data=json.loads(data), created_at=created_at)
-    return Loaded(did, event_id, endpoint_id, url, deleted, event, list(sealed))
-
+    did, event_id, endpoint_id, url, deleted, merchant_id, type_, data, created_at, sealed = row
+    # The event as the ORM would load it: data decoded from the stored JSON text, the instant in UTC.
+    event = Event(
+        id=event_id,
+        merchant_id=merchant_id,
+        type=type_,
+        data=json.loads(data),
+        created_at=datetime.fromisoformat(created_at).replace(tzinfo=UTC),
+    )
+    return Loaded(int(did), event_id, endpoint_id, url, _bool(deleted), event, sealed.split())
 
 
 @dataclass(frozen=True)
@@ -227,8 +261,9 @@ class DeliveryRow:
 
 def lock_delivery(delivery_id: int) -> DeliveryRow | None:
     """The delivery, locked ``FOR UPDATE`` (MUST run in a transaction); the endpoint row
-    is read, not locked (the cap check locks it, after the delivery: one lock order)."""
-    rows = _rows(
+    is read, not locked (the cap check locks it, after the delivery: one lock order).
+    Primary keys of both; prepared."""
+    row = _one_prepared(
         """
         SELECT d.id, d.endpoint_id, d.event_id, d.state, d.attempts, d.ladder_base,
                EXTRACT(EPOCH FROM d.next_attempt_at - now())::float8,
@@ -236,11 +271,27 @@ def lock_delivery(delivery_id: int) -> DeliveryRow | None:
                d.lease_token, d.payload_sha256,
                e.deleted_at IS NOT NULL, e.disabled_at IS NOT NULL
           FROM webhook_deliveries d JOIN webhook_endpoints e ON e.id = d.endpoint_id
-         WHERE d.id = %s FOR UPDATE OF d
+         WHERE d.id = %s::bigint FOR UPDATE OF d
         """,
         [delivery_id],
     )
-    return DeliveryRow(*rows[0]) if rows else None
+    if row is None:
+        return None
+    did, endpoint_id, event_id, state, attempts, base, due_in, lease_left, token, digest, deleted, disabled = row
+    return DeliveryRow(
+        int(did),
+        endpoint_id,
+        event_id,
+        state,
+        int(attempts),
+        int(base),
+        float(due_in),
+        _float(lease_left),
+        _uuid(token),
+        digest,
+        _bool(deleted),
+        _bool(disabled),
+    )
 
 
 CANCELLED_ENDPOINT_DELETED = "the endpoint was deleted before this delivery was made; nothing more is sent"
@@ -284,32 +335,30 @@ def in_flight_for_endpoint(endpoint_id: str) -> tuple[int, float | None]:
     so two workers cannot both take the last slot, and the seconds until the earliest of
     those leases expires (the latest a slot can stay taken; None: no live lease). MUST run
     in a transaction."""
-    # One statement: the CTE takes the endpoint's row lock (primary key) before the count
-    # reads (the partial index webhook_deliveries_in_flight), since the count
-    # refers to it.
-    count, earliest = _rows(
+    # One prepared statement: the CTE takes the endpoint's row lock (primary key) before the
+    # count reads (the partial index webhook_deliveries_in_flight), since the count refers to it.
+    count, earliest = _one_prepared(
         """
-        WITH locked AS (SELECT id FROM webhook_endpoints WHERE id = %s FOR NO KEY UPDATE)
+        WITH locked AS (SELECT id FROM webhook_endpoints WHERE id = %s::text FOR NO KEY UPDATE)
         SELECT count(d.id), EXTRACT(EPOCH FROM min(d.lease_expires_at) - now())::float8
           FROM locked LEFT JOIN webhook_deliveries d
             ON d.endpoint_id = locked.id AND d.state = 'delivering' AND d.lease_expires_at > now()
         """,
         [endpoint_id],
-    )[0]
-    return count, earliest
+    )
+    return int(count), _float(earliest)
 
 
 def waiting_deliveries(endpoint_id: str, limit: int) -> list[int]:
     """The endpoint's due ``pending`` deliveries, longest-waiting first (the ones a freed
-    slot should go to). Served by ``webhook_deliveries_ep_due``."""
-    return [
-        r[0]
-        for r in _rows(
-            "SELECT id FROM webhook_deliveries WHERE endpoint_id = %s AND state = 'pending'"
-            " AND next_attempt_at <= now() ORDER BY next_attempt_at, id LIMIT %s",
-            [endpoint_id, limit],
-        )
-    ]
+    slot should go to). Served by ``webhook_deliveries_ep_due``; prepared (one row: the ids
+    as text)."""
+    (ids,) = _one_prepared(
+        "SELECT array_to_string(ARRAY(SELECT id FROM webhook_deliveries WHERE endpoint_id = %s::text"
+        " AND state = 'pending' AND next_attempt_at <= now() ORDER BY next_attempt_at, id LIMIT %s::int), ' ')",
+        [endpoint_id, limit],
+    )
+    return [int(i) for i in ids.split()]
 
 
 @dataclass(frozen=True)
@@ -332,30 +381,34 @@ def start_attempt(delivery_id: int, lease_seconds: float) -> Lease:
     """``pending → delivering`` with a fresh lease, and the attempt row written, in the
     caller's transaction (the caller checked due-ness and the cap under the same locks)."""
     token = uuid.uuid4()
-    # One statement: the delivery moves (primary key, already locked by the caller) and its
-    # attempt row is written from what the move returned.
-    rows = _rows(
+    # One prepared statement: the delivery moves (primary key, already locked by the caller)
+    # and its attempt row is written from what the move returned.
+    row = _one_prepared(
         """
-        WITH moved AS (
-            UPDATE webhook_deliveries
-               SET state = 'delivering', attempts = attempts + 1, lease_token = %(token)s,
-                   lease_expires_at = now() + make_interval(secs => %(lease)s), updated_at = now()
-             WHERE id = %(id)s AND state = 'pending'
-         RETURNING id, attempts, attempts - ladder_base AS rung, endpoint_id, payload_sha256
+        WITH p(token, lease, id) AS (VALUES (%s::uuid, %s::float8, %s::bigint)),
+        moved AS (
+            UPDATE webhook_deliveries d
+               SET state = 'delivering', attempts = attempts + 1, lease_token = p.token,
+                   lease_expires_at = now() + make_interval(secs => p.lease), updated_at = now()
+              FROM p
+             WHERE d.id = p.id AND d.state = 'pending'
+         RETURNING d.id, d.attempts, d.attempts - d.ladder_base AS rung, d.endpoint_id, d.payload_sha256
         ), attempt AS (
             INSERT INTO webhook_delivery_attempts
                    (delivery_id, number, lease_token, state, started_at, response_excerpt, error)
-            SELECT id, attempts, %(token)s, 'in_flight', now(), '', '' FROM moved
+            SELECT moved.id, moved.attempts, p.token, 'in_flight', now(), '', '' FROM moved, p
             RETURNING id
         )
         SELECT attempt.id, moved.attempts, moved.rung, floor(EXTRACT(EPOCH FROM clock_timestamp()))::bigint,
                moved.endpoint_id, moved.payload_sha256
           FROM moved, attempt
         """,
-        {"token": token, "lease": lease_seconds, "id": delivery_id},
+        [token, float(lease_seconds), delivery_id],
     )
-    attempt_id, number, rung, timestamp, endpoint_id, digest = rows[0]
-    return Lease(delivery_id, attempt_id, number, rung, token, timestamp, endpoint_id, digest)
+    if row is None:
+        raise RuntimeError(f"start_attempt: delivery {delivery_id} is not pending (its caller must hold its lock)")
+    attempt_id, number, rung, timestamp, endpoint_id, digest = row
+    return Lease(delivery_id, int(attempt_id), int(number), int(rung), token, int(timestamp), endpoint_id, digest)
 
 
 def recover_lease(row: DeliveryRow, next_state: str) -> None:
@@ -432,56 +485,61 @@ def record_outcome(
     ``payload_sha256`` is COALESCEd: the first digest of a body that may have left stays.
     """
     heard = f"heard {status_code}" if status_code is not None else "no answer"
-    # One statement (no savepoint, no second round trip): the fenced move of the delivery
-    # (primary key), then its attempt (primary key) recorded as heard if the delivery moved,
-    # or marked stale if not. Only an attempt nobody has ended yet is written: one already
-    # abandoned by the recovery keeps that first terminal state and its record.
-    [(moved,)] = _rows(
+    # One prepared statement (no savepoint, no second round trip): the fenced move of the
+    # delivery (primary key), then its attempt (primary key) recorded as heard if the
+    # delivery moved, or marked stale if not. Only an attempt nobody has ended yet is
+    # written: one already abandoned by the recovery keeps that first terminal state.
+    (moved,) = _one_prepared(
         """
-        WITH moved AS (
-            UPDATE webhook_deliveries
-               SET state = %(state)s, lease_token = NULL, lease_expires_at = NULL,
-                   next_attempt_at = CASE WHEN %(state)s = 'pending'
-                                          THEN now() + make_interval(secs => %(delay)s)
-                                          ELSE next_attempt_at END,
-                   payload_sha256 = COALESCE(payload_sha256, %(digest)s),
-                   last_status_code = %(status)s, updated_at = now(),
-                   completed_at = CASE WHEN %(state)s <> 'pending' THEN now() END,
-                   cancel_reason = CASE WHEN %(state)s = 'cancelled' THEN %(reason)s ELSE cancel_reason END
-             WHERE id = %(id)s AND state = 'delivering' AND lease_token = %(token)s
-               AND lease_expires_at > now()
-            RETURNING id
+        WITH p(state, delay, digest, status, id, token, reason, attempt_state, excerpt, error, duration, attempt,
+               stale_error) AS (
+            VALUES (%s::text, %s::float8, %s::text, %s::int, %s::bigint, %s::uuid, %s::text, %s::text, %s::text,
+                    %s::text, %s::int, %s::bigint, %s::text)
+        ), moved AS (
+            UPDATE webhook_deliveries d
+               SET state = p.state, lease_token = NULL, lease_expires_at = NULL,
+                   next_attempt_at = CASE WHEN p.state = 'pending'
+                                          THEN now() + make_interval(secs => p.delay)
+                                          ELSE d.next_attempt_at END,
+                   payload_sha256 = COALESCE(d.payload_sha256, p.digest),
+                   last_status_code = p.status, updated_at = now(),
+                   completed_at = CASE WHEN p.state <> 'pending' THEN now() END,
+                   cancel_reason = CASE WHEN p.state = 'cancelled' THEN p.reason ELSE d.cancel_reason END
+              FROM p
+             WHERE d.id = p.id AND d.state = 'delivering' AND d.lease_token = p.token
+               AND d.lease_expires_at > now()
+            RETURNING d.id
         ), heard AS (
-            UPDATE webhook_delivery_attempts
-               SET state = %(attempt_state)s, status_code = %(status)s, response_excerpt = %(excerpt)s,
-                   error = %(error)s, duration_ms = %(duration)s, finished_at = now()
-             WHERE id = %(attempt)s AND state = 'in_flight' AND EXISTS (SELECT 1 FROM moved)
+            UPDATE webhook_delivery_attempts a
+               SET state = p.attempt_state, status_code = p.status, response_excerpt = p.excerpt,
+                   error = p.error, duration_ms = p.duration, finished_at = now()
+              FROM p
+             WHERE a.id = p.attempt AND a.state = 'in_flight' AND EXISTS (SELECT 1 FROM moved)
         ), stale AS (
-            UPDATE webhook_delivery_attempts
-               SET state = 'stale', finished_at = now(), duration_ms = %(duration)s, error = %(stale_error)s
-             WHERE id = %(attempt)s AND state = 'in_flight' AND NOT EXISTS (SELECT 1 FROM moved)
+            UPDATE webhook_delivery_attempts a
+               SET state = 'stale', finished_at = now(), duration_ms = p.duration, error = p.stale_error
+              FROM p
+             WHERE a.id = p.attempt AND a.state = 'in_flight' AND NOT EXISTS (SELECT 1 FROM moved)
         )
         SELECT EXISTS (SELECT 1 FROM moved)
         """,
-        {
-            "state": delivery_state,
-            "delay": delay or 0.0,
-            "digest": payload_sha256,
-            "status": status_code,
-            "id": lease.delivery_id,
-            "token": lease.token,
-            "reason": CANCELLED_ENDPOINT_DELETED,
-            "attempt_state": attempt_state,
-            "excerpt": _bounded(excerpt, EXCERPT_MAX),
-            "error": _bounded(error, ERROR_MAX),
-            "duration": duration_ms,
-            "attempt": lease.attempt_id,
-            "stale_error": _bounded(
-                f"lease expired before the answer was recorded; answer discarded ({heard}). {error}", ERROR_MAX
-            ),
-        },
+        [
+            str(delivery_state),
+            float(delay or 0.0),
+            payload_sha256,
+            status_code,
+            lease.delivery_id,
+            lease.token,
+            CANCELLED_ENDPOINT_DELETED,
+            str(attempt_state),
+            _bounded(excerpt, EXCERPT_MAX),
+            _bounded(error, ERROR_MAX),
+            duration_ms,
+            lease.attempt_id,
+            _bounded(f"lease expired before the answer was recorded; answer discarded ({heard}). {error}", ERROR_MAX),
+        ],
     )
-    return Recorded(False, delivery_state) if moved else Recorded(True)
+    return Recorded(False, delivery_state) if _bool(moved) else Recorded(True)
 
 
 def active_sealed_secrets(endpoint_id: str) -> list[str]:
