@@ -169,11 +169,12 @@ def pull_forward(dedupe_key: str, floor_seconds: float) -> bool:
 # The first of several named jobs (in the order given) that is waiting, not leased and due
 # more than the floor from now, made due now: one statement for a caller that would
 # otherwise try the names one by one (jobs_job_dedupe_key_unique finds each name; SKIP
-# LOCKED passes over a row another transaction is moving).
+# LOCKED passes over a row another transaction is moving). Prepared: a freed webhook slot
+# asks it once per recorded attempt.
 _PULL_FORWARD_FIRST = f"""
 WITH candidate AS (
     SELECT j.id FROM jobs j JOIN unnest(%s::text[]) WITH ORDINALITY AS k(name, n) ON j.dedupe_key = k.name
-     WHERE j.locked_at IS NULL AND j.run_at > now() + make_interval(secs => %s)
+     WHERE j.locked_at IS NULL AND j.run_at > now() + make_interval(secs => %s::float8)
      ORDER BY k.n LIMIT 1
        FOR UPDATE OF j SKIP LOCKED
 ), moved AS (
@@ -184,11 +185,14 @@ SELECT dedupe_key, pg_notify('{NOTIFY_CHANNEL}', queue) FROM moved
 """
 
 
+def _text_array(values: Sequence[str]) -> str:
+    """``values`` as a PostgreSQL array literal (every element quoted, ``"`` and ``\\`` escaped)."""
+    return "{" + ",".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values) + "}"
+
+
 def pull_forward_first(dedupe_keys: list[str], floor_seconds: float) -> str | None:
-    with connection.cursor() as cursor:
-        cursor.execute(_PULL_FORWARD_FIRST, [dedupe_keys, floor_seconds])
-        row = cursor.fetchone()
-        return row[0] if row else None
+    row = execute_prepared(_PULL_FORWARD_FIRST, [_text_array(dedupe_keys), float(floor_seconds)])
+    return row[0] if row else None
 
 
 # --- settle ---------------------------------------------------------------------------

@@ -151,6 +151,9 @@ def test_pull_forward_first_moves_the_first_name_in_order_that_can_move(harness,
     assert port.pull_forward_first(["port:b", "port:missing"]) is None
     assert port.pull_forward_first([]) is None
     assert port.pull_forward_first(["port:c"]) == "port:c"
+    odd = 'port:a "quoted", {braced} \\ name'  # every character an array literal must escape
+    port.enqueue("task", task("record", "port:odd"), dedupe_key=odd, delay=3600)
+    assert port.pull_forward_first(["port:missing", odd]) == odd
 
 
 def test_a_job_that_heartbeats_and_answers_reschedule_keeps_its_name_live(harness):

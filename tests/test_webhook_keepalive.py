@@ -47,7 +47,8 @@ class _Handler(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def server():
-    httpd = ThreadingHTTPServer(("0.0.0.0", 0), _Handler)  # noqa: S104 - loopback test server on every local address
+    # Every local address: the tests dial it on 127.0.0.1 and on 127.0.0.2.
+    httpd = ThreadingHTTPServer(("0.0.0.0", 0), _Handler)
     httpd.seen = []
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
