@@ -158,8 +158,10 @@ PoolKey = tuple[str, str, int, str]  # (vetted address, host, port, scheme)
 @dataclass
 class _Kept:
     backend: PinnedBackend
-    client: httpx.Client
     transport: _PinnedTransport
+
+    def close(self) -> None:
+        self.transport.close()
 
 
 class KeptConnections:
@@ -190,13 +192,13 @@ class KeptConnections:
             while len(self._idle) > self.limit:
                 evicted.append(self._idle.popitem(last=False)[1])
         for old in evicted:
-            old.client.close()
+            old.close()
 
     def close_all(self) -> None:
         with self._lock:
             entries, self._idle = list(self._idle.values()), OrderedDict()
         for kept in entries:
-            kept.client.close()
+            kept.close()
 
     def __len__(self) -> int:
         with self._lock:
@@ -282,22 +284,34 @@ def post(
     else:
         backend = PinnedBackend(addresses, deadline)
         transport = _PinnedTransport(backend, ssl_context or default_ssl_context(), keep=keep is not None)
-        client = httpx.Client(transport=transport, follow_redirects=False, trust_env=False)
-        kept = _Kept(backend, client, transport)
+        kept = _Kept(backend, transport)
     backend = kept.backend
     timeout = httpx.Timeout(total_timeout, connect=min(connect_timeout, total_timeout))
-    all_headers = {"User-Agent": USER_AGENT, "Content-Type": "application/json", **headers}
+    all_headers = {
+        "User-Agent": USER_AGENT,
+        "Content-Type": "application/json",
+        "Accept-Encoding": "identity",  # the excerpt is stored as read: never compressed bytes
+        **headers,
+    }
+    # Straight to the transport, not through an httpx.Client: a client's cookie jar, auth,
+    # redirect and default-header handling are nothing a webhook POST wants (no redirects
+    # are followed: a 3xx is an answer) and cost a third of an attempt's CPU. The request's
+    # timeouts ride in its extensions, as a client would put them there.
+    request = httpx.Request(
+        "POST", target, content=body, headers=all_headers, extensions={"timeout": timeout.as_dict()}
+    )
     reusable = False
     try:
-        with kept.client.stream("POST", url, content=body, headers=all_headers, timeout=timeout) as response:
+        response = kept.transport.handle_request(request)
+        try:
             excerpt = bytearray()
             error: BaseException | None = None
             complete = False
             try:
-                for chunk in response.iter_raw():
+                for chunk in response.stream:
                     excerpt += chunk
                     if len(excerpt) >= excerpt_bytes:
-                        break  # leaving the block closes the connection: the rest is never read
+                        break  # closing the stream closes the connection: the rest is never read
                 else:
                     complete = True
             except httpx.TransportError as exc:
@@ -309,6 +323,8 @@ def post(
                 backend.connected_to,
                 {k: v for k, v in list(response.headers.items())[:20]},
             )
+        finally:
+            response.stream.close()
         reusable = complete and error is None and backend.connected_to is not None
         return answer
     except (httpx.TransportError, httpx.InvalidURL, OSError, ssl.SSLError) as exc:
@@ -318,4 +334,4 @@ def post(
             assert backend.connected_to is not None
             keep.give((backend.connected_to[0], target.host, port, target.scheme), kept)
         else:
-            kept.client.close()
+            kept.close()
