@@ -255,6 +255,9 @@ def emit(merchant, n: int) -> list[str]:
         ]
 
 
+WORKER_ROOT = [ROOT]  # --worker-root: run another checkout's worker against the same database (A/B)
+
+
 def start_worker(concurrency: int) -> subprocess.Popen:
     command = [sys.executable, "manage.py", "runworker", "--concurrency", str(concurrency)]
     if os.environ.get("VPAY_BENCH_PYSPY"):  # collapsed stacks of the worker, for a profile
@@ -273,7 +276,7 @@ def start_worker(concurrency: int) -> subprocess.Popen:
         ]
     return subprocess.Popen(
         command,
-        cwd=ROOT,
+        cwd=WORKER_ROOT[0],
         env=WORKER_ENV,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -352,17 +355,25 @@ class Resources:
             if line.startswith("VmRSS:"):
                 self.rss_kib.append((done, int(line.split()[1])))
         with psycopg.connect(DATABASE_URL, autocommit=True) as conn:
-            # Backends of the bench database other than this probe and the bench's own
-            # Django connection (the worker's connections are all that is left).
+            # The worker's backends: its application names start with "vpay-" (the bench's
+            # own connections carry "bench" or none).
             n = conn.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()"
-                " AND application_name NOT LIKE 'bench%%'",
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND application_name LIKE 'vpay-%%'",
                 [DB],
             ).fetchone()[0]
         self.backends = max(self.backends, n)
 
 
-def throughput(concurrency: int, events: int, endpoints: int, receiver_kind: str, limit_requests: int) -> dict:
+def vacuum() -> None:
+    """What autovacuum would do (it is off on the shared server this was written on): the
+    queue's and the deliveries' dead rows reclaimed, so a long run measures vpay, not bloat."""
+    with psycopg.connect(DATABASE_URL, autocommit=True) as conn:
+        conn.execute("VACUUM (ANALYZE) jobs, webhook_deliveries, webhook_delivery_attempts, events")
+
+
+def throughput(
+    concurrency: int, events: int, endpoints: int, receiver_kind: str, limit_requests: int, vacuum_every: float
+) -> dict:
     reset()
     receiver = make_receiver(receiver_kind)
     try:
@@ -376,10 +387,14 @@ def throughput(concurrency: int, events: int, endpoints: int, receiver_kind: str
         by_command0 = res.cpu_by_role()
         deadline = time.monotonic() + 3600
         last_sample = 0.0
+        last_vacuum = time.monotonic()
         while (done := succeeded()) < total and time.monotonic() < deadline:
             if time.monotonic() - last_sample >= 1.0:
                 res.sample(done)
                 last_sample = time.monotonic()
+            if vacuum_every and time.monotonic() - last_vacuum >= vacuum_every:
+                vacuum()
+                last_vacuum = time.monotonic()
             time.sleep(0.05)
         cpu1, machine1, t1 = res.proc_cpu(), res.machine_cpu(), time.monotonic()
         by_command1 = res.cpu_by_role()
@@ -469,6 +484,18 @@ def latency(n: int, receiver_kind: str) -> dict:
     }
 
 
+def run_facts(args) -> dict:
+    """What a record was measured on: when, which checkout's worker (its commit), what it was told."""
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=WORKER_ROOT[0], capture_output=True, text=True
+    ).stdout.strip()
+    return {
+        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "worker_commit": commit,
+        "worker_env": args.worker_env,
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--concurrency", default="8,32")
@@ -479,14 +506,20 @@ def main() -> int:
     parser.add_argument(
         "--worker-env", action="append", default=[], metavar="NAME=VALUE", help="set for the worker (A/B runs)"
     )
+    parser.add_argument(
+        "--vacuum-every", type=float, default=10.0, help="seconds between VACUUMs (autovacuum's stand-in; 0: none)"
+    )
+    parser.add_argument("--worker-root", type=Path, help="run the worker from this checkout (same schema), for A/B")
     parser.add_argument("--limit-requests", type=int, default=200_000, help="ab -k requests for the receiver's limit")
     args = parser.parse_args()
     ensure_database()
+    if args.worker_root:
+        WORKER_ROOT[0] = args.worker_root.resolve()
     for pair in args.worker_env:
         name, _, value = pair.partition("=")
         WORKER_ENV[name] = value
     results = [
-        throughput(int(c), args.events, args.endpoints, args.receiver, args.limit_requests)
+        throughput(int(c), args.events, args.endpoints, args.receiver, args.limit_requests, args.vacuum_every)
         for c in args.concurrency.split(",")
     ]
     if args.latency_events:
@@ -494,7 +527,7 @@ def main() -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     with open(OUT / "webhooks.jsonl", "a") as f:
         for r in results:
-            f.write(json.dumps({**r, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}) + "\n")
+            f.write(json.dumps({**r, **run_facts(args)}) + "\n")
     print(
         "| concurrency | deliveries | received (distinct) | deliveries/s | receiver limit/s (ab -k -c 32) | ratio"
         " | worker CPU ms/delivery | machine CPU ms/delivery | worker backends | RSS MiB warm → end (max) | load after |"
