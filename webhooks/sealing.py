@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import secrets as _random
 import string
+import threading
+
+from django.conf import settings
 
 from vpay.sealing import Unreadable, derive_dev_key, open_bytes, parse_keys, reseal_bytes, seal_bytes
 
@@ -18,6 +21,7 @@ __all__ = [
     "derive_dev_key",
     "new_secret",
     "open_sealed",
+    "open_sealed_cached",
     "parse_keys",
     "reseal",
     "seal",
@@ -57,3 +61,41 @@ def reseal(token: str) -> str:
         return reseal_bytes(token.encode("ascii")).decode("ascii")
     except (UnicodeError, ValueError):
         raise SecretUnreadable("a webhook secret could not be decrypted with any configured VPAY_SECRETS_KEY") from None
+
+
+class _OpenedSecrets:
+    """Decrypted signing secrets by their sealed text, per process (Fernet costs more than
+    the rest of an attempt's CPU together). Keyed by the sealed text and the configured
+    keys: a rotated secret is a new row with a new sealed text, and a changed key set
+    decrypts afresh, so nothing cached outlives what the database and settings say. Bounded;
+    never logged (values are secrets)."""
+
+    LIMIT = 4096
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._opened: dict[tuple[str, tuple[str, ...]], str] = {}
+
+    def open(self, sealed: str) -> str:
+        key = (sealed, tuple(settings.VPAY_SECRETS_KEYS))
+        with self._lock:
+            found = self._opened.get(key)
+        if found is not None:
+            return found
+        opened = open_sealed(sealed)  # SecretUnreadable is not cached: a key fix heals it
+        with self._lock:
+            if len(self._opened) >= self.LIMIT:
+                self._opened.clear()
+            self._opened[key] = opened
+        return opened
+
+    def __repr__(self) -> str:
+        return f"<_OpenedSecrets: {len(self._opened)} cached>"
+
+
+_OPENED = _OpenedSecrets()
+
+
+def open_sealed_cached(token: str) -> str:
+    """:func:`open_sealed`, remembered per process (see :class:`_OpenedSecrets`)."""
+    return _OPENED.open(token)

@@ -26,9 +26,7 @@ import hashlib
 import json
 import logging
 import random
-import threading
 import time
-from collections import Counter
 from dataclasses import dataclass
 
 import httpx
@@ -39,10 +37,11 @@ from django.urls import reverse
 from jobs.alerts import Severity, admin_path, raise_alert
 from jobs.port import pull_forward_first
 from vpay.errors import error_chain
-from webhooks import metrics, repository, sealing, ssrf
+from webhooks import attempt_sql, metrics, repository, sealing, ssrf
 from webhooks.decisions import AttemptResult, Next, after_failure, attempt_result, delivery_delay
 from webhooks.models import AttemptState, DeliveryState, Event, WebhookDelivery
 from webhooks.services import transport
+from webhooks.services.shares import EndpointShares
 from webhooks.signing import HEADER, signature_header
 
 logger = logging.getLogger("webhooks.delivery")
@@ -71,45 +70,6 @@ def worker_share(concurrency: int | None) -> int | None:
     return None if concurrency is None else max(1, concurrency // 2)
 
 
-class EndpointShares:
-    """This process's attempts in flight, per endpoint (the per-worker share; the global
-    cap is counted in the database)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._held: Counter[str] = Counter()
-        self._leases: dict[object, str] = {}  # lease token -> endpoint, for release_lease()
-
-    def acquire(self, endpoint_id: str, share: int) -> bool:
-        with self._lock:
-            if self._held[endpoint_id] >= share:
-                return False
-            self._held[endpoint_id] += 1
-            return True
-
-    def release(self, endpoint_id: str) -> None:
-        with self._lock:
-            self._held[endpoint_id] -= 1
-            if self._held[endpoint_id] <= 0:
-                del self._held[endpoint_id]
-
-    def bind(self, token: object, endpoint_id: str) -> None:
-        """The slot just acquired for ``endpoint_id`` is held by the attempt with ``token``."""
-        with self._lock:
-            self._leases[token] = endpoint_id
-
-    def release_lease(self, token: object) -> None:
-        """Give back the slot held by the attempt with ``token``; a no-op the second time."""
-        with self._lock:
-            endpoint_id = self._leases.pop(token, None)
-        if endpoint_id is not None:
-            self.release(endpoint_id)
-
-    def held(self, endpoint_id: str) -> int:
-        with self._lock:
-            return self._held[endpoint_id]
-
-
 SHARES = EndpointShares()
 
 
@@ -125,7 +85,7 @@ class Begin(enum.Enum):
 @dataclass(frozen=True)
 class BeginResult:
     kind: Begin
-    lease: repository.Lease | None = None
+    lease: attempt_sql.Lease | None = None
     wait: float = 0.0
     endpoint_id: str | None = None
 
@@ -152,7 +112,7 @@ def begin_attempt(delivery_id: int, *, share: int | None = None) -> BeginResult:
     deliver job passes :func:`worker_share` of its worker); a CLAIMED result then holds a
     slot of :data:`SHARES` until :func:`release`."""
     with transaction.atomic():
-        row = repository.lock_delivery(delivery_id)
+        row = attempt_sql.lock_delivery(delivery_id)
         if row is None or row.state not in (DeliveryState.PENDING, DeliveryState.DELIVERING):
             return BeginResult(Begin.GONE)
         if row.state == DeliveryState.DELIVERING:
@@ -177,13 +137,13 @@ def begin_attempt(delivery_id: int, *, share: int | None = None) -> BeginResult:
             return BeginResult(Begin.NOT_DUE, wait=row.due_in)
         held = share is not None and SHARES.acquire(row.endpoint_id, share)
         try:
-            in_flight, earliest = repository.in_flight_for_endpoint(row.endpoint_id)
+            in_flight, earliest = attempt_sql.in_flight_for_endpoint(row.endpoint_id)
             if (share is not None and not held) or in_flight >= settings.VPAY_WEBHOOK_MAX_IN_FLIGHT:
                 if held:
                     SHARES.release(row.endpoint_id)
                 metrics.AT_CAP.inc()
                 return BeginResult(Begin.AT_CAP, wait=at_cap_wait(earliest), endpoint_id=row.endpoint_id)
-            lease = repository.start_attempt(delivery_id, settings.VPAY_WEBHOOK_LEASE_SECONDS)
+            lease = attempt_sql.start_attempt(delivery_id, settings.VPAY_WEBHOOK_LEASE_SECONDS)
         except BaseException:
             if held:
                 SHARES.release(row.endpoint_id)
@@ -197,12 +157,12 @@ def hand_off(endpoint_id: str) -> int | None:
     """A slot of ``endpoint_id`` was just freed: pull the job of its longest-waiting due
     delivery forward, so the slot is used now rather than when that job's at-cap wait ends.
     Returns the delivery woken, if any. Best effort: the waiters' own timers are the backstop."""
-    candidates = {dedupe_key(d): d for d in repository.waiting_deliveries(endpoint_id, HAND_OFF_CANDIDATES)}
+    candidates = {dedupe_key(d): d for d in attempt_sql.waiting_deliveries(endpoint_id, HAND_OFF_CANDIDATES)}
     moved = pull_forward_first(list(candidates)) if candidates else None
     return candidates[moved] if moved is not None else None
 
 
-def _recover(row: repository.DeliveryRow) -> str:
+def _recover(row: attempt_sql.DeliveryRow) -> str:
     """An expired lease: the attempt is ``abandoned`` and counts as a failed try (or, if
     the endpoint was deleted meanwhile, the delivery is ``cancelled``: nothing to alert)."""
     rung = row.attempts - row.ladder_base
@@ -212,7 +172,7 @@ def _recover(row: repository.DeliveryRow) -> str:
         next_state = DeliveryState.PENDING
     else:
         next_state = DeliveryState.EXHAUSTED
-    repository.recover_lease(row, next_state)
+    attempt_sql.recover_lease(row, next_state)
     metrics.ATTEMPTS_ABANDONED.inc()
     logger.warning(
         "webhook attempt abandoned: its lease expired",
@@ -227,7 +187,7 @@ def recover_expired(delivery_id: int) -> str | None:
     """Backstop: recover one delivery whose lease expired; returns its new state, or None
     if it no longer needed recovering."""
     with transaction.atomic():
-        row = repository.lock_delivery(delivery_id)
+        row = attempt_sql.lock_delivery(delivery_id)
         if row is None or row.state != DeliveryState.DELIVERING or (row.lease_left or 0) > 0:
             return None
         return _recover(row)
@@ -258,55 +218,22 @@ def render_body(event: Event) -> bytes:
     return json.dumps(render_event(event), separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
-def load(delivery_id: int) -> repository.Loaded | None:
+def load(delivery_id: int) -> attempt_sql.Loaded | None:
     """The delivery with its event, its endpoint's URL and the endpoint's signing secrets
-    still signing now, in one read (:func:`webhooks.repository.load_delivery`).
+    still signing now, in one read (:func:`webhooks.attempt_sql.load_delivery`).
 
     The deliver job reads this *before* it claims the attempt (it names the host's breaker,
     and the attempt then sends what was read). Nothing read here decides whether to send:
     :func:`begin_attempt` decides that under the delivery's row lock, and the digest an
     attempt is compared with is the one that lock read (the lease carries it)."""
-    return repository.load_delivery(delivery_id)
-
-
-class _OpenedSecrets:
-    """Decrypted signing secrets by their sealed text, per process (Fernet costs more than
-    the rest of an attempt's CPU together). Keyed by the sealed text and the configured
-    keys: a rotated secret is a new row with a new sealed text, and a changed key set
-    decrypts afresh, so nothing cached outlives what the database and settings say. Bounded;
-    never logged (values are secrets)."""
-
-    LIMIT = 4096
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._opened: dict[tuple[str, tuple[str, ...]], str] = {}
-
-    def open(self, sealed: str) -> str:
-        key = (sealed, tuple(settings.VPAY_SECRETS_KEYS))
-        with self._lock:
-            found = self._opened.get(key)
-        if found is not None:
-            return found
-        opened = sealing.open_sealed(sealed)  # SecretUnreadable is not cached: a key fix heals it
-        with self._lock:
-            if len(self._opened) >= self.LIMIT:
-                self._opened.clear()
-            self._opened[key] = opened
-        return opened
-
-    def __repr__(self) -> str:
-        return f"<_OpenedSecrets: {len(self._opened)} cached>"
-
-
-OPENED = _OpenedSecrets()
+    return attempt_sql.load_delivery(delivery_id)
 
 
 def perform(
-    lease: repository.Lease,
+    lease: attempt_sql.Lease,
     *,
     resolver: ssrf.Resolver = ssrf.system_resolver,
-    loaded: repository.Loaded | None = None,
+    loaded: attempt_sql.Loaded | None = None,
 ) -> Attempted:
     """Step 2: render, hash, sign, vet, POST. Never raises for the network or the receiver.
 
@@ -332,7 +259,11 @@ def perform(
                 title=f"Webhook delivery {delivery.id}: the rendered body changed since its first sent attempt",
                 source="webhooks.body_changed",
                 severity=Severity.ERROR,
-                details={"delivery_id": delivery.id, "event_id": delivery.event_id, "endpoint_id": delivery.endpoint_id},
+                details={
+                    "delivery_id": delivery.id,
+                    "event_id": delivery.event_id,
+                    "endpoint_id": delivery.endpoint_id,
+                },
                 link=admin_path(WebhookDelivery(pk=delivery.id)),
                 correlation_id=delivery.event_id,
             )
@@ -340,7 +271,7 @@ def perform(
     secrets = []
     for sealed in delivery.sealed_secrets:
         try:
-            secrets.append(OPENED.open(sealed))
+            secrets.append(sealing.open_sealed_cached(sealed))
         except sealing.SecretUnreadable:
             logger.warning(
                 "a webhook secret is unreadable with the configured keys", extra={"endpoint": delivery.endpoint_id}
@@ -413,7 +344,7 @@ def perform(
     )
 
 
-def record(lease: repository.Lease, attempted: Attempted) -> repository.Recorded:
+def record(lease: attempt_sql.Lease, attempted: Attempted) -> attempt_sql.Recorded:
     """Step 3: write the outcome, fenced on the lease; alert once on exhaustion or refusal."""
     delay: float | None = None
     if attempted.delivery_state is not None:
@@ -428,11 +359,11 @@ def record(lease: repository.Lease, attempted: Attempted) -> repository.Recorded
     # alert, and the alert must commit with the transition that made it.
     with transaction.atomic() if delivery_state != DeliveryState.SUCCEEDED else contextlib.nullcontext():
         if delivery_state not in (DeliveryState.SUCCEEDED, DeliveryState.CANCELLED) and (
-            repository.endpoint_deleted_for(lease.delivery_id)
+            attempt_sql.endpoint_deleted_for(lease.delivery_id)
         ):
             # Deleted while this attempt was in flight: no next rung, no exhaustion alert.
             delivery_state, delay = DeliveryState.CANCELLED, None
-        recorded = repository.record_outcome(
+        recorded = attempt_sql.record_outcome(
             lease,
             attempt_state=attempted.attempt_state,
             delivery_state=delivery_state,
