@@ -6,13 +6,16 @@ deliver job names the breaker from. Real PostgreSQL, a real receiver process."""
 from __future__ import annotations
 
 import ipaddress
+import threading
 
+import psycopg
 import pytest
 from django.db import connection, transaction
 
 from merchants.services import create_merchant
 from sandbox.receiver import fingerprint
-from webhooks import sealing
+from tests.conftest import database_url, wait_for
+from webhooks import attempt_sql, sealing
 from webhooks.event_types import EventType
 from webhooks.events import emit
 from webhooks.models import AttemptState, DeliveryAttempt, WebhookDelivery
@@ -79,3 +82,41 @@ def test_the_digest_an_attempt_is_held_to_is_read_under_the_lock_that_claimed_it
     assert attempted.attempt_state == AttemptState.FAILED and "differs from the first sent attempt" in attempted.error
     assert receiver.received("/hooks/digest") == []
     assert DeliveryAttempt.objects.get(delivery=d).error == attempted.error
+
+
+def test_the_cap_count_sees_an_attempt_committed_while_it_waited_for_the_endpoint_lock(receiver):
+    # Another worker holds the endpoint's row lock and is starting an attempt; this count
+    # waits for the lock. When it gets it, it must count that attempt: a count read on a
+    # snapshot taken before the wait would let both workers take the last slot.
+    ep, _, d = one_delivery(receiver, "/hooks/cap")
+    other = psycopg.connect(database_url(), autocommit=False)
+    try:
+        other.execute("SELECT 1 FROM webhook_endpoints WHERE id = %s FOR NO KEY UPDATE", [ep.pk])
+        other.execute(
+            "UPDATE webhook_deliveries SET state = 'delivering', attempts = 1, lease_token = gen_random_uuid(),"
+            " lease_expires_at = now() + interval '1 minute' WHERE id = %s",
+            [d.pk],
+        )
+        counted = {}
+
+        def count():
+            try:
+                with transaction.atomic():
+                    counted["in_flight"] = attempt_sql.in_flight_for_endpoint(ep.pk)[0]
+            finally:
+                connection.close()
+
+        counter = threading.Thread(target=count)
+        counter.start()
+        wait_for(lambda: blocked_on_a_lock(), timeout=10, message="the count to wait for the endpoint's lock")
+        other.commit()
+        counter.join(10)
+        assert counted == {"in_flight": 1}
+    finally:
+        other.close()
+
+
+def blocked_on_a_lock() -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
+        return cursor.fetchone()[0] > 0

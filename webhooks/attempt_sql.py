@@ -149,15 +149,14 @@ def in_flight_for_endpoint(endpoint_id: str) -> tuple[int, float | None]:
     so two workers cannot both take the last slot, and the seconds until the earliest of
     those leases expires (the latest a slot can stay taken; None: no live lease). MUST run
     in a transaction."""
-    # One prepared statement: the CTE takes the endpoint's row lock (primary key) before the
-    # count reads (the partial index webhook_deliveries_in_flight), since the count refers to it.
+    # The lock (primary key), then the count (the partial index webhook_deliveries_in_flight),
+    # as two statements, both prepared: a statement reads one snapshot, taken when it starts,
+    # so a count in the lock's own statement would not see the attempt committed by the
+    # worker whose lock it waited for (tests/test_webhook_fast_path.py).
+    _one_prepared("SELECT 1 FROM webhook_endpoints WHERE id = %s::text FOR NO KEY UPDATE", [endpoint_id])
     count, earliest = _one_prepared(
-        """
-        WITH locked AS (SELECT id FROM webhook_endpoints WHERE id = %s::text FOR NO KEY UPDATE)
-        SELECT count(d.id), EXTRACT(EPOCH FROM min(d.lease_expires_at) - now())::float8
-          FROM locked LEFT JOIN webhook_deliveries d
-            ON d.endpoint_id = locked.id AND d.state = 'delivering' AND d.lease_expires_at > now()
-        """,
+        "SELECT count(*), EXTRACT(EPOCH FROM min(lease_expires_at) - now())::float8 FROM webhook_deliveries"
+        " WHERE endpoint_id = %s::text AND state = 'delivering' AND lease_expires_at > now()",
         [endpoint_id],
     )
     return int(count), _float(earliest)
