@@ -29,7 +29,15 @@ from vpay.errors import error_chain
 # holds a slot of the ceiling.
 IN_FLIGHT_MARGIN_SECONDS = 5.0
 
-__all__ = ["RailDeferred", "record_submit_answer", "refund_status", "refund_submit", "status", "submit"]
+__all__ = [
+    "RailDeferred",
+    "record_answer",
+    "record_submit_answer",
+    "refund_status",
+    "refund_submit",
+    "status",
+    "submit",
+]
 
 
 def submit(
@@ -64,15 +72,30 @@ def submit(
     )
 
 
-def record_submit_answer(request_id: int, answer: RailAnswer) -> None:
+def record_answer(request_id: int, answer: RailAnswer) -> None:
+    """The answer on its request row (in the caller's transaction, if any)."""
     repository.record_answer(
         request_id, status_code=answer.http_status, rail_status=answer.status, excerpt=answer.body_excerpt
     )
 
 
+record_submit_answer = record_answer
+
+
 def status(charge_id: str, rail: RailConfig, *, pay_token: str | None, share: int | None = None) -> RailAnswer:
     """GET the charge's status (404 is an answer: ``RailStatus.NOT_FOUND``), recorded."""
-    _, answer = _call(
+    request_id, answer = status_unrecorded(charge_id, rail, pay_token=pay_token, share=share)
+    record_answer(request_id, answer)
+    return answer
+
+
+def status_unrecorded(
+    charge_id: str, rail: RailConfig, *, pay_token: str | None, share: int | None = None
+) -> tuple[int, RailAnswer]:
+    """:func:`status`, the answer left to the caller to record (:func:`record_answer`) in the
+    transaction that acts on it (a poll's settlement: one commit where there were two), or
+    alone. A failure is recorded here, then re-raised."""
+    return _call(
         charge_id,
         rail,
         RequestOperation.STATUS,
@@ -83,9 +106,8 @@ def status(charge_id: str, rail: RailConfig, *, pay_token: str | None, share: in
         ticket=None,
         ceiling=True,
         share=share,
-        record_answer=True,
+        record_answer=False,
     )
-    return answer
 
 
 def refund_submit(
