@@ -11,7 +11,7 @@ import threading
 import urllib.request
 
 import pytest
-from django.db import IntegrityError, OperationalError, connection
+from django.db import IntegrityError, connection
 
 from charges import repository
 from charges.models import RequestOperation
@@ -240,38 +240,6 @@ def test_a_request_row_that_fails_mid_transaction_leaves_no_transaction_open_beh
         bound_seconds=30.0,
     )
     assert request_id is not None and requests_of(charge.id) == 1
-
-
-def status_rows(charge_id: str) -> list[tuple]:
-    return sql(
-        "SELECT answered_at IS NOT NULL, status_code, rail_status FROM provider_requests"
-        " WHERE charge_id = %s AND operation = 'status' ORDER BY id",
-        [charge_id],
-    )
-
-
-def test_a_polls_answer_that_settles_the_charge_is_recorded_in_the_settlements_transaction(merchant, sandbox_rail):
-    charge = known_charge(merchant, sandbox_rail)
-    poll_now(charge.id)
-    assert charge_of(charge.intent_id)["status"] == "succeeded"
-    assert status_rows(charge.id) == [(True, 200, "succeeded")]
-
-
-def test_a_settlement_whose_transaction_fails_still_records_the_rails_answer(merchant, sandbox_rail, monkeypatch):
-    # The answer is written inside the settlement's transaction; when that rolls back, an
-    # unanswered row would hold a slot of the rail's ceiling until its bound: it is
-    # recorded on its own instead, and the charge is left for the next poll.
-    from charges import settlement_writes
-
-    def broken(*args, **kwargs):
-        raise OperationalError("the settlement's statement failed")
-
-    monkeypatch.setattr(settlement_writes, "settle_charge_and_intent", broken)
-    charge = known_charge(merchant, sandbox_rail)
-    poll_now(charge.id)
-    assert charge_of(charge.intent_id)["status"] == "submitted"
-    assert status_rows(charge.id) == [(True, 200, "succeeded")]
-    assert "the settlement's statement failed" in job_of(charge.id)[1]
 
 
 def test_a_poll_over_the_ceiling_defers_and_a_crashed_workers_row_stops_holding_a_slot(

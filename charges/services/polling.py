@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 
 from django.conf import settings
-from django.db import DatabaseError, transaction
+from django.db import transaction
 
 from charges import refund_repository, repository
 from charges.ladder import past_the_horizon, poll_delay
@@ -105,12 +105,9 @@ def poll_charge(ctx: JobContext) -> Outcome:
     rail = get_rail(row.rail)
     if rail is None:
         raise ConfigurationError(f"charge {row.id}: rail {row.rail!r} is no longer configured")
-    retry_after, answered = 0.0, None
+    retry_after = 0.0
     try:
-        answered = rail_calls.status_unrecorded(
-            row.id, rail, pay_token=row.pay_token, share=worker_share(ctx.worker_concurrency)
-        )
-        answer = answered[1]
+        answer = rail_calls.status(row.id, rail, pay_token=row.pay_token, share=worker_share(ctx.worker_concurrency))
         status, failure_code, pay_token = answer.status, answer.failure_code, answer.pay_token
     except RailDeferred as exc:
         # Nothing was sent (the rail's breaker is open, or it has its ceiling in flight).
@@ -134,20 +131,17 @@ def poll_charge(ctx: JobContext) -> Outcome:
         # error would park the job. Only rail errors: a database error propagates as itself.
         return _escalate(row, policy, f"rail refused a poll: {error_chain(exc, 200)}")
 
-    # 5. The settlement table. A settlement records the rail's answer in its own
-    #    transaction; any other answer is recorded now, before anything acts on it.
-    settlement = settle(row.status, status, past_horizon=past)
-    if settlement is Settlement.SUCCEED:
-        _settle_recording(transitions.succeed, row, answered)
-        return Outcome.done()
-    if settlement is Settlement.FAIL:
-        _settle_recording(transitions.fail, row, answered, failure_code)
-        return Outcome.done()
-    if answered is not None:
-        rail_calls.record_answer(*answered)
+    # 5. The settlement table.
     if status == RailStatus.NOT_FOUND and row.status == ChargeStatus.SUBMITTING:
         repository.record_not_found(row.id)  # the evidence the recovery table reads next time
+    settlement = settle(row.status, status, past_horizon=past)
     if settlement is Settlement.IGNORE:
+        return Outcome.done()
+    if settlement is Settlement.SUCCEED:
+        transitions.succeed(row)
+        return Outcome.done()
+    if settlement is Settlement.FAIL:
+        transitions.fail(row, failure_code)
         return Outcome.done()
     if settlement is Settlement.ESCALATE:
         return _escalate(row, policy, f"rail answered {status.value} past the horizon")
@@ -157,21 +151,6 @@ def poll_charge(ctx: JobContext) -> Outcome:
     # 6. The next rung (row.polls counted the polls before this one), or later if the rail
     #    asked for that with Retry-After.
     return Outcome.reschedule_in(max(poll_delay(row.polls, policy), retry_after), f"rail answered {status.value}")
-
-
-def _settle_recording(transition, row: ChargeRow, answered, *args) -> None:
-    """``transition`` (succeed or fail), the rail's answer recorded in its transaction. Should
-    that transaction fail, the answer is still recorded on its own if the database takes
-    it: an unanswered request row would hold a slot of the rail's ceiling until its bound."""
-    try:
-        transition(row, *args, answered=answered)
-    except DatabaseError:
-        if answered is not None:
-            try:
-                rail_calls.record_answer(*answered)
-            except DatabaseError:
-                logger.warning("could not record a rail answer", extra={"charge_id": row.id}, exc_info=True)
-        raise
 
 
 def _deferred(ctx: JobContext, row: ChargeRow, policy: RecoveryPolicy, exc: RailDeferred) -> Outcome:

@@ -29,15 +29,7 @@ from vpay.errors import error_chain
 # holds a slot of the ceiling.
 IN_FLIGHT_MARGIN_SECONDS = 5.0
 
-__all__ = [
-    "RailDeferred",
-    "record_answer",
-    "record_submit_answer",
-    "refund_status",
-    "refund_submit",
-    "status",
-    "submit",
-]
+__all__ = ["RailDeferred", "record_submit_answer", "refund_status", "refund_submit", "status", "submit"]
 
 
 def submit(
@@ -72,30 +64,15 @@ def submit(
     )
 
 
-def record_answer(request_id: int, answer: RailAnswer) -> None:
-    """The answer on its request row (in the caller's transaction, if any)."""
+def record_submit_answer(request_id: int, answer: RailAnswer) -> None:
     repository.record_answer(
         request_id, status_code=answer.http_status, rail_status=answer.status, excerpt=answer.body_excerpt
     )
 
 
-record_submit_answer = record_answer
-
-
 def status(charge_id: str, rail: RailConfig, *, pay_token: str | None, share: int | None = None) -> RailAnswer:
     """GET the charge's status (404 is an answer: ``RailStatus.NOT_FOUND``), recorded."""
-    request_id, answer = status_unrecorded(charge_id, rail, pay_token=pay_token, share=share)
-    record_answer(request_id, answer)
-    return answer
-
-
-def status_unrecorded(
-    charge_id: str, rail: RailConfig, *, pay_token: str | None, share: int | None = None
-) -> tuple[int, RailAnswer]:
-    """:func:`status`, the answer left to the caller to record (:func:`record_answer`) in the
-    transaction that acts on it (a poll's settlement: one commit where there were two), or
-    alone. A failure is recorded here, then re-raised."""
-    return _call(
+    _, answer = _call(
         charge_id,
         rail,
         RequestOperation.STATUS,
@@ -106,8 +83,9 @@ def status_unrecorded(
         ticket=None,
         ceiling=True,
         share=share,
-        record_answer=False,
+        record_answer=True,
     )
+    return answer
 
 
 def refund_submit(

@@ -14,9 +14,7 @@ from django.db import transaction
 from charges import repository, settlement_writes
 from charges.metrics import CHARGES_SETTLED, CHARGES_UNRESOLVED
 from charges.models import Charge, CheckoutSession, PaymentIntent
-from charges.rails.adapter import RailAnswer
 from charges.repository import ChargeRow
-from charges.services import rail_calls
 from charges.states import ChargeStatus, IntentStatus
 from charges.wire import render_charge, render_intent, render_session
 from jobs.alerts import Severity, admin_path, raise_alert
@@ -30,15 +28,6 @@ _OPEN_INTENT = [IntentStatus.PROCESSING, IntentStatus.REQUIRES_ACTION]
 DEAD_ORDER = "redirect_never_delivered"
 SUBMIT_REJECTED = "rail_rejected"
 RAIL_CONFIGURATION = "rail_configuration_error"
-
-
-# A poll's request row id and the rail's answer on it.
-Answered = tuple[int, RailAnswer]
-
-
-def _record(answered: Answered | None) -> None:
-    if answered is not None:
-        rail_calls.record_answer(*answered)
 
 
 def _intent(intent_id: str) -> PaymentIntent:
@@ -56,13 +45,10 @@ def _has_session(intent: PaymentIntent) -> bool:
     return True
 
 
-def succeed(row: ChargeRow, answered: Answered | None = None) -> bool:
+def succeed(row: ChargeRow) -> bool:
     """The rail says the money moved: charge and intent ``succeeded``, ``payment_intent.succeeded``,
-    and the intent's checkout session (if any) ``complete`` with ``checkout.session.completed``.
-    ``answered``: the poll's request row and the answer that says so, recorded in the same
-    transaction."""
+    and the intent's checkout session (if any) ``complete`` with ``checkout.session.completed``."""
     with transaction.atomic():
-        _record(answered)
         if row.status == ChargeStatus.SUBMITTING:
             # A charge whose submit answer was lost: the rail answering about it is the
             # evidence it was submitted, so it passes through submitted (docs/architecture.md §8).
@@ -80,11 +66,9 @@ def succeed(row: ChargeRow, answered: Answered | None = None) -> bool:
     return True
 
 
-def fail(row: ChargeRow, failure_code: str | None, answered: Answered | None = None) -> bool:
-    """The rail says the charge failed: charge and intent ``failed``, ``payment_intent.payment_failed``
-    (``answered``: as for :func:`succeed`)."""
+def fail(row: ChargeRow, failure_code: str | None) -> bool:
+    """The rail says the charge failed: charge and intent ``failed``, ``payment_intent.payment_failed``."""
     with transaction.atomic():
-        _record(answered)
         if row.status == ChargeStatus.SUBMITTING:
             repository.mark_submitted(row.id, pay_token=None, redirect_url=None)
         if not settlement_writes.settle_charge_and_intent(
