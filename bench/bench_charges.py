@@ -3,23 +3,37 @@
 
 Real processes throughout: one ``manage.py runworker`` and one ``sandbox.rail`` (the stub
 rail, over HTTP on loopback), on the PostgreSQL at 127.0.0.1:5432 (role root), database
-``bench_charges`` (dropped and created afresh, migrations applied).
+``bench_charges`` (``VPAY_BENCH_DB`` names another; dropped and created afresh, migrations
+applied). Two modes, each run at every ``--concurrency`` (worker executors, default 4,16):
 
-For each ``--concurrency`` (worker loop threads, default 4,16): ``--charges`` intents
-(default 1000) are created, then confirmed by ``--confirmers`` threads (default 8) calling
-the confirm service exactly as the API view does (commit charge + poll job, POST to the
-rail, compare-and-swap + pull-forward), while the worker polls each charge (one GET; the
-sandbox answers succeeded on the first poll) and settles it (charge + intent +
+``worker`` -- the worker alone. A backlog of ``--charges`` submitted charges whose polls are
+due, exactly as confirms leave them (``bench/charges_backlog.py``: one real confirm, its rows
+copied in SQL, the rail told of each copy by its submit), then the worker is started.
+settled/s = charges / (first → last ``payment_intent.succeeded`` event's ``created_at``, the
+database clock): poll → GET → settlement committed, nothing else competing.
+
+``end_to_end`` -- ``--charges`` intents (default 1000) confirmed by ``--confirmers`` threads
+(default 8) calling the confirm service exactly as the API view does (commit charge + poll
+job, POST to the rail, compare-and-swap + pull-forward), while the worker polls each charge
+(one GET; the sandbox answers succeeded on the first poll) and settles it (charge + intent +
 ``payment_intent.succeeded`` event in one transaction).
 
 * settled/s = charges / (first charge's ``created_at`` → last succeeded event's
   ``created_at``), both written by PostgreSQL: confirm → poll → event committed.
 * confirm → settlement: per charge, event ``created_at`` - charge ``created_at`` (the
   charge row is written at the start of the confirm, before the rail is called); median
-  and p95. The confirm's own duration (as the API caller waits for it) is reported too.
+  and p95. The confirm's own duration (as the API caller waits for it): p50, p95, p99.
+
+``--limits``: per concurrency, the limits measured in the same run (``bench/poll_statements.py``):
+the rail alone (the adapter's GET in a loop at that many threads) and the database's commit
+rate (``pgbench``, a one-row insert per transaction, that many clients); the table gives
+settled/s as ratios to both. ``--statements N``: only count the statements and commits per
+settled charge over a backlog of N, polled in this process, grouped by statement.
 
 Usage (project root, the project's venv):
-  python bench/bench_charges.py [--concurrency 4,16] [--charges 1000] [--confirmers 8]
+  python bench/bench_charges.py [--mode worker,end_to_end] [--concurrency 4,16] [--charges 1000]
+                                [--confirmers 8] [--limits]
+  python bench/bench_charges.py --statements 200
 Results: printed as a Markdown table and appended to bench/out/charges.jsonl.
 """
 
@@ -41,7 +55,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 OUT = Path(os.environ.get("VPAY_BENCH_OUT", str(HERE / "out")))
-DB = "bench_charges"
+DB = os.environ.get("VPAY_BENCH_DB", "bench_charges")  # another name keeps parallel checkouts apart
 DATABASE_URL = f"postgresql://root@127.0.0.1:5432/{DB}"
 
 
@@ -95,14 +109,20 @@ def reset() -> None:
         )
 
 
-def run_one(concurrency: int, charges: int, confirmers: int) -> dict:
-    import django
+def _start_worker(concurrency: int) -> subprocess.Popen:
+    worker = subprocess.Popen(
+        [sys.executable, "manage.py", "runworker", "--concurrency", str(concurrency)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    print(f"worker pid {worker.pid} (--concurrency {concurrency})", file=sys.stderr, flush=True)
+    return worker
 
-    django.setup()
-    from django.db import connection
 
+def _new_intents(charges: int):
     from charges.models import PaymentIntent
-    from charges.services.confirm import confirm_intent
     from merchants.services import create_merchant
 
     reset()
@@ -112,16 +132,57 @@ def run_one(concurrency: int, charges: int, confirmers: int) -> dict:
         PaymentIntent(merchant=merchant, amount=1000, currency="usd", rail="sandbox_push")
         for _ in range(charges)
     )
-    ids = [i.id for i in intents]
-    connection.close()
+    return merchant, [i.id for i in intents]
 
-    worker = subprocess.Popen(
-        [sys.executable, "manage.py", "runworker", "--concurrency", str(concurrency)],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+
+# Per settled charge: confirm → event (both instants PostgreSQL's), and the event's instant.
+_SETTLED = """
+SELECT extract(epoch FROM e.created_at - c.created_at)::float8, c.created_at, e.created_at
+  FROM charges c JOIN events e
+    ON e.type = 'payment_intent.succeeded' AND e.data->>'id' = c.intent_id
+ WHERE c.intent_id = ANY(%s)
+"""
+
+
+def _wait_settled(ids: list[str]) -> tuple[list[tuple], int]:
+    """Every intent's settlement event (rows of ``_SETTLED``), and the most events any intent got."""
+    deadline = time.monotonic() + 600
+    with psycopg.connect(DATABASE_URL, autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            done = conn.execute(
+                "SELECT count(*) FROM events WHERE type = 'payment_intent.succeeded' AND data->>'id' = ANY(%s)", [ids]
+            ).fetchone()[0]
+            if done >= len(ids):
+                break
+            time.sleep(0.2)
+        rows = conn.execute(_SETTLED, [ids]).fetchall()
+        events_per_intent = conn.execute(
+            "SELECT max(n) FROM (SELECT count(*) n FROM events WHERE data->>'id' = ANY(%s) GROUP BY data->>'id') x",
+            [ids],
+        ).fetchone()[0]
+    return rows, events_per_intent
+
+
+def _pct(sorted_values: list[float], q: float) -> float:
+    return round(sorted_values[max(0, int(len(sorted_values) * q) - 1)] * 1000, 1)
+
+
+def _stop(worker: subprocess.Popen) -> None:
+    worker.terminate()
+    worker.wait(timeout=60)
+
+
+def run_end_to_end(concurrency: int, charges: int, confirmers: int) -> dict:
+    import django
+
+    django.setup()
+    from django.db import connection
+
+    from charges.services.confirm import confirm_intent
+
+    merchant, ids = _new_intents(charges)
+    connection.close()
+    worker = _start_worker(concurrency)
     time.sleep(2.0)  # boot (migration check, seeding) before the clock starts
 
     durations: list[float] = []
@@ -145,35 +206,14 @@ def run_one(concurrency: int, charges: int, confirmers: int) -> dict:
         t.start()
     for t in threads:
         t.join()
-
-    deadline = time.monotonic() + 600
-    with psycopg.connect(DATABASE_URL, autocommit=True) as conn:
-        while time.monotonic() < deadline:
-            done = conn.execute(
-                "SELECT count(*) FROM events WHERE type = 'payment_intent.succeeded' AND data->>'id' = ANY(%s)", [ids]
-            ).fetchone()[0]
-            if done >= charges:
-                break
-            time.sleep(0.2)
-        rows = conn.execute(
-            """
-            SELECT extract(epoch FROM e.created_at - c.created_at)::float8, c.created_at, e.created_at
-              FROM charges c JOIN events e
-                ON e.type = 'payment_intent.succeeded' AND e.data->>'id' = c.intent_id
-             WHERE c.intent_id = ANY(%s)
-            """,
-            [ids],
-        ).fetchall()
-        events_per_intent = conn.execute(
-            "SELECT max(n) FROM (SELECT count(*) n FROM events WHERE data->>'id' = ANY(%s) GROUP BY data->>'id') x",
-            [ids],
-        ).fetchone()[0]
-    worker.terminate()
-    worker.wait(timeout=60)
+    rows, events_per_intent = _wait_settled(ids)
+    _stop(worker)
 
     latencies = sorted(r[0] for r in rows)
+    durations.sort()
     span = (max(r[2] for r in rows) - min(r[1] for r in rows)).total_seconds()
     return {
+        "mode": "end_to_end",
         "concurrency": concurrency,
         "charges": charges,
         "confirmers": confirmers,
@@ -181,9 +221,68 @@ def run_one(concurrency: int, charges: int, confirmers: int) -> dict:
         "max_events_per_intent": events_per_intent,
         "settled_per_second": round(len(rows) / span, 1),
         "settle_p50_ms": round(statistics.median(latencies) * 1000, 1),
-        "settle_p95_ms": round(latencies[int(len(latencies) * 0.95) - 1] * 1000, 1),
+        "settle_p95_ms": _pct(latencies, 0.95),
         "confirm_p50_ms": round(statistics.median(durations) * 1000, 1),
+        "confirm_p95_ms": _pct(durations, 0.95),
+        "confirm_p99_ms": _pct(durations, 0.99),
+        "load": os.getloadavg()[0],
     }
+
+
+def run_worker_alone(concurrency: int, charges: int) -> dict:
+    """The worker alone: a backlog of ``charges`` submitted charges, every poll due, then
+    the worker; settled/s = charges / (first → last settlement event, database clock)."""
+    import django
+
+    django.setup()
+    from django.db import connection
+
+    from bench.charges_backlog import make_backlog
+
+    merchant, ids = _new_intents(charges)
+    make_backlog(merchant, ids)
+    connection.close()
+    worker = _start_worker(concurrency)
+    rows, events_per_intent = _wait_settled(ids)
+    _stop(worker)
+    span = (max(r[2] for r in rows) - min(r[2] for r in rows)).total_seconds()
+    return {
+        "mode": "worker_alone",
+        "concurrency": concurrency,
+        "charges": charges,
+        "confirmers": 0,
+        "settled": len(rows),
+        "max_events_per_intent": events_per_intent,
+        "settled_per_second": round((len(rows) - 1) / span, 1),
+        "load": os.getloadavg()[0],
+    }
+
+
+def _ratio(result: dict, limit: float | None) -> str:
+    return f"{result['settled_per_second'] / limit:.2f}x" if limit else "-"
+
+
+def _print(results: list[dict], limits: dict) -> None:
+    print(
+        "| mode | worker concurrency | confirmers | charges | settled/s | ÷ rail GET/s | ÷ pgbench tps |"
+        " confirm→settled p50 | p95 | confirm p50 | p99 | events per intent | load |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in results:
+        rail, tps = limits.get(r["concurrency"], (None, None))
+        e2e = r["mode"] == "end_to_end"
+        print(
+            f"| {r['mode']} | {r['concurrency']} | {r['confirmers']} | {r['settled']}/{r['charges']} |"
+            f" {r['settled_per_second']} | {_ratio(r, rail)} | {_ratio(r, tps)} |"
+            + (
+                f" {r['settle_p50_ms']} ms | {r['settle_p95_ms']} ms | {r['confirm_p50_ms']} ms | {r['confirm_p99_ms']} ms |"
+                if e2e
+                else " - | - | - | - |"
+            )
+            + f" {r['max_events_per_intent']} | {r['load']:.1f} |"
+        )
+    for c, (rail, tps) in sorted(limits.items()):
+        print(f"limit at {c}: rail alone {rail} GET/s, pgbench one-row insert {tps} tps")
 
 
 def main() -> int:
@@ -191,6 +290,13 @@ def main() -> int:
     parser.add_argument("--concurrency", default="4,16")
     parser.add_argument("--charges", type=int, default=1000)
     parser.add_argument("--confirmers", type=int, default=8)
+    parser.add_argument(
+        "--mode", default="worker,end_to_end", help="comma-separated: worker (a backlog, the worker alone), end_to_end"
+    )
+    parser.add_argument(
+        "--limits", action="store_true", help="also measure the rail alone and pgbench, per concurrency"
+    )
+    parser.add_argument("--statements", type=int, default=0, help="only count statements per settled charge over N")
     args = parser.parse_args()
     ensure_database()
     rail = subprocess.Popen(
@@ -200,10 +306,26 @@ def main() -> int:
         stderr=subprocess.DEVNULL,
     )
     time.sleep(1.0)
-    results = []
+    results, limits = [], {}
     try:
+        if args.statements:
+            import django
+
+            django.setup()
+            from bench.poll_statements import count_statements
+
+            print(json.dumps(count_statements(_new_intents(args.statements)), indent=1))
+            return 0
         for concurrency in (int(c) for c in args.concurrency.split(",")):
-            results.append(run_one(concurrency, args.charges, args.confirmers))
+            for mode in args.mode.split(","):
+                if mode == "worker":
+                    results.append(run_worker_alone(concurrency, args.charges))
+                else:
+                    results.append(run_end_to_end(concurrency, args.charges, args.confirmers))
+            if args.limits:
+                from bench.poll_statements import pgbench_commit_rate, rail_get_rate
+
+                limits[concurrency] = (rail_get_rate(concurrency), pgbench_commit_rate(DATABASE_URL, concurrency))
     finally:
         rail.terminate()
         rail.wait(timeout=10)
@@ -211,18 +333,9 @@ def main() -> int:
     stamp = {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": platform.node(), "cpus": os.cpu_count()}
     with (OUT / "charges.jsonl").open("a") as fh:
         for r in results:
-            fh.write(json.dumps({**stamp, **r}) + "\n")
-    print(
-        "| worker concurrency | confirmers | charges | settled/s | confirm→settled p50 | p95 | confirm p50"
-        " | events per intent |"
-    )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    for r in results:
-        print(
-            f"| {r['concurrency']} | {r['confirmers']} | {r['settled']}/{r['charges']} |"
-            f" {r['settled_per_second']} |"
-            f" {r['settle_p50_ms']} ms | {r['settle_p95_ms']} ms | {r['confirm_p50_ms']} ms | {r['max_events_per_intent']} |"
-        )
+            rail_limit, tps = limits.get(r["concurrency"], (None, None))
+            fh.write(json.dumps({**stamp, **r, "rail_get_per_second": rail_limit, "pgbench_tps": tps}) + "\n")
+    _print(results, limits)
     return 0
 
 

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from django.db import connection, transaction
+from django.db import connection
 from django.db.models.functions import Now
 
 from charges.models import (
     EXCERPT_MAX,
     Charge,
-    CheckoutSession,
     PaymentIntent,
     ProviderRequest,
     RequestOperation,
@@ -26,8 +25,6 @@ from charges.recovery import Evidence, SubmitEvidence
 from charges.states import (
     CHARGE_LIVE,
     ChargeStatus,
-    CheckoutPaymentStatus,
-    CheckoutSessionStatus,
     IntentStatus,
     RailFlow,
     RailStatus,
@@ -159,20 +156,44 @@ def record_sent(
     return row.pk
 
 
-# Serializes the in-flight count and the insert of one rail's request rows across workers,
-# so two cannot both take the last slot. A transaction-scoped advisory lock: there is no
-# rails table to lock a row of (rails are configuration), and it is released at commit.
-_LOCK_RAIL_IN_FLIGHT = "SELECT pg_advisory_xact_lock(hashtextextended('vpay:rail_in_flight:' || %s, 0))"
-
-# The rail's requests in flight: sent, unanswered, and younger than the bound (the rail
-# timeout plus a margin; the adapter ends every exchange by its deadline, so an older
-# unanswered row is a crashed worker's and holds no slot). And the seconds until the
-# earliest of them passes the bound (the latest a slot can stay taken). Served by
-# provider_requests_in_flight (partial: answered rows, nearly all of them, cost nothing).
-_RAIL_IN_FLIGHT = """
-SELECT count(*), extract(epoch FROM min(sent_at) + make_interval(secs => %(bound)s) - now())::float8
-  FROM provider_requests
- WHERE rail = %(rail)s AND answered_at IS NULL AND sent_at > now() - make_interval(secs => %(bound)s)
+# One round trip, one transaction, several statements (the simple protocol, as the queue's
+# bookkeeping does): the rail's lock, then its requests in flight counted and, below the
+# ceiling, the new request row written, then the commit.
+#
+# * The lock: a transaction-scoped advisory lock per rail (there is no rails table to lock
+#   a row of: rails are configuration), serializing the count and the insert across
+#   workers so two cannot both take the last slot; released at commit. The statements
+#   after it run server-side with no client round trip while it is held, so the lock is
+#   held for microseconds, not for three round trips of a busy client.
+# * The count is a statement of its own, after the lock's: under READ COMMITTED each
+#   statement takes its snapshot when it starts, so it sees every row committed by the
+#   previous holder. (Counted in the lock's own statement it would not: that snapshot
+#   predates the wait for the lock.) In flight: sent, unanswered, younger than the bound
+#   (the rail timeout plus a margin; the adapter ends every exchange by its deadline, so an
+#   older unanswered row is a crashed worker's and holds no slot). With it, the seconds
+#   until the earliest of them passes the bound (the latest a slot can stay taken). Served
+#   by provider_requests_in_flight (partial: answered rows, nearly all of them, cost nothing).
+# * The insert: its columns not named here take their database defaults (sent_at is the
+#   statement's timestamp), as the ORM's create would; no index read.
+# * The commit is the server's synchronous commit: the row is durable before the request
+#   goes out (crash recovery reads it).
+_RECORD_WITHIN_CEILING = """
+BEGIN;
+SELECT pg_advisory_xact_lock(hashtextextended('vpay:rail_in_flight:' || %(rail)s, 0));
+WITH in_flight AS (
+    SELECT count(*) AS n,
+           extract(epoch FROM min(sent_at) + make_interval(secs => %(bound)s) - now())::float8 AS earliest_left
+      FROM provider_requests
+     WHERE rail = %(rail)s AND answered_at IS NULL AND sent_at > now() - make_interval(secs => %(bound)s)
+), sent AS (
+    INSERT INTO provider_requests (charge_id, refund_id, operation, rail, method, path, idempotency_key)
+    SELECT %(charge_id)s, %(refund_id)s, %(operation)s, %(rail)s, %(method)s, %(path)s, %(idempotency_key)s
+      FROM in_flight
+     WHERE n < %(ceiling)s
+    RETURNING id
+)
+SELECT (SELECT id FROM sent), earliest_left FROM in_flight;
+COMMIT
 """
 
 
@@ -192,25 +213,43 @@ def record_sent_within_ceiling(
 
     Returns the new row's id (committed, before the request is sent) or None at the
     ceiling, and the seconds until the earliest request in flight passes its bound."""
-    if connection.in_atomic_block:
+    if connection.in_atomic_block or not connection.get_autocommit():
         raise RuntimeError("a rail request must be recorded (committed) before it is sent")
-    with transaction.atomic():
-        with connection.cursor() as cursor:
-            cursor.execute(_LOCK_RAIL_IN_FLIGHT, [rail])
-            cursor.execute(_RAIL_IN_FLIGHT, {"rail": rail, "bound": bound_seconds})
-            in_flight, earliest_left = cursor.fetchone()
-        if in_flight >= ceiling:
-            return None, earliest_left
-        row = ProviderRequest.objects.create(
-            charge_id=charge_id,
-            refund_id=refund_id,
-            operation=operation,
-            rail=rail,
-            method=method,
-            path=path[:300],
-            idempotency_key=idempotency_key,
-        )
-    return row.pk, earliest_left
+    params = {
+        "charge_id": charge_id,
+        "refund_id": refund_id,
+        "operation": str(operation),
+        "rail": rail,
+        "method": method,
+        "path": path[:300],
+        "idempotency_key": idempotency_key,
+        "ceiling": ceiling,
+        "bound": bound_seconds,
+    }
+    with connection.cursor() as cursor:
+        try:
+            cursor.execute(_RECORD_WITHIN_CEILING, params)
+            cursor.nextset()  # the lock
+            cursor.nextset()  # the count and the insert
+            request_id, earliest_left = cursor.fetchone()
+            cursor.nextset()  # COMMIT
+        except BaseException:
+            # The explicit transaction may be left open and aborted: never reuse it.
+            connection.close()
+            raise
+    return request_id, earliest_left
+
+
+# The answer on its request row, once (provider_requests_pkey; the guard on answered_at makes
+# a second answer, which only a bug could send, write nothing). Plain SQL rather than the
+# ORM's update: it runs on every rail call, and compiling the queryset cost more of the
+# worker's CPU than the statement costs the database. answered_at is the statement's
+# instant, as Now() was.
+_RECORD_ANSWER = """
+UPDATE provider_requests
+   SET answered_at = statement_timestamp(), status_code = %s, rail_status = %s, error = %s, response_excerpt = %s
+ WHERE id = %s AND answered_at IS NULL
+"""
 
 
 def record_answer(
@@ -222,15 +261,19 @@ def record_answer(
     excerpt: str = "",
 ) -> None:
     """Answer a request row (``status_code`` None: a transport failure, recorded with its cause)."""
-    ProviderRequest.objects.filter(pk=request_id, answered_at__isnull=True).update(
-        answered_at=Now(),
-        status_code=status_code,
-        rail_status=rail_status,
-        error=redact(error)[: EXCERPT_MAX * 2],
-        # The adapter built the excerpt with the pay_token and every URL already removed
-        # (rails/adapter.py, answer_excerpt); redact() is the second net for credentials.
-        response_excerpt=redact(excerpt)[:EXCERPT_MAX],
-    )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _RECORD_ANSWER,
+            [
+                status_code,
+                str(rail_status) if rail_status is not None else None,
+                redact(error)[: EXCERPT_MAX * 2],
+                # The adapter built the excerpt with the pay_token and every URL already removed
+                # (rails/adapter.py, answer_excerpt); redact() is the second net for credentials.
+                redact(excerpt)[:EXCERPT_MAX],
+                request_id,
+            ],
+        )
 
 
 # --- compare-and-swap transitions -----------------------------------------------------------
@@ -254,17 +297,6 @@ def mark_submitted(charge_id: str, *, pay_token: str | None, redirect_url: str |
 def fail_submitting(charge_id: str, failure_code: str) -> bool:
     """``submitting → failed``: a dead redirect order, or a submit the rail refused for good."""
     return _cas(Charge, charge_id, [ChargeStatus.SUBMITTING], status=ChargeStatus.FAILED, failure_code=failure_code)
-
-
-def settle_charge(charge_id: str, status: ChargeStatus, failure_code: str | None = None) -> bool:
-    """``submitted | unresolved → succeeded | failed``."""
-    return _cas(
-        Charge,
-        charge_id,
-        [ChargeStatus.SUBMITTED, ChargeStatus.UNRESOLVED],
-        status=status,
-        failure_code=failure_code,
-    )
 
 
 def escalate_charge(charge_id: str) -> bool:
@@ -309,17 +341,6 @@ def cancel_intent(intent_id: str, reason: str | None) -> bool:
         cancellation_reason=reason,
         canceled_at=Now(),
     )
-
-
-def complete_session(intent_id: str) -> CheckoutSession | None:
-    """The intent's session, marked paid, and ``open → complete``; returns it when it moved to
-    complete (so its event is emitted), else None. An expired session is marked paid too
-    (the payment status is the truth about money) but stays expired."""
-    CheckoutSession.objects.filter(intent_id=intent_id).update(payment_status=CheckoutPaymentStatus.PAID)
-    moved = CheckoutSession.objects.filter(intent_id=intent_id, status=CheckoutSessionStatus.OPEN).update(
-        status=CheckoutSessionStatus.COMPLETE, completed_at=Now()
-    )
-    return CheckoutSession.objects.filter(intent_id=intent_id).first() if moved else None
 
 
 def touch_customer(customer_id: str | None) -> None:

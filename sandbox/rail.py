@@ -78,6 +78,10 @@ DEFAULT_API_KEY = "sandbox-rail-key"
 
 class Handler(RefundRoutes, AdminRoutes, BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # TCP_NODELAY: an answer goes out as its headers and then its body, two writes; with
+    # Nagle on, the body waits for the client's delayed ACK of the headers (~40 ms on
+    # Linux), and a keep-alive poll took 48 ms instead of well under one.
+    disable_nagle_algorithm = True
     server: RailServer
 
     def log_message(self, format, *args):

@@ -11,7 +11,7 @@ import threading
 import urllib.request
 
 import pytest
-from django.db import connection
+from django.db import IntegrityError, connection
 
 from charges import repository
 from charges.models import RequestOperation
@@ -211,6 +211,35 @@ def test_the_ceiling_admits_exactly_its_number_of_concurrent_requests_across_con
         t.join(15)
     assert len(got) == 6 and sum(1 for r in got if r is not None) == 2
     assert requests_of(charge.id) == 2
+
+
+def test_a_request_row_that_fails_mid_transaction_leaves_no_transaction_open_behind_it(merchant):
+    # The ceiling's lock, count, insert and commit are one round trip; a statement failing
+    # inside it leaves the explicit transaction aborted, and the connection must not carry
+    # it into the caller's next statement.
+    charge = live_charge(merchant, status="submitted", job=False)
+    with pytest.raises(IntegrityError):
+        repository.record_sent_within_ceiling(
+            charge.id,
+            "bogus",  # refused by the operation's check constraint, mid-string
+            rail="sandbox_push",
+            method="GET",
+            path="/charges/x",
+            idempotency_key=None,
+            ceiling=5,
+            bound_seconds=30.0,
+        )
+    request_id, _ = repository.record_sent_within_ceiling(
+        charge.id,
+        RequestOperation.STATUS,
+        rail="sandbox_push",
+        method="GET",
+        path="/charges/x",
+        idempotency_key=None,
+        ceiling=5,
+        bound_seconds=30.0,
+    )
+    assert request_id is not None and requests_of(charge.id) == 1
 
 
 def test_a_poll_over_the_ceiling_defers_and_a_crashed_workers_row_stops_holding_a_slot(

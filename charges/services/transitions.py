@@ -11,9 +11,9 @@ import logging
 
 from django.db import transaction
 
-from charges import repository
+from charges import repository, settlement_writes
 from charges.metrics import CHARGES_SETTLED, CHARGES_UNRESOLVED
-from charges.models import Charge, PaymentIntent
+from charges.models import Charge, CheckoutSession, PaymentIntent
 from charges.repository import ChargeRow
 from charges.states import ChargeStatus, IntentStatus
 from charges.wire import render_charge, render_intent, render_session
@@ -31,7 +31,18 @@ RAIL_CONFIGURATION = "rail_configuration_error"
 
 
 def _intent(intent_id: str) -> PaymentIntent:
-    return PaymentIntent.objects.select_related("merchant", "charge").get(pk=intent_id)
+    # The intent as the event reports it, after the writes, with its charge and its checkout
+    # session (both one-to-one, joined in this one read; a session is created with its
+    # intent, in the same transaction, or never).
+    return PaymentIntent.objects.select_related("charge", "checkout_session").get(pk=intent_id)
+
+
+def _has_session(intent: PaymentIntent) -> bool:
+    try:
+        intent.checkout_session  # noqa: B018 - read from select_related: no query
+    except CheckoutSession.DoesNotExist:
+        return False
+    return True
 
 
 def succeed(row: ChargeRow) -> bool:
@@ -42,14 +53,14 @@ def succeed(row: ChargeRow) -> bool:
             # A charge whose submit answer was lost: the rail answering about it is the
             # evidence it was submitted, so it passes through submitted (docs/architecture.md §8).
             repository.mark_submitted(row.id, pay_token=None, redirect_url=None)
-        if not repository.settle_charge(row.id, ChargeStatus.SUCCEEDED):
+        if not settlement_writes.settle_charge_and_intent(row.id, ChargeStatus.SUCCEEDED, IntentStatus.SUCCEEDED):
             return False
-        repository.intent_to(row.intent_id, IntentStatus.SUCCEEDED, _OPEN_INTENT)
         intent = _intent(row.intent_id)
-        emit(intent.merchant, EventType.PAYMENT_INTENT_SUCCEEDED, render_intent(intent, for_event=True))
-        session = repository.complete_session(row.intent_id)
-        if session is not None:
-            emit(intent.merchant, EventType.CHECKOUT_SESSION_COMPLETED, render_session(session, for_event=True))
+        emit(intent.merchant_id, EventType.PAYMENT_INTENT_SUCCEEDED, render_intent(intent, for_event=True))
+        if _has_session(intent):
+            session = settlement_writes.complete_session(row.intent_id)
+            if session is not None:
+                emit(intent.merchant_id, EventType.CHECKOUT_SESSION_COMPLETED, render_session(session, for_event=True))
     CHARGES_SETTLED.labels(rail=row.rail, outcome="succeeded").inc()
     logger.info("charge succeeded", extra={"charge_id": row.id, "intent_id": row.intent_id})
     return True
@@ -60,9 +71,11 @@ def fail(row: ChargeRow, failure_code: str | None) -> bool:
     with transaction.atomic():
         if row.status == ChargeStatus.SUBMITTING:
             repository.mark_submitted(row.id, pay_token=None, redirect_url=None)
-        if not repository.settle_charge(row.id, ChargeStatus.FAILED, failure_code or "declined"):
+        if not settlement_writes.settle_charge_and_intent(
+            row.id, ChargeStatus.FAILED, IntentStatus.FAILED, failure_code or "declined"
+        ):
             return False
-        _fail_intent(row.intent_id)
+        _emit_failed(row.intent_id)
     CHARGES_SETTLED.labels(rail=row.rail, outcome="failed").inc()
     logger.info("charge failed", extra={"charge_id": row.id, "failure_code": failure_code})
     return True
@@ -82,8 +95,12 @@ def fail_submitting(charge_id: str, intent_id: str, failure_code: str, *, rail: 
 
 def _fail_intent(intent_id: str) -> None:
     repository.intent_to(intent_id, IntentStatus.FAILED, _OPEN_INTENT)
+    _emit_failed(intent_id)
+
+
+def _emit_failed(intent_id: str) -> None:
     intent = _intent(intent_id)
-    emit(intent.merchant, EventType.PAYMENT_INTENT_PAYMENT_FAILED, render_intent(intent, for_event=True))
+    emit(intent.merchant_id, EventType.PAYMENT_INTENT_PAYMENT_FAILED, render_intent(intent, for_event=True))
 
 
 def escalate_to_unresolved(row: ChargeRow, reason: str, *, alert_period: float) -> bool:

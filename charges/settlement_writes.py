@@ -1,0 +1,91 @@
+"""The settlement's guarded writes: a charge reaching succeeded or failed, with its intent
+and (for a success) its checkout session, in as few statements as the guards allow.
+
+Called inside the transaction that also writes the event (``services.transitions``); each
+returns what moved, and a write that matches nothing means somebody else settled first.
+"""
+
+from __future__ import annotations
+
+from django.db import connection
+
+from charges.models import CheckoutSession
+from charges.states import ChargeStatus, CheckoutPaymentStatus, CheckoutSessionStatus, IntentStatus
+
+# Where a charge settles from, and the intents that may follow it.
+_SETTLEABLE = sorted({ChargeStatus.SUBMITTED, ChargeStatus.UNRESOLVED})
+_OPEN_INTENT = sorted({IntentStatus.PROCESSING, IntentStatus.REQUIRES_ACTION})
+
+# Both compare-and-swaps in one statement (one round trip): the charge's (primary key,
+# submitted | unresolved → succeeded | failed) and, only if it moved, its intent's (primary
+# key, processing | requires_action → the same outcome). The intent's write reads the
+# charge's RETURNING, so it waits for it: row locks are taken charge first, intent second,
+# the order the two separate statements took before. Counts the charges moved (0 or 1).
+_SETTLE = """
+WITH charge AS (
+    UPDATE charges
+       SET status = %(status)s, failure_code = %(failure_code)s, updated_at = statement_timestamp()
+     WHERE id = %(charge_id)s AND status = ANY(%(settleable)s)
+    RETURNING intent_id
+), intent AS (
+    UPDATE payment_intents
+       SET status = %(intent_status)s, updated_at = statement_timestamp()
+     WHERE id IN (SELECT intent_id FROM charge) AND status = ANY(%(open_intent)s)
+)
+SELECT count(*) FROM charge
+"""
+
+
+def settle_charge_and_intent(
+    charge_id: str, status: ChargeStatus, intent_status: IntentStatus, failure_code: str | None = None
+) -> bool:
+    """``submitted | unresolved → succeeded | failed``, and the intent with it; whether the charge moved."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _SETTLE,
+            {
+                "charge_id": charge_id,
+                "status": str(status),
+                "failure_code": failure_code,
+                "intent_status": str(intent_status),
+                "settleable": [str(s) for s in _SETTLEABLE],
+                "open_intent": [str(s) for s in _OPEN_INTENT],
+            },
+        )
+        return cursor.fetchone()[0] == 1
+
+
+# One statement for the session of a paid intent (checkout_sessions' unique index on
+# intent_id): marked paid whatever its state (the payment status is the truth about money),
+# and open → complete. The old status is read under the row's lock (FOR UPDATE: the latest
+# committed version, even one written while this statement waited), so "it moved to
+# complete" is decided on the row this statement changes.
+_COMPLETE_SESSION = """
+WITH was AS (SELECT id, status FROM checkout_sessions WHERE intent_id = %(intent_id)s FOR UPDATE)
+UPDATE checkout_sessions s
+   SET payment_status = %(paid)s,
+       status = CASE WHEN was.status = %(open)s THEN %(complete)s ELSE s.status END,
+       completed_at = CASE WHEN was.status = %(open)s THEN statement_timestamp() ELSE s.completed_at END
+  FROM was
+ WHERE s.id = was.id
+RETURNING was.status = %(open)s
+"""
+
+
+def complete_session(intent_id: str) -> CheckoutSession | None:
+    """The intent's session, marked paid, and ``open → complete``; returns it when it moved to
+    complete (so its event is emitted), else None. An expired session is marked paid too
+    but stays expired."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _COMPLETE_SESSION,
+            {
+                "intent_id": intent_id,
+                "paid": str(CheckoutPaymentStatus.PAID),
+                "open": str(CheckoutSessionStatus.OPEN),
+                "complete": str(CheckoutSessionStatus.COMPLETE),
+            },
+        )
+        row = cursor.fetchone()
+    moved = bool(row and row[0])
+    return CheckoutSession.objects.filter(intent_id=intent_id).first() if moved else None
