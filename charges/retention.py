@@ -51,9 +51,7 @@ def _read_page(after: tuple | None, limit: int) -> list[tuple]:
 def _delete_page(ids: list) -> int:
     with connection.cursor() as cursor:
         # The page, every guard repeated on the rows as they are now (primary key).
-        cursor.execute(
-            f"DELETE FROM provider_requests r WHERE r.id = ANY(%s) AND {_guard()}", [ids, _LIVE, _REFUND_LIVE]
-        )
+        cursor.execute(f"DELETE FROM provider_requests r WHERE r.id = ANY(%s) AND {_guard()}", [ids, _LIVE, _REFUND_LIVE])
         return cursor.rowcount
 
 

@@ -178,10 +178,7 @@ def test_an_operator_replays_and_discards_dead_letters_in_a_real_browser(browser
 
 @pytest.mark.django_db(transaction=True)
 def test_an_operator_opens_the_overview_from_the_index_and_sees_the_charts(
-    browser,
-    live_server,
-    django_user_model,
-    last_hour,  # noqa: F811
+    browser, live_server, django_user_model, last_hour  # noqa: F811
 ):
     from selenium.webdriver.common.by import By
 
@@ -201,7 +198,9 @@ def test_an_operator_opens_the_overview_from_the_index_and_sees_the_charts(
     assert all(svg.size["width"] > 100 and svg.size["height"] > 10 for svg in svgs)
     assert len(browser.find_elements(By.CSS_SELECTOR, "#overview-deliveries svg rect")) >= 5
     # No request left the live server (the page loads nothing from elsewhere).
-    hosts = browser.execute_script("return performance.getEntriesByType('resource').map(e => new URL(e.name).host)")
+    hosts = browser.execute_script(
+        "return performance.getEntriesByType('resource').map(e => new URL(e.name).host)"
+    )
     assert set(hosts) <= {live_server.url.split("//")[1]}
     browser.set_window_size(1400, 1300)
     OVERVIEW_SHOT.parent.mkdir(parents=True, exist_ok=True)

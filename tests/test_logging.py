@@ -209,9 +209,7 @@ def test_settings_put_the_redaction_filter_on_the_console_handler():
     assert settings.LOGGING["filters"]["count_alerts"]["()"] == "vpay.logging.CountAlertsFilter"
 
 
-@pytest.mark.parametrize(
-    ("extra", "counted"), [({"alert": True}, 1), ({"alert": False}, 0), ({}, 0), ({"alert": "yes"}, 0)]
-)
+@pytest.mark.parametrize(("extra", "counted"), [({"alert": True}, 1), ({"alert": False}, 0), ({}, 0), ({"alert": "yes"}, 0)])
 def test_the_alert_filter_counts_each_record_that_carries_alert_true(extra, counted):
     from prometheus_client import REGISTRY
 

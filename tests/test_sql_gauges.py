@@ -25,9 +25,7 @@ def value(name: str, **labels) -> float | None:
 
 def make_charge(merchant, status: str, rail: str = "sandbox_push") -> Charge:
     intent = PaymentIntent.objects.create(merchant=merchant, amount=1000, currency="usd", rail=rail)
-    return Charge.objects.create(
-        intent=intent, merchant=merchant, rail=rail, flow="push", amount=1000, currency="usd", status=status
-    )
+    return Charge.objects.create(intent=intent, merchant=merchant, rail=rail, flow="push", amount=1000, currency="usd", status=status)
 
 
 @pytest.fixture
@@ -48,9 +46,7 @@ def test_dead_letters_pending_by_kind_with_the_oldest_jobs_age_and_gone_once_dec
     make_letter(kind="task", job_created_at=db_ago(hours=3))
     make_letter(kind="task")
     make_letter(kind="send_alert")
-    make_letter(
-        kind="task", state="discarded", discarded_at=db_ago(seconds=0), discarded_by="ops", discard_reason="test"
-    )
+    make_letter(kind="task", state="discarded", discarded_at=db_ago(seconds=0), discarded_by="ops", discard_reason="test")
     sql_gauges.refresh()
     assert value("vpay_dead_letters_pending", kind="task") == 2
     assert value("vpay_dead_letters_pending", kind="send_alert") == 1
@@ -58,9 +54,7 @@ def test_dead_letters_pending_by_kind_with_the_oldest_jobs_age_and_gone_once_dec
     assert 3 * 3600 <= value("vpay_dead_letters_pending_oldest_job_age_seconds") < 3 * 3600 + 60
 
     with connection.cursor() as cursor:
-        cursor.execute(
-            "UPDATE dead_letters SET state = 'discarded', discarded_at = now(), discarded_by = 'ops', discard_reason = 'x' WHERE kind = 'send_alert'"
-        )
+        cursor.execute("UPDATE dead_letters SET state = 'discarded', discarded_at = now(), discarded_by = 'ops', discard_reason = 'x' WHERE kind = 'send_alert'")
     sql_gauges.refresh()
     assert value("vpay_dead_letters_pending", kind="send_alert") is None  # a decided kind leaves no stale series
 
