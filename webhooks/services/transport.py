@@ -270,7 +270,10 @@ def post(
     if ssl_context is not None:
         keep = None  # a caller's own TLS context: its connections are not the pool's
     deadline = time.monotonic() + total_timeout
-    target = httpx.URL(url)
+    try:
+        target = httpx.URL(url)
+    except httpx.InvalidURL as exc:
+        return Answer(None, error=exc, sent=False)
     port = target.port or (443 if target.scheme == "https" else 80)
     keys = [(str(address), target.host, port, target.scheme) for address in addresses]
     taken = keep.take(keys) if keep is not None else None
@@ -330,8 +333,7 @@ def post(
     except (httpx.TransportError, httpx.InvalidURL, OSError, ssl.SSLError) as exc:
         return Answer(None, error=exc, connected_to=backend.connected_to, sent=backend.wrote)
     finally:
-        if keep is not None and reusable and kept.transport.idle_connections():
-            assert backend.connected_to is not None
+        if keep is not None and reusable and backend.connected_to and kept.transport.idle_connections():
             keep.give((backend.connected_to[0], target.host, port, target.scheme), kept)
         else:
             kept.close()
