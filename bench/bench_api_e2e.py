@@ -1,0 +1,243 @@
+#!/usr/bin/env python
+"""End to end through the HTTP API: create, confirm, settle, webhook received.
+
+Real processes throughout, on the PostgreSQL at 127.0.0.1:5432 (database ``bench_api``,
+dropped and created afresh): gunicorn serving ``vpay.wsgi`` (``--workers`` processes of 8
+threads), one ``manage.py runworker``, the sandbox rail (``sandbox.rail``, answering
+``succeeded`` on the first poll), and nginx as the merchant's webhook receiver (the same
+keep-alive receiver as ``bench_webhooks.py``). One merchant, one API key, one endpoint
+subscribed to ``payment_intent.succeeded``.
+
+``--clients`` threads each run their share of ``--payments`` flows over a keep-alive
+connection: ``POST /v1/payment_intents``, then ``POST /v1/payment_intents/{id}/confirm``.
+
+* payments/s = payments ÷ (the first create sent → the last ``payment_intent.succeeded``
+  webhook received by nginx), all on this host's clock;
+* create → webhook received, per payment (p50, p99);
+* confirm as the client waits for it (p50, p99);
+* limits measured in the same run: the rail alone (GETs/s) and PostgreSQL's commit rate
+  (``pgbench``, one-row insert), at the client count.
+
+Usage (project root, the project's venv; needs Debian's nginx-light and pgbench):
+  python bench/bench_api_e2e.py [--payments 1000] [--clients 16] [--concurrency 16] [--workers 2]
+Results: printed, and appended to bench/out/api_e2e.jsonl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(ROOT))
+
+import bench_webhooks as bw  # noqa: E402  (its nginx receiver)
+
+DB = "bench_api"
+DATABASE_URL = f"postgresql://root@127.0.0.1:5432/{DB}"
+RAIL_PORT = bw.free_port()
+RAILS_FILE = Path(tempfile.mkdtemp()) / "rails.json"
+RAILS_FILE.write_text(
+    json.dumps(
+        {
+            "sandbox_push": {
+                "base_url": f"http://127.0.0.1:{RAIL_PORT}/push",
+                "flow": "push",
+                "api_key": "sandbox-rail-key",
+            }
+        }
+    )
+)
+os.environ.update(
+    {
+        "DATABASE_URL": DATABASE_URL,
+        "VPAY_RAILS_FILE": str(RAILS_FILE),
+        "VPAY_LOG_LEVEL": "WARNING",
+        "VPAY_LOG_FORMAT": "json",
+        "VPAY_WEBHOOK_ALLOW_CIDRS": "127.0.0.1/32",
+        "VPAY_DB_APPLICATION_NAME": "bench",
+    }
+)
+OUT = Path(os.environ.get("VPAY_BENCH_OUT", str(HERE / "out")))
+
+import psycopg  # noqa: E402
+
+
+def fresh_database() -> None:
+    with psycopg.connect("postgresql://root@127.0.0.1:5432/postgres", autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)")
+        conn.execute(f"CREATE DATABASE {DB}")
+    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, check=True)
+
+
+def start(command: list[str]) -> subprocess.Popen:
+    return subprocess.Popen(
+        command,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def wait_http(url: str) -> None:
+    for _ in range(300):
+        try:
+            urllib.request.urlopen(url, timeout=2)
+            return
+        except urllib.error.HTTPError:
+            return  # answered (a 401 without a key is an answer)
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"{url} did not answer")
+
+
+def setup(receiver) -> str:
+    import django
+
+    django.setup()
+    from django.db import connection
+
+    from merchants.services import create_merchant
+    from webhooks.services.endpoints import create_endpoint
+
+    merchant, key = create_merchant("API bench")
+    create_endpoint(merchant, url=f"http://127.0.0.1:{receiver.port}/ep0", enabled_events=["payment_intent.succeeded"])
+    connection.close()
+    return key
+
+
+class Client:
+    """One keep-alive connection to gunicorn."""
+
+    def __init__(self, port: int, key: str) -> None:
+        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        self.headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+
+    def post(self, path: str, body: dict | None = None) -> dict:
+        self.conn.request("POST", path, body=json.dumps(body or {}), headers=self.headers)
+        response = self.conn.getresponse()
+        data = json.loads(response.read())
+        if response.status >= 300:
+            raise RuntimeError(f"POST {path}: {response.status} {data}")
+        return data
+
+
+def run(payments: int, clients: int, concurrency: int, workers: int, limits: bool) -> dict:
+    fresh_database()
+    receiver = bw.NginxReceiver()
+    rail = start([sys.executable, "-m", "sandbox.rail", "--port", str(RAIL_PORT)])
+    web_port = bw.free_port()
+    gunicorn = str(Path(sys.executable).with_name("gunicorn"))
+    web = start([gunicorn, "vpay.wsgi:application", "--bind", f"127.0.0.1:{web_port}", "--workers", str(workers),
+                 "--threads", "8", "--worker-class", "gthread", "--keep-alive", "30"])  # fmt: skip
+    worker = start([sys.executable, "manage.py", "runworker", "--concurrency", str(concurrency)])
+    try:
+        key = setup(receiver)
+        wait_http(f"http://127.0.0.1:{web_port}/v1/payment_intents")
+        time.sleep(3.0)  # the worker booted and seeded
+        created: dict[str, float] = {}
+        confirms: list[float] = []
+        lock = threading.Lock()
+        shares = [payments // clients + (1 if k < payments % clients else 0) for k in range(clients)]
+
+        def flows(n: int) -> None:
+            client = Client(web_port, key)
+            mine, times = {}, []
+            for i in range(n):
+                started = time.time()
+                intent = client.post("/v1/payment_intents", {"amount": 1000 + i % 7, "currency": "usd",
+                                                             "rail": "sandbox_push"})  # fmt: skip
+                t0 = time.perf_counter()
+                client.post(f"/v1/payment_intents/{intent['id']}/confirm")
+                times.append(time.perf_counter() - t0)
+                mine[intent["id"]] = started
+            with lock:
+                created.update(mine)
+                confirms.extend(times)
+
+        first = time.time()
+        threads = [threading.Thread(target=flows, args=(n,)) for n in shares]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        deadline = time.monotonic() + 600
+        while len(receiver.received()) < payments and time.monotonic() < deadline:
+            time.sleep(0.2)
+        got = receiver.received()
+        with psycopg.connect(DATABASE_URL, autocommit=True) as conn:
+            intent_of = dict(
+                conn.execute("SELECT id, data->>'id' FROM events WHERE type = 'payment_intent.succeeded'").fetchall()
+            )
+        limit = None
+        if limits:
+            from bench.poll_statements import pgbench_commit_rate, rail_get_rate
+
+            os.environ["VPAY_RAILS_FILE"] = str(RAILS_FILE)
+            limit = (rail_get_rate(clients), pgbench_commit_rate(DATABASE_URL, clients))
+    finally:
+        for proc in (worker, web, rail):
+            proc.terminate()
+        for proc in (worker, web, rail):
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        receiver.stop()
+    receipts = {intent_of[r["event_id"]]: r["received_at"] for r in got if r["event_id"] in intent_of}
+    end_to_end = sorted(receipts[i] - created[i] for i in created if i in receipts)
+    confirms.sort()
+
+    def pct(values: list[float], q: float) -> float:
+        return round(values[max(0, round(q * len(values)) - 1)] * 1000, 1)
+
+    return {
+        "payments": payments,
+        "clients": clients,
+        "concurrency": concurrency,
+        "web_workers": workers,
+        "webhooks_received": len(receipts),
+        "payments_per_s": round(len(receipts) / (max(receipts.values()) - first), 1) if receipts else None,
+        "create_to_webhook_p50_ms": round(statistics.median(end_to_end) * 1000, 1) if end_to_end else None,
+        "create_to_webhook_p99_ms": pct(end_to_end, 0.99) if end_to_end else None,
+        "confirm_p50_ms": round(statistics.median(confirms) * 1000, 1),
+        "confirm_p99_ms": pct(confirms, 0.99),
+        "rail_alone_get_per_s": limit[0] if limit else None,
+        "pgbench_tps": limit[1] if limit else None,
+        "load": os.getloadavg()[0],
+        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--payments", type=int, default=1000)
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--concurrency", type=int, default=16, help="the worker's --concurrency")
+    parser.add_argument("--workers", type=int, default=2, help="gunicorn worker processes (8 threads each)")
+    parser.add_argument("--no-limits", action="store_true", help="skip the rail-alone and pgbench limits")
+    args = parser.parse_args()
+    result = run(args.payments, args.clients, args.concurrency, args.workers, not args.no_limits)
+    OUT.mkdir(parents=True, exist_ok=True)
+    with open(OUT / "api_e2e.jsonl", "a") as fh:
+        fh.write(json.dumps(result) + "\n")
+    print(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
