@@ -64,8 +64,8 @@ def reseal(token: str) -> str:
 
 
 class _OpenedSecrets:
-    """Decrypted signing secrets by their sealed text, per process (Fernet costs more than
-    the rest of an attempt's CPU together). Keyed by the sealed text and the configured
+    """Decrypted signing secrets by their sealed text, per process (otherwise every attempt
+    decrypts the same secret again: a Fernet HMAC check and an AES pass each time). Keyed by the sealed text and the configured
     keys: a rotated secret is a new row with a new sealed text, and a changed key set
     decrypts afresh, so nothing cached outlives what the database and settings say. Bounded;
     never logged (values are secrets)."""
