@@ -4,8 +4,8 @@
 Real processes throughout, on the PostgreSQL at 127.0.0.1:5432 (database ``bench_api``,
 dropped and created afresh): gunicorn serving ``vpay.wsgi`` (``--workers`` processes of 8
 threads), one ``manage.py runworker``, the sandbox rail (``sandbox.rail``, answering
-``succeeded`` on the first poll), and nginx as the merchant's webhook receiver (the same
-keep-alive receiver as ``bench_webhooks.py``). One merchant, one API key, one endpoint
+``succeeded`` on the first poll), and nginx as the merchant's webhook receiver (``bench/receivers.py``,
+as ``bench_webhooks.py`` uses). One merchant, one API key, one endpoint
 subscribed to ``payment_intent.succeeded``.
 
 ``--clients`` threads each run their share of ``--payments`` flows over a keep-alive
@@ -32,7 +32,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.error
@@ -41,29 +40,19 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT))
 
-import bench_webhooks as bw  # noqa: E402  (its nginx receiver)
+from bench.receivers import NginxReceiver, free_port  # noqa: E402
+from bench.sandbox_rails import sandbox_rails_file  # noqa: E402
 
 DB = "bench_api"
 DATABASE_URL = f"postgresql://root@127.0.0.1:5432/{DB}"
-RAIL_PORT = bw.free_port()
-RAILS_FILE = Path(tempfile.mkdtemp()) / "rails.json"
-RAILS_FILE.write_text(
-    json.dumps(
-        {
-            "sandbox_push": {
-                "base_url": f"http://127.0.0.1:{RAIL_PORT}/push",
-                "flow": "push",
-                "api_key": "sandbox-rail-key",
-            }
-        }
-    )
-)
+RAIL_PORT = free_port()
+RAILS_FILE = sandbox_rails_file(RAIL_PORT)
 os.environ.update(
     {
         "DATABASE_URL": DATABASE_URL,
+        "DJANGO_SETTINGS_MODULE": "vpay.settings",
         "VPAY_RAILS_FILE": str(RAILS_FILE),
         "VPAY_LOG_LEVEL": "WARNING",
         "VPAY_LOG_FORMAT": "json",
@@ -141,9 +130,9 @@ class Client:
 
 def run(payments: int, clients: int, concurrency: int, workers: int, limits: bool) -> dict:
     fresh_database()
-    receiver = bw.NginxReceiver()
+    receiver = NginxReceiver()
     rail = start([sys.executable, "-m", "sandbox.rail", "--port", str(RAIL_PORT)])
-    web_port = bw.free_port()
+    web_port = free_port()
     gunicorn = str(Path(sys.executable).with_name("gunicorn"))
     web = start([gunicorn, "vpay.wsgi:application", "--bind", f"127.0.0.1:{web_port}", "--workers", str(workers),
                  "--threads", "8", "--worker-class", "gthread", "--keep-alive", "30"])  # fmt: skip

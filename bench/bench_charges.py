@@ -43,11 +43,9 @@ import argparse
 import json
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -59,25 +57,14 @@ DB = os.environ.get("VPAY_BENCH_DB", "bench_charges")  # another name keeps para
 DATABASE_URL = f"postgresql://root@127.0.0.1:5432/{DB}"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
+from bench.receivers import free_port  # noqa: E402
+from bench.sandbox_rails import sandbox_rails_file  # noqa: E402
 
 RAIL_PORT = free_port()
-RAILS_FILE = Path(tempfile.mkdtemp()) / "rails.json"
-RAILS_FILE.write_text(
-    json.dumps(
-        {
-            "sandbox_push": {
-                "base_url": f"http://127.0.0.1:{RAIL_PORT}/push",
-                "flow": "push",
-                "api_key": "sandbox-rail-key",
-            }
-        }
-    )
-)
+RAILS_FILE = sandbox_rails_file(RAIL_PORT)
 os.environ.update(
     {
         "DATABASE_URL": DATABASE_URL,

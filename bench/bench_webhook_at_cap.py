@@ -27,6 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import bench_webhooks as bw  # sets DATABASE_URL for this process
+from bench.receivers import SandboxReceiver, free_port
 
 
 def at_cap_total(port: int) -> float:
@@ -45,8 +46,8 @@ def main() -> None:
     args = parser.parse_args()
     bw.ensure_database()
     bw.reset()
-    receiver = bw.Receiver()
-    metrics_port = bw.free_port()
+    receiver = SandboxReceiver()  # its slow mode is the endpoint at the cap
+    metrics_port = free_port()
     try:
         merchant = bw.setup_merchant(receiver, 0)
         from webhooks.services.endpoints import create_endpoint

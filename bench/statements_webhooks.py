@@ -25,6 +25,8 @@ sys.path.insert(0, str(HERE.parent))
 
 import bench_webhooks as bw  # noqa: E402  (sets DATABASE_URL and the settings module)
 
+from bench.receivers import NginxReceiver  # noqa: E402
+
 
 def main() -> int:
     parser = argparse.ArgumentParser()
@@ -33,7 +35,7 @@ def main() -> int:
     args = parser.parse_args()
     bw.ensure_database()
     bw.reset()
-    receiver = bw.NginxReceiver()
+    receiver = NginxReceiver()
     try:
         import django
 

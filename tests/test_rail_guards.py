@@ -182,6 +182,20 @@ def test_a_confirm_the_rail_does_not_answer_counts_towards_the_breaker(merchant,
     assert breaker().state == "open"
 
 
+def record_within_ceiling(charge_id: str, operation=RequestOperation.STATUS, *, ceiling: int = 5):
+    """A status request row for ``charge_id`` through the ceiling (one rail, a 30 s bound)."""
+    return repository.record_sent_within_ceiling(
+        charge_id,
+        operation,
+        rail="sandbox_push",
+        method="GET",
+        path="/charges/x",
+        idempotency_key=None,
+        ceiling=ceiling,
+        bound_seconds=30.0,
+    )
+
+
 def test_the_ceiling_admits_exactly_its_number_of_concurrent_requests_across_connections(merchant):
     charge = live_charge(merchant, status="submitted", job=False)
     barrier, got = threading.Barrier(6), []
@@ -189,18 +203,7 @@ def test_the_ceiling_admits_exactly_its_number_of_concurrent_requests_across_con
     def send():
         try:
             barrier.wait(5)
-            got.append(
-                repository.record_sent_within_ceiling(
-                    charge.id,
-                    RequestOperation.STATUS,
-                    rail="sandbox_push",
-                    method="GET",
-                    path="/charges/x",
-                    idempotency_key=None,
-                    ceiling=2,
-                    bound_seconds=30.0,
-                )[0]
-            )
+            got.append(record_within_ceiling(charge.id, ceiling=2)[0])
         finally:
             connection.close()
 
@@ -219,26 +222,8 @@ def test_a_request_row_that_fails_mid_transaction_leaves_no_transaction_open_beh
     # it into the caller's next statement.
     charge = live_charge(merchant, status="submitted", job=False)
     with pytest.raises(IntegrityError):
-        repository.record_sent_within_ceiling(
-            charge.id,
-            "bogus",  # refused by the operation's check constraint, mid-string
-            rail="sandbox_push",
-            method="GET",
-            path="/charges/x",
-            idempotency_key=None,
-            ceiling=5,
-            bound_seconds=30.0,
-        )
-    request_id, _ = repository.record_sent_within_ceiling(
-        charge.id,
-        RequestOperation.STATUS,
-        rail="sandbox_push",
-        method="GET",
-        path="/charges/x",
-        idempotency_key=None,
-        ceiling=5,
-        bound_seconds=30.0,
-    )
+        record_within_ceiling(charge.id, "bogus")  # refused by the operation's check constraint, mid-string
+    request_id, _ = record_within_ceiling(charge.id)
     assert request_id is not None and requests_of(charge.id) == 1
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ipaddress
 import threading
+import uuid
 
 import psycopg
 import pytest
@@ -18,7 +19,7 @@ from tests.conftest import database_url, wait_for
 from webhooks import attempt_sql, sealing
 from webhooks.event_types import EventType
 from webhooks.events import emit
-from webhooks.models import AttemptState, DeliveryAttempt, WebhookDelivery
+from webhooks.models import AttemptState, DeliveryAttempt, Event, WebhookDelivery
 from webhooks.services import delivery, endpoints, fanout
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -120,3 +121,55 @@ def blocked_on_a_lock() -> bool:
     with connection.cursor() as cursor:
         cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
         return cursor.fetchone()[0] > 0
+
+
+@pytest.mark.parametrize("prepared", [True, False], ids=["prepared", "django-cursor"])
+def test_an_attempt_reads_and_writes_the_same_whether_its_statements_run_prepared_or_not(receiver, settings, prepared):
+    # Prepared statements answer in text; Django's cursor (with them off behind a pooler, or
+    # while queries are captured) answers typed. Every step reads both the same.
+    settings.VPAY_DB_PREPARED_STATEMENTS = prepared
+    _, secret, d = one_delivery(receiver, "/hooks/both?mode=status&status=500")
+    receiver.add_secrets(secret)
+    loaded = delivery.load(d.pk)
+    assert (loaded.id, loaded.endpoint_deleted, len(loaded.sealed_secrets)) == (d.pk, False, 1)
+    assert loaded.event.created_at == Event.objects.get(pk=d.event_id).created_at
+    begun = delivery.begin_attempt(d.pk)
+    lease = begun.lease
+    assert begun.kind is delivery.Begin.CLAIMED
+    assert (type(lease.attempt_id), type(lease.token), lease.number, lease.rung, lease.payload_sha256) == (
+        int,
+        uuid.UUID,
+        1,
+        1,
+        None,
+    )
+    recorded = delivery.record(lease, delivery.perform(lease, loaded=loaded))
+    assert (recorded.stale, recorded.delivery_state) == (False, "pending")  # a 500: the next rung
+    with transaction.atomic():
+        row = attempt_sql.lock_delivery(d.pk)
+    assert (row.state, row.attempts, row.lease_token, row.endpoint_deleted, row.endpoint_disabled) == (
+        "pending",
+        1,
+        None,
+        False,
+        False,
+    )
+    assert isinstance(row.due_in, float) and row.lease_left is None and len(row.payload_sha256) == 64
+    with transaction.atomic():
+        assert attempt_sql.in_flight_for_endpoint(d.endpoint_id) == (0, None)
+    assert attempt_sql.waiting_deliveries(d.endpoint_id, 3) == [d.pk]  # the next rung is due at once here
+
+
+def test_emit_returns_the_event_as_the_database_holds_it():
+    m = create_merchant("Emitter")[0]
+    with transaction.atomic():
+        event = emit(m, EventType.PAYMENT_INTENT_SUCCEEDED, {"id": "pi_9", "object": "payment_intent", "amount": 9})
+    stored = Event.objects.get(pk=event.pk)
+    assert (event.merchant_id, event.type, event.data, event.created_at, event.fan_out) == (
+        stored.merchant_id,
+        stored.type,
+        stored.data,
+        stored.created_at,
+        stored.fan_out,
+    )
+    assert event.created_at.tzinfo is not None and event._state.adding is False

@@ -7,8 +7,11 @@ off the receiving end."""
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
+import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -25,12 +28,21 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers["Content-Length"]))
+        self.server.open.append(self.connection)
+        self.answered = getattr(self, "answered", 0)
+        if self.server.close_on_reuse and self.answered:
+            # Its idle timeout fired as the request arrived: closed, nothing answered.
+            self.server.unanswered.append(self.client_address[1])
+            self.close_connection = True
+            return
+        self.answered += 1
         self.server.seen.append(
             {
                 "client_port": self.client_address[1],
                 "dialled": self.connection.getsockname()[0],
                 "host": self.headers["Host"].split(":")[0],
                 "path": self.path,
+                "accept_encoding": self.headers.get("Accept-Encoding"),
             }
         )
         body = b"x" * 20_000 if "big" in self.path else b"ok"
@@ -38,23 +50,38 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
-        if "hangup" in self.path:
-            self.close_connection = True  # closed after answering, without saying so
 
     def log_message(self, *args) -> None:  # quiet
         pass
 
 
+def serve(address: str, port: int = 0) -> ThreadingHTTPServer:
+    httpd = ThreadingHTTPServer((address, port), _Handler)
+    httpd.seen, httpd.open, httpd.unanswered, httpd.close_on_reuse = [], [], [], False
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return httpd
+
+
+def drop_idle_connections(httpd: ThreadingHTTPServer) -> None:
+    """The server closes every connection it holds open (as its keep-alive timeout would),
+    and the client has seen the close by the time this returns."""
+    for sock in httpd.open:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+    time.sleep(0.1)  # the FIN crosses the loopback
+
+
+def shut(httpd: ThreadingHTTPServer) -> None:
+    httpd.shutdown()
+    httpd.server_close()
+
+
 @pytest.fixture
 def server():
     # Every local address: the tests dial it on 127.0.0.1 and on 127.0.0.2.
-    httpd = ThreadingHTTPServer(("0.0.0.0", 0), _Handler)
-    httpd.seen = []
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
+    httpd = serve("0.0.0.0")
     yield httpd
-    httpd.shutdown()
-    httpd.server_close()
+    shut(httpd)
 
 
 def send(server, host: str, addresses, keep: KeptConnections | None, path: str = "/hook"):
@@ -81,6 +108,51 @@ def test_a_kept_connection_is_reused_for_the_same_host_and_vetted_address(server
     assert len(set(connections(server))) == 1  # one TCP connection for three attempts
     assert {r["host"] for r in server.seen} == {"hooks.example"}
     assert len(keep) == 1
+    # The excerpt is stored as read: the body is asked for uncompressed.
+    assert {r["accept_encoding"] for r in server.seen} == {"identity"}
+
+
+def test_a_dead_kept_connection_is_redialled_only_to_the_address_vetted_now():
+    # The first attempt was vetted [127.0.0.2, 127.0.0.1]: .2 refused, .1 answered and its
+    # connection was kept. Now the host resolves to .1 only, and something listens on .2.
+    # The kept connection has died meanwhile: its re-dial may go to .1, never back to .2.
+    first = serve("127.0.0.1")
+    port = first.server_address[1]
+    keep = KeptConnections(8)
+    try:
+        answer = send(first, "hooks.example", [SECOND, FIRST], keep)
+        assert answer.status_code == 200 and answer.connected_to == ("127.0.0.1", port)
+        assert len(keep) == 1
+        drop_idle_connections(first)
+        second = serve("127.0.0.2", port)
+        try:
+            answer = send(first, "hooks.example", [FIRST], keep)
+            assert answer.status_code == 200 and answer.connected_to == ("127.0.0.1", port)
+            assert second.seen == []
+            assert len(set(connections(first))) == 2
+        finally:
+            shut(second)
+    finally:
+        shut(first)
+
+
+def test_a_kept_connection_closed_as_it_is_reused_is_sent_again_over_a_fresh_one(server):
+    # The receiver's idle timeout fires as the next request goes out on the kept
+    # connection: a disconnect before any status. That is the pool's failure, not the
+    # receiver's: the same request goes once more, over a new connection, and is heard.
+    keep = KeptConnections(8)
+    assert send(server, "hooks.example", [FIRST], keep).status_code == 200
+    server.close_on_reuse = True
+    answer = send(server, "hooks.example", [FIRST], keep)
+    assert answer.status_code == 200 and answer.error is None and answer.sent
+    assert len(server.unanswered) == 1
+    assert len(server.seen) == 2 and len(set(connections(server))) == 2
+
+
+def test_an_unparsable_url_is_an_answer_that_sent_nothing():
+    answer = post("http://[::1", BODY, {}, addresses=[FIRST], connect_timeout=1.0, total_timeout=1.0)
+    assert (answer.status_code, answer.sent) == (None, False)
+    assert answer.error is not None
 
 
 def test_a_host_that_now_resolves_elsewhere_is_never_reached_over_the_old_connection(server):
@@ -116,11 +188,13 @@ def test_an_answer_cut_at_the_excerpt_is_not_kept(server):
 
 def test_a_kept_connection_the_receiver_closed_is_replaced_without_an_error(server):
     keep = KeptConnections(8)
-    send(server, "hooks.example", [FIRST], keep, "/hangup")
+    send(server, "hooks.example", [FIRST], keep)
+    drop_idle_connections(server)
     answer = send(server, "hooks.example", [FIRST], keep)
     assert answer.status_code == 200 and answer.error is None
     assert len(set(connections(server))) == 2
     assert server.seen[1]["dialled"] == "127.0.0.1"
+    assert server.unanswered == []  # the close was seen before sending: nothing was resent
 
 
 def test_without_a_pool_every_attempt_opens_its_own_connection(server):

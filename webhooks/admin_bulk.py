@@ -25,7 +25,9 @@ class BulkResendFilterForm(forms.Form):
         help_text="Window start: failed within a duration back (30m, 12h, 7d) or since an ISO-8601 time.",
         error_messages={"required": "Give the window's start (since): a resend needs one."},
     )
-    until = forms.CharField(required=False, help_text="Window end (default: now): a duration back or an ISO-8601 time.")
+    until = forms.CharField(
+        required=False, help_text="Window end (default: now): a duration back or an ISO-8601 time."
+    )
     state = forms.MultipleChoiceField(
         required=False,
         choices=[(s, s) for s in FAILED_STATES],

@@ -1,8 +1,9 @@
 """The SQL of one delivery attempt: the read of what it sends, the claim under the
 delivery's and the endpoint's row locks, and the fenced record of its outcome (the
-protocol is ``webhooks/services/delivery.py``'s). Every attempt runs these, so each is
-one statement, and the hot ones are prepared (``vpay.prepared``: planned once per
-connection instead of on every call).
+protocol is ``webhooks/services/delivery.py``'s). Every attempt runs these, so each step
+is as few statements as its locks allow (a count that must see what the lock's previous
+holder committed is a statement of its own), and the hot ones are prepared
+(``vpay.prepared``: planned once per connection instead of on every call).
 
 Every instant is the database's: leases, due times and the signature's timestamp are
 computed from ``now()`` (or ``clock_timestamp()``) in SQL.
@@ -19,13 +20,9 @@ from vpay.prepared import execute_prepared
 from webhooks.models import Event
 from webhooks.repository import CANCELLED_ENDPOINT_DELETED, ERROR_MAX, EXCERPT_MAX, _bounded, _rowcount, _rows
 
-
-def _one_prepared(sql: str, params: list) -> tuple | None:
-    """The first row of a hot statement, run prepared (``vpay.prepared``: planned once per
-    connection; the attempt's statements were planned afresh on every call, which cost the
-    server more than running them). Values come back as text, or typed where it falls back
-    to Django's cursor: read them with the converters below, which take both."""
-    return execute_prepared(sql, params)
+# Values come back from execute_prepared as text, or typed where it falls back to Django's
+# cursor (while queries are captured, or with prepared statements off behind a pooler):
+# these take both.
 
 
 def _float(value) -> float | None:
@@ -61,7 +58,7 @@ def load_delivery(delivery_id: int) -> Loaded | None:
     of this join cost more CPU than the rest of an attempt). Served by the primary keys of
     the delivery, its endpoint and its event, and ``webhook_secrets_endpoint``. Sealed
     secrets are Fernet tokens (URL-safe base64): a space never occurs in one."""
-    row = _one_prepared(
+    row = execute_prepared(
         """
         SELECT d.id, d.event_id, d.endpoint_id, e.url, e.deleted_at IS NOT NULL,
                ev.merchant_id, ev.type, ev.data::text,
@@ -113,7 +110,7 @@ def lock_delivery(delivery_id: int) -> DeliveryRow | None:
     """The delivery, locked ``FOR UPDATE`` (MUST run in a transaction); the endpoint row
     is read, not locked (the cap check locks it, after the delivery: one lock order).
     Primary keys of both; prepared."""
-    row = _one_prepared(
+    row = execute_prepared(
         """
         SELECT d.id, d.endpoint_id, d.event_id, d.state, d.attempts, d.ladder_base,
                EXTRACT(EPOCH FROM d.next_attempt_at - now())::float8,
@@ -153,8 +150,8 @@ def in_flight_for_endpoint(endpoint_id: str) -> tuple[int, float | None]:
     # as two statements, both prepared: a statement reads one snapshot, taken when it starts,
     # so a count in the lock's own statement would not see the attempt committed by the
     # worker whose lock it waited for (tests/test_webhook_fast_path.py).
-    _one_prepared("SELECT 1 FROM webhook_endpoints WHERE id = %s::text FOR NO KEY UPDATE", [endpoint_id])
-    count, earliest = _one_prepared(
+    execute_prepared("SELECT 1 FROM webhook_endpoints WHERE id = %s::text FOR NO KEY UPDATE", [endpoint_id])
+    count, earliest = execute_prepared(
         "SELECT count(*), EXTRACT(EPOCH FROM min(lease_expires_at) - now())::float8 FROM webhook_deliveries"
         " WHERE endpoint_id = %s::text AND state = 'delivering' AND lease_expires_at > now()",
         [endpoint_id],
@@ -166,7 +163,7 @@ def waiting_deliveries(endpoint_id: str, limit: int) -> list[int]:
     """The endpoint's due ``pending`` deliveries, longest-waiting first (the ones a freed
     slot should go to). Served by ``webhook_deliveries_ep_due``; prepared (one row: the ids
     as text)."""
-    (ids,) = _one_prepared(
+    (ids,) = execute_prepared(
         "SELECT array_to_string(ARRAY(SELECT id FROM webhook_deliveries WHERE endpoint_id = %s::text"
         " AND state = 'pending' AND next_attempt_at <= now() ORDER BY next_attempt_at, id LIMIT %s::int), ' ')",
         [endpoint_id, limit],
@@ -196,7 +193,7 @@ def start_attempt(delivery_id: int, lease_seconds: float) -> Lease:
     token = uuid.uuid4()
     # One prepared statement: the delivery moves (primary key, already locked by the caller)
     # and its attempt row is written from what the move returned.
-    row = _one_prepared(
+    row = execute_prepared(
         """
         WITH p(token, lease, id) AS (VALUES (%s::uuid, %s::float8, %s::bigint)),
         moved AS (
@@ -256,7 +253,7 @@ def record_outcome(
     # delivery (primary key), then its attempt (primary key) recorded as heard if the
     # delivery moved, or marked stale if not. Only an attempt nobody has ended yet is
     # written: one already abandoned by the recovery keeps that first terminal state.
-    (moved,) = _one_prepared(
+    (moved,) = execute_prepared(
         """
         WITH p(state, delay, digest, status, id, token, reason, attempt_state, excerpt, error, duration, attempt,
                stale_error) AS (

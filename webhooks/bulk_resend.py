@@ -112,6 +112,4 @@ def resend_one(delivery_id: int, env: Envelope) -> ItemOutcome:
     return ItemOutcome(False, "not in a failed state any more (resent already, or on its way)")
 
 
-RESEND_DELIVERIES = register_operation(
-    BulkOp(BulkOperationKind.RESEND_DELIVERIES, PAGE_SQL, filter_params, resend_one, PREVIEW_SQL)
-)
+RESEND_DELIVERIES = register_operation(BulkOp(BulkOperationKind.RESEND_DELIVERIES, PAGE_SQL, filter_params, resend_one, PREVIEW_SQL))

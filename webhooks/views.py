@@ -83,7 +83,9 @@ def _owned_endpoint(request: HttpRequest, endpoint_id: str) -> WebhookEndpoint:
 
 
 @route(
-    Operation("GET", "List webhook endpoints, newest first.", query=LIST, answers=list_of("webhook_endpoint")),
+    Operation(
+        "GET", "List webhook endpoints, newest first.", query=LIST, answers=list_of("webhook_endpoint")
+    ),
     Operation(
         "POST",
         "Create a webhook endpoint; the answer carries its signing secret, once.",

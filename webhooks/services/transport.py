@@ -46,10 +46,10 @@ from webhooks.ssrf import IPAddress
 
 USER_AGENT = "vpay-webhooks/1"
 EXCERPT_BYTES = 4096
-# An idle kept connection older than this is closed rather than reused: under most
-# receivers' own keep-alive timeouts, so a reused connection is rarely one the receiver
-# is closing at that moment.
-KEEPALIVE_EXPIRY_SECONDS = 20.0
+# An idle kept connection older than this is closed rather than reused: under the shortest
+# common receiver keep-alive timeout (Node's 5 s), so a reused connection is rarely one the
+# receiver is closing at that moment (and when it is, post() sends once more).
+KEEPALIVE_EXPIRY_SECONDS = 4.0
 
 
 class PinnedBackend(httpcore.NetworkBackend):
@@ -266,6 +266,12 @@ def post(
     Transport failures (refused, reset, timeouts, TLS) come back as ``Answer(None, error=…)``.
     With ``keep``, a connection kept from an earlier attempt to one of ``addresses`` (same
     host, port and scheme) is reused, and this one is kept after a complete answer.
+
+    A kept connection the receiver closed as it was reused (its idle timeout fired while
+    the request went out: the answer is a disconnect or a reset before any status) is the
+    keep-alive's own failure, not the receiver's: the request goes once more over a fresh
+    connection, within the same deadline. The receiver never answered the first, so at
+    worst it gets the body twice under one event id, which delivery allows (at least once).
     """
     if ssl_context is not None:
         keep = None  # a caller's own TLS context: its connections are not the pool's
@@ -285,10 +291,7 @@ def post(
         kept.backend.deadline = deadline
         kept.backend.wrote = False
     else:
-        backend = PinnedBackend(addresses, deadline)
-        transport = _PinnedTransport(backend, ssl_context or default_ssl_context(), keep=keep is not None)
-        kept = _Kept(backend, transport)
-    backend = kept.backend
+        kept = _fresh(addresses, deadline, ssl_context, keep is not None)
     timeout = httpx.Timeout(total_timeout, connect=min(connect_timeout, total_timeout))
     all_headers = {
         "User-Agent": USER_AGENT,
@@ -303,7 +306,38 @@ def post(
     request = httpx.Request(
         "POST", target, content=body, headers=all_headers, extensions={"timeout": timeout.as_dict()}
     )
-    reusable = False
+    try:
+        answer, reusable = _exchange(kept, request, excerpt_bytes)
+        if taken is not None and answer.status_code is None and isinstance(answer.error, _CLOSED_WHILE_IDLE):
+            kept.close()
+            kept = _fresh(addresses, deadline, ssl_context, True)
+            answer, reusable = _exchange(kept, request, excerpt_bytes)
+            answer.sent = True  # the first send may have reached the receiver
+    except BaseException:
+        kept.close()
+        raise
+    connected_to = kept.backend.connected_to
+    if keep is not None and reusable and connected_to and kept.transport.idle_connections():
+        keep.give((connected_to[0], target.host, port, target.scheme), kept)
+    else:
+        kept.close()
+    return answer
+
+
+# What a kept connection the receiver closed while it sat idle looks like when reused: the
+# server's FIN or RST arrives instead of a status line.
+_CLOSED_WHILE_IDLE = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+
+
+def _fresh(addresses: Sequence[IPAddress], deadline: float, ssl_context: ssl.SSLContext | None, keep: bool) -> _Kept:
+    backend = PinnedBackend(addresses, deadline)
+    return _Kept(backend, _PinnedTransport(backend, ssl_context or default_ssl_context(), keep=keep))
+
+
+def _exchange(kept: _Kept, request: httpx.Request, excerpt_bytes: int) -> tuple[Answer, bool]:
+    """One request over ``kept``: the answer, and whether the connection may be kept (the
+    answer was read to its end)."""
+    backend = kept.backend
     try:
         response = kept.transport.handle_request(request)
         try:
@@ -328,12 +362,6 @@ def post(
             )
         finally:
             response.stream.close()
-        reusable = complete and error is None and backend.connected_to is not None
-        return answer
+        return answer, complete and error is None and backend.connected_to is not None
     except (httpx.TransportError, httpx.InvalidURL, OSError, ssl.SSLError) as exc:
-        return Answer(None, error=exc, connected_to=backend.connected_to, sent=backend.wrote)
-    finally:
-        if keep is not None and reusable and backend.connected_to and kept.transport.idle_connections():
-            keep.give((backend.connected_to[0], target.host, port, target.scheme), kept)
-        else:
-            kept.close()
+        return Answer(None, error=exc, connected_to=backend.connected_to, sent=backend.wrote), False
