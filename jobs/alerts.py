@@ -55,6 +55,7 @@ from collections.abc import Mapping
 
 import httpx
 from django.conf import settings
+from django.contrib.admin.utils import quote
 from django.db import connection, transaction
 from django.urls import reverse
 
@@ -67,7 +68,7 @@ from jobs.schema import PayloadSchema
 from vpay import metrics
 from vpay.errors import ConfigurationError, Severity, TransientError, error_chain
 
-__all__ = ["ALERT_RETRY", "Severity", "admin_path", "incident_body", "raise_alert"]
+__all__ = ["ALERT_RETRY", "Severity", "admin_change_path", "admin_path", "incident_body", "raise_alert"]
 
 logger = logging.getLogger(__name__)
 
@@ -144,7 +145,17 @@ def raise_alert(
 def admin_path(instance) -> str:
     """The admin change page of a model instance, as a path (for :func:`raise_alert`'s ``link``)."""
     meta = instance._meta
-    return reverse(f"admin:{meta.app_label}_{meta.model_name}_change", args=[instance.pk])
+    return admin_change_path(f"{meta.app_label}_{meta.model_name}", instance.pk)
+
+
+def admin_change_path(model: str, pk) -> str:
+    """The admin change page of ``pk`` of ``model`` (``"app_model"``), as a path.
+
+    The key is quoted as the admin unquotes it: our ids are ``prefix_`` and 24 base62
+    characters, and the admin reads ``_3A`` in a raw key as ``:``, so about one id in 190
+    (``evt_3A…``, ``ch_2F…``) would open "doesn't exist" instead of its page.
+    """
+    return reverse(f"admin:{model}_change", args=[quote(pk)])
 
 
 def absolute_link(link: str) -> str:

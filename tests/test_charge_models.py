@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from django.contrib.admin.utils import quote
 from django.db import IntegrityError, connection, transaction
 
 from charges.models import Charge, CheckoutSession, PaymentIntent, ProviderRequest
@@ -125,5 +126,5 @@ def test_the_admin_lists_unresolved_charges_first_and_never_shows_the_pay_token(
     )
     page = admin_client.get("/admin/charges/charge/").content.decode()
     assert page.index(older.id) < page.index(newer.id)  # unresolved first, though older
-    detail = admin_client.get(f"/admin/charges/charge/{older.id}/change/").content.decode()
+    detail = admin_client.get(f"/admin/charges/charge/{quote(older.id)}/change/").content.decode()
     assert detail.count(older.id) >= 1 and "tok_secret_value" not in detail

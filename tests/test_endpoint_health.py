@@ -7,6 +7,7 @@ import uuid
 
 import pytest
 from django.contrib.admin.models import LogEntry
+from django.contrib.admin.utils import quote
 from django.contrib.auth.models import Permission, User
 from django.test import Client
 
@@ -225,5 +226,5 @@ def test_an_operator_re_enables_in_two_steps_with_a_reason_and_only_with_permiss
     assert WebhookEndpoint.objects.get(pk=ep.pk).disabled_at is None
     entry = LogEntry.objects.get(object_id=ep.pk, user=staff)
     assert "merchant fixed TLS" in entry.change_message
-    page = client.get(f"/admin/webhooks/webhookendpoint/{ep.pk}/change/")
+    page = client.get(f"/admin/webhooks/webhookendpoint/{quote(ep.pk)}/change/")
     assert page.status_code == 200 and b"health since" in page.content.lower()

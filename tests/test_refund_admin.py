@@ -4,6 +4,7 @@ and the refund table's named constraints."""
 from __future__ import annotations
 
 import pytest
+from django.contrib.admin.utils import quote
 from django.db import IntegrityError, transaction
 
 from charges.models import Charge, PaymentIntent, ProviderRequest, Refund
@@ -45,10 +46,10 @@ def test_the_admin_lists_unresolved_refunds_first_filters_them_and_shows_their_r
     filtered = admin_client.get("/admin/charges/refund/?status__exact=succeeded").content.decode()
     assert newer.id in filtered and older.id not in filtered
     assert newer.id in admin_client.get("/admin/charges/refund/?reason__exact=duplicate").content.decode()
-    detail = admin_client.get(f"/admin/charges/refund/{older.id}/change/").content.decode()
+    detail = admin_client.get(f"/admin/charges/refund/{quote(older.id)}/change/").content.decode()
     assert "POST /refunds" in detail  # its request, by the operation's label
     assert admin_client.get("/admin/charges/refund/add/").status_code == 403
-    assert admin_client.post(f"/admin/charges/refund/{older.id}/delete/").status_code == 403
+    assert admin_client.post(f"/admin/charges/refund/{quote(older.id)}/delete/").status_code == 403
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ import itertools
 
 import pytest
 from django.contrib.admin.models import LogEntry
+from django.contrib.admin.utils import quote
 from django.contrib.auth.models import Permission, User
 from django.contrib.messages import get_messages
 from django.db import connection, transaction
@@ -83,11 +84,11 @@ def test_the_console_shows_no_secret_and_resends_with_permission(receiver):
     client.force_login(staff)
     for url in (
         "/admin/webhooks/webhookendpoint/",
-        f"/admin/webhooks/webhookendpoint/{endpoint.pk}/change/",
+        f"/admin/webhooks/webhookendpoint/{quote(endpoint.pk)}/change/",
         "/admin/webhooks/webhookdelivery/",
         f"/admin/webhooks/webhookdelivery/{d.pk}/change/",
         "/admin/webhooks/event/",
-        f"/admin/webhooks/event/{d.event_id}/change/",
+        f"/admin/webhooks/event/{quote(d.event_id)}/change/",
     ):
         response = client.get(url)
         assert response.status_code == 200, url

@@ -32,9 +32,8 @@ from dataclasses import dataclass
 import httpx
 from django.conf import settings
 from django.db import DatabaseError, transaction
-from django.urls import reverse
 
-from jobs.alerts import Severity, admin_path, raise_alert
+from jobs.alerts import Severity, admin_change_path, admin_path, raise_alert
 from jobs.port import pull_forward_first
 from vpay.errors import error_chain
 from webhooks import attempt_sql, metrics, repository, sealing, ssrf
@@ -429,7 +428,7 @@ def _alert_exhausted(delivery_id: int, endpoint_id: str, event_id: str, attempts
         source="webhooks.delivery_exhausted",
         severity=Severity.ERROR,
         details={"delivery_id": delivery_id, "endpoint_id": endpoint_id, "event_id": event_id, "attempts": attempts},
-        link=reverse("admin:webhooks_webhookdelivery_change", args=[delivery_id]),
+        link=admin_change_path("webhooks_webhookdelivery", delivery_id),
         correlation_id=event_id,
     )
 

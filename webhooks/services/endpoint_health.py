@@ -24,9 +24,8 @@ import logging
 
 from django.conf import settings
 from django.db import transaction
-from django.urls import reverse
 
-from jobs.alerts import Severity, raise_alert
+from jobs.alerts import Severity, admin_change_path, raise_alert
 from jobs.context import JobContext
 from jobs.housekeeping import StepResult
 from jobs.kinds import JobKind
@@ -56,7 +55,7 @@ def window_seconds() -> float:
 
 
 def _link(endpoint_id: str) -> str:
-    return reverse("admin:webhooks_webhookendpoint_change", args=[endpoint_id])
+    return admin_change_path("webhooks_webhookendpoint", endpoint_id)
 
 
 def _days(seconds: float) -> str:

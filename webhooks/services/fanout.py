@@ -25,9 +25,8 @@ import logging
 from dataclasses import dataclass
 
 from django.db import DatabaseError, transaction
-from django.urls import reverse
 
-from jobs.alerts import Severity, raise_alert
+from jobs.alerts import Severity, admin_change_path, raise_alert
 from jobs.kinds import JobKind
 from jobs.port import JobRequest, enqueue_many
 from vpay import faultpoints
@@ -151,7 +150,7 @@ def _count_transient(event_id: str, exc: Exception, alert_after: int) -> None:
                         "transient_failures": transient_failures,
                         "error": error_chain(exc, 500),
                     },
-                    link=reverse("admin:webhooks_event_change", args=[event_id]),
+                    link=admin_change_path("webhooks_event", event_id),
                     correlation_id=event_id,
                 )
     except DatabaseError as count_exc:
@@ -190,7 +189,7 @@ def _count_failure(event_id: str, exc: Exception) -> bool:
                         source="webhooks.event_abandoned",
                         severity=Severity.ERROR,
                         details={"event_id": event_id, "passes": failures, "error": error_chain(exc, 500)},
-                        link=reverse("admin:webhooks_event_change", args=[event_id]),
+                        link=admin_change_path("webhooks_event", event_id),
                         correlation_id=event_id,
                     )
     except DatabaseError as count_exc:
