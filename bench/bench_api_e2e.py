@@ -20,6 +20,7 @@ connection: ``POST /v1/payment_intents``, then ``POST /v1/payment_intents/{id}/c
 
 Usage (project root, the project's venv; needs Debian's nginx-light and pgbench):
   python bench/bench_api_e2e.py [--payments 1000] [--clients 16] [--concurrency 16] [--workers 2]
+      [--worker-root <another checkout, same schema: its worker, for an A/B>]
 Results: printed, and appended to bench/out/api_e2e.jsonl.
 """
 
@@ -75,10 +76,10 @@ def fresh_database() -> None:
     subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, check=True)
 
 
-def start(command: list[str]) -> subprocess.Popen:
+def start(command: list[str], cwd: Path = ROOT) -> subprocess.Popen:
     return subprocess.Popen(
         command,
-        cwd=ROOT,
+        cwd=cwd,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -128,7 +129,21 @@ class Client:
         return data
 
 
-def run(payments: int, clients: int, concurrency: int, workers: int, limits: bool) -> dict:
+# Where a payment's time goes after its settlement, medians from the rows' own timestamps
+# (the database clock): the event (written in the settlement's transaction) → its delivery
+# row (the fan-out drain), → the first attempt row.
+_AFTER_SETTLEMENT = """
+SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM d.created_at - ev.created_at)),
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM d.created_at - ev.created_at)),
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM a.created_at - d.created_at))
+  FROM events ev
+  JOIN webhook_deliveries d ON d.event_id = ev.id
+  JOIN LATERAL (SELECT min(t.started_at) AS created_at FROM webhook_delivery_attempts t WHERE t.delivery_id = d.id) a ON true
+ WHERE ev.type = 'payment_intent.succeeded'
+"""
+
+
+def run(payments: int, clients: int, concurrency: int, workers: int, limits: bool, worker_root: Path = ROOT) -> dict:
     fresh_database()
     receiver = NginxReceiver()
     rail = start([sys.executable, "-m", "sandbox.rail", "--port", str(RAIL_PORT)])
@@ -136,7 +151,7 @@ def run(payments: int, clients: int, concurrency: int, workers: int, limits: boo
     gunicorn = str(Path(sys.executable).with_name("gunicorn"))
     web = start([gunicorn, "vpay.wsgi:application", "--bind", f"127.0.0.1:{web_port}", "--workers", str(workers),
                  "--threads", "8", "--worker-class", "gthread", "--keep-alive", "30"])  # fmt: skip
-    worker = start([sys.executable, "manage.py", "runworker", "--concurrency", str(concurrency)])
+    worker = start([sys.executable, "manage.py", "runworker", "--concurrency", str(concurrency)], cwd=worker_root)
     try:
         key = setup(receiver)
         wait_http(f"http://127.0.0.1:{web_port}/v1/payment_intents")
@@ -175,6 +190,7 @@ def run(payments: int, clients: int, concurrency: int, workers: int, limits: boo
             intent_of = dict(
                 conn.execute("SELECT id, data->>'id' FROM events WHERE type = 'payment_intent.succeeded'").fetchall()
             )
+            after_settlement = conn.execute(_AFTER_SETTLEMENT).fetchone()
         limit = None
         if limits:
             from bench.poll_statements import pgbench_commit_rate, rail_get_rate
@@ -208,11 +224,21 @@ def run(payments: int, clients: int, concurrency: int, workers: int, limits: boo
         "create_to_webhook_p99_ms": pct(end_to_end, 0.99) if end_to_end else None,
         "confirm_p50_ms": round(statistics.median(confirms) * 1000, 1),
         "confirm_p99_ms": pct(confirms, 0.99),
+        "settled_to_delivery_row_p50_ms": _ms(after_settlement[0]),
+        "settled_to_delivery_row_p99_ms": _ms(after_settlement[1]),
+        "delivery_row_to_attempt_p50_ms": _ms(after_settlement[2]),
+        "worker_commit": subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=worker_root, capture_output=True, text=True
+        ).stdout.strip(),
         "rail_alone_get_per_s": limit[0] if limit else None,
         "pgbench_tps": limit[1] if limit else None,
         "load": os.getloadavg()[0],
         "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 1)
 
 
 def main() -> int:
@@ -222,8 +248,11 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=16, help="the worker's --concurrency")
     parser.add_argument("--workers", type=int, default=2, help="gunicorn worker processes (8 threads each)")
     parser.add_argument("--no-limits", action="store_true", help="skip the rail-alone and pgbench limits")
+    parser.add_argument("--worker-root", type=Path, default=ROOT, help="run the worker from this checkout (A/B)")
     args = parser.parse_args()
-    result = run(args.payments, args.clients, args.concurrency, args.workers, not args.no_limits)
+    result = run(
+        args.payments, args.clients, args.concurrency, args.workers, not args.no_limits, args.worker_root.resolve()
+    )
     OUT.mkdir(parents=True, exist_ok=True)
     with open(OUT / "api_e2e.jsonl", "a") as fh:
         fh.write(json.dumps(result) + "\n")

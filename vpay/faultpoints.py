@@ -22,8 +22,8 @@ POINTS: dict[str, str] = {
     "rail.answered": "the rail answered and nothing of the answer is recorded or settled yet",
     "webhook.attempt_recorded": "a delivery attempt row is committed (in_flight) and nothing is sent yet",
     "webhook.answered": "the receiver answered and the attempt's outcome is not recorded yet",
-    "fan_out.event_committed": "one event of a fan-out page committed, the rest of the page not yet begun",
-    "fan_out.deliveries_written": "an event's deliveries and jobs are written, its transaction not yet committed",
+    "fan_out.event_committed": "a fan-out transaction (a page of events, or one) committed, the next not yet begun",
+    "fan_out.deliveries_written": "a fan-out transaction's deliveries and jobs are written, not yet committed",
 }
 
 _callback: Callable[[str, str], None] | None = None

@@ -47,54 +47,72 @@ def pending_event_ids(limit: int) -> list[str]:
     ]
 
 
-def lock_pending_event(event_id: str) -> tuple[str, str] | None:
-    """``(merchant_id, type)`` of the event, row-locked, if it is still pending and nobody
-    else holds it; None otherwise (a concurrent drain has it, or it is done). MUST run in
-    the event's transaction."""
-    rows = _rows(
-        "SELECT merchant_id, type FROM events WHERE id = %s AND fan_out = 'pending' FOR UPDATE SKIP LOCKED",
-        [event_id],
-    )
-    return rows[0] if rows else None
+# The fan-out's row locks. A page: the oldest pending events (the partial index
+# ``events_pending_fan_out`` serves the order). Named events: by primary key. SKIP LOCKED
+# either way: an event another drain holds is passed over, not waited for.
+_LOCK_PENDING_PAGE = """
+SELECT id FROM events WHERE fan_out = 'pending' ORDER BY created_at, id LIMIT %s FOR UPDATE SKIP LOCKED
+"""
+_LOCK_PENDING_EVENTS = """
+SELECT id FROM events WHERE id = ANY(%s) AND fan_out = 'pending' ORDER BY created_at, id FOR UPDATE SKIP LOCKED
+"""
+
+# The deliveries of locked events, in one statement whatever their number: each event's
+# merchant, type and ``data->>'id'`` read from its row (primary key), its merchant's
+# endpoints through ``webhook_endpoints_live``; ``webhook_deliveries_event_endpoint``
+# absorbs a re-run. Then every delivery of those events (the same unique index), with the
+# event's merchant for its deliver job's tenant.
+_CREATE_DELIVERIES = """
+INSERT INTO webhook_deliveries (event_id, endpoint_id, state, attempts, next_attempt_at, created_at, updated_at)
+SELECT ev.id, e.id, 'pending', 0, now(), now(), now()
+  FROM events ev
+  JOIN webhook_endpoints e ON e.merchant_id = ev.merchant_id
+ WHERE ev.id = ANY(%(events)s) AND e.deleted_at IS NULL AND e.disabled_at IS NULL
+   AND CASE WHEN ev.type = 'webhook_endpoint.test'
+            THEN e.id = ev.data->>'id'
+            ELSE (e.enabled_events @> ARRAY['*']::varchar[] OR e.enabled_events @> ARRAY[ev.type]::varchar[])
+                 AND NOT (starts_with(ev.type, 'webhook_endpoint.') AND e.id = ev.data->>'id')
+       END
+ ORDER BY ev.created_at, ev.id, e.id
+ON CONFLICT (event_id, endpoint_id) DO NOTHING
+"""
+_DELIVERIES_OF_EVENTS = """
+SELECT d.id, d.event_id, ev.merchant_id
+  FROM webhook_deliveries d JOIN events ev ON ev.id = d.event_id
+ WHERE d.event_id = ANY(%(events)s)
+ ORDER BY d.id
+"""
 
 
-def create_deliveries(event_id: str, merchant_id: str, event_type: str) -> list[tuple[int, str]]:
-    """One delivery per live, enabled endpoint of the merchant subscribed to ``event_type``
-    (or ``*``); returns every delivery of the event as ``(id, endpoint_id)``. A re-run
-    creates nothing: ``webhook_deliveries_event_endpoint`` absorbs it. An event about an
-    endpoint (``webhook_endpoint.*``) goes to the merchant's *other* endpoints: the one it
-    is about is failing or disabled. Except a test (``webhook_endpoint.test``): it goes to
-    the one endpoint it is about, and only there, whatever that endpoint subscribes to."""
+def lock_pending_page(limit: int) -> list[str]:
+    """Up to ``limit`` of the oldest pending events nobody else holds, row-locked. MUST run
+    in the fan-out's transaction."""
+    return [r[0] for r in _rows(_LOCK_PENDING_PAGE, [limit])]
+
+
+def lock_pending_events(event_ids: list[str]) -> list[str]:
+    """Those of ``event_ids`` still pending and held by nobody else, row-locked (another
+    drain's, or one done, are left out). MUST run in the fan-out's transaction."""
+    return [r[0] for r in _rows(_LOCK_PENDING_EVENTS, [event_ids])]
+
+
+def create_deliveries(event_ids: list[str]) -> list[tuple[int, str, str]]:
+    """One delivery per live, enabled endpoint of the event's merchant subscribed to its
+    type (or ``*``), for each of the (locked) events; returns every delivery of those events
+    as ``(id, event_id, merchant_id)``. A re-run creates nothing. An event about an endpoint
+    (``webhook_endpoint.*``) goes to the merchant's *other* endpoints: the one it is about
+    is failing or disabled. Except a test (``webhook_endpoint.test``): it goes to the one
+    endpoint it is about, and only there, whatever that endpoint subscribes to."""
     with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            INSERT INTO webhook_deliveries
-                   (event_id, endpoint_id, state, attempts, next_attempt_at, created_at, updated_at)
-            SELECT %(event)s, e.id, 'pending', 0, now(), now(), now()
-              FROM webhook_endpoints e
-             WHERE e.merchant_id = %(merchant)s AND e.deleted_at IS NULL AND e.disabled_at IS NULL
-               AND CASE WHEN %(type)s = 'webhook_endpoint.test'
-                        THEN e.id = (SELECT ev.data->>'id' FROM events ev WHERE ev.id = %(event)s)
-                        ELSE (e.enabled_events @> ARRAY['*']::varchar[]
-                              OR e.enabled_events @> ARRAY[%(type)s]::varchar[])
-                             AND NOT (starts_with(%(type)s, 'webhook_endpoint.')
-                                      AND e.id = (SELECT ev.data->>'id' FROM events ev WHERE ev.id = %(event)s))
-                   END
-             ORDER BY e.id
-            ON CONFLICT (event_id, endpoint_id) DO NOTHING
-            """,
-            {"event": event_id, "merchant": merchant_id, "type": event_type},
-        )
-        cursor.execute(
-            "SELECT id, endpoint_id FROM webhook_deliveries WHERE event_id = %s ORDER BY id",
-            [event_id],
-        )
+        cursor.execute(_CREATE_DELIVERIES, {"events": event_ids})
+        cursor.execute(_DELIVERIES_OF_EVENTS, {"events": event_ids})
         return cursor.fetchall()
 
 
-def mark_fanned_out(event_id: str) -> bool:
-    """CAS ``pending → fanned_out``; False means another drain got there first."""
-    return _rowcount("UPDATE events SET fan_out = 'fanned_out' WHERE id = %s AND fan_out = 'pending'", [event_id]) == 1
+def mark_fanned_out(event_ids: list[str]) -> int:
+    """CAS ``pending → fanned_out`` (primary key); how many matched (fewer: another drain
+    got there first)."""
+    return _rowcount("UPDATE events SET fan_out = 'fanned_out' WHERE id = ANY(%s) AND fan_out = 'pending'", [event_ids])
 
 
 def count_fan_out_failure(event_id: str) -> int | None:

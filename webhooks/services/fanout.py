@@ -1,11 +1,18 @@
 """The outbox drain: pending events become one delivery per subscribed endpoint.
 
-One transaction per event, never one per page: a crash mid-page loses nothing and
-duplicates nothing. Inside it: lock the event (SKIP LOCKED: a concurrent drain's event is
-skipped, not waited for), create its deliveries (unique ``(event, endpoint)``), enqueue a
-deliver job per delivery (dedupe key), and compare-and-swap the event to ``fanned_out``.
-A replay of that transaction is absorbed by the unique index and the dedupe key; a CAS
-that matches nothing means another drain fanned it out, and ours rolls back (not a failure).
+A page of pending events goes in one transaction: lock the page (SKIP LOCKED: events a
+concurrent drain holds are skipped, not waited for), create its deliveries (unique
+``(event, endpoint)``), enqueue a deliver job per delivery (dedupe key), and
+compare-and-swap the events to ``fanned_out``. A crash mid-page loses nothing and
+duplicates nothing: the transaction is all or nothing, and a replay is absorbed by the
+unique index and the dedupe key. One commit per page, not one per event: under load the
+drain is one executor among many sharing the worker's interpreter, and at a transaction
+per event it fell behind the events (bench/CHARGES.md).
+
+A page that fails as a whole is done again event by event, each in its own transaction
+(lock the event, its deliveries, its jobs, its CAS), so one failing event is found and
+never holds the others back; a CAS that matches nothing there means another drain fanned
+the event out, and ours rolls back (not a failure).
 
 A failing event is counted in a separate statement (its own transaction rolled back), and
 abandoned with one alert after ``FAN_OUT_MAX_PASSES`` failed passes. Only failures of the
@@ -22,6 +29,7 @@ that times out forever cannot be retried forever unseen. An abandoned event goes
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.db import DatabaseError, transaction
@@ -66,16 +74,16 @@ class Pass:
         return self.fanned_out > 0
 
 
-def fan_out_event(event_id: str) -> int | None:
-    """Fan one event out in one transaction; returns how many deliveries it has, or None
-    when it was not ours to fan out (locked by another drain, or no longer pending)."""
+def _fan_out(lock: Callable[[], list[str]]) -> tuple[int, int] | None:
+    """One transaction: the events ``lock()`` row-locks, their deliveries, a deliver job per
+    delivery, and their CAS to ``fanned_out``. ``(events, deliveries)``, or None when none
+    was ours (held by another drain, or no longer pending)."""
     try:
         with transaction.atomic():
-            locked = repository.lock_pending_event(event_id)
-            if locked is None:
+            event_ids = lock()
+            if not event_ids:
                 return None
-            merchant_id, event_type = locked
-            deliveries = repository.create_deliveries(event_id, merchant_id, event_type)
+            deliveries = repository.create_deliveries(event_ids)
             enqueue_many(
                 JobRequest(
                     kind=JobKind.WEBHOOK_DELIVER,
@@ -86,19 +94,36 @@ def fan_out_event(event_id: str) -> int | None:
                     tenant=merchant_id,
                     correlation_id=event_id,
                 )
-                for delivery_id, _endpoint_id in deliveries
+                for delivery_id, event_id, merchant_id in deliveries
             )
             faultpoints.reached("fan_out.deliveries_written")
-            if not repository.mark_fanned_out(event_id):
-                raise _NotOurs
-            return len(deliveries)
+            if repository.mark_fanned_out(event_ids) != len(event_ids):
+                raise _NotOurs  # under our row locks only a bug gets here: never commit a part
+            return len(event_ids), len(deliveries)
     except _NotOurs:
         return None
 
 
+def fan_out_event(event_id: str) -> int | None:
+    """Fan one event out in one transaction; returns how many deliveries it has, or None
+    when it was not ours to fan out (locked by another drain, or no longer pending)."""
+    done = _fan_out(lambda: repository.lock_pending_events([event_id]))
+    return None if done is None else done[1]
+
+
 def drain_once(page: int = PAGE, *, transient_alert_after: int = FAN_OUT_TRANSIENT_ALERT_AFTER) -> Pass:
-    """One page of pending events, each in its own transaction; failures counted apart."""
+    """One page of pending events in one transaction; when that fails, each event of the
+    page in its own transaction, failures counted apart."""
     result = Pass()
+    try:
+        done = _fan_out(lambda: repository.lock_pending_page(page))
+    except Exception as exc:  # noqa: BLE001 - event by event next, where each failure is counted
+        logger.info("fan-out page failed as a whole; going event by event", extra={"error": error_chain(exc, 300)})
+    else:
+        if done is not None:
+            result.seen = done[0]
+            _committed(result, *done)
+        return result
     for event_id in repository.pending_event_ids(page):
         result.seen += 1
         try:
@@ -113,11 +138,15 @@ def drain_once(page: int = PAGE, *, transient_alert_after: int = FAN_OUT_TRANSIE
                 result.abandoned += 1
             continue
         if made is not None:
-            metrics.EVENTS_FANNED_OUT.inc()
-            result.fanned_out += 1
-            result.deliveries += made
-            faultpoints.reached("fan_out.event_committed")
+            _committed(result, 1, made)
     return result
+
+
+def _committed(result: Pass, events: int, deliveries: int) -> None:
+    metrics.EVENTS_FANNED_OUT.inc(events)
+    result.fanned_out += events
+    result.deliveries += deliveries
+    faultpoints.reached("fan_out.event_committed")
 
 
 def abandoned_alert_key(event_id: str, redrives: int) -> str:
