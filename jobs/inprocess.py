@@ -85,6 +85,7 @@ class _Job:
     deferrals: int = 0
     seq: int = 0  # the heap entry that is current; older entries are stale
     running: bool = False
+    woken: bool = False  # pulled forward while it ran: a plain reschedule runs it at once
 
 
 class _AtCommit:
@@ -156,18 +157,27 @@ class InProcessQueue:
         floor = floor.total_seconds() if isinstance(floor, timedelta) else float(floor)
         with self._cv:
             job = self._live.get(dedupe_key)
-            now = time.monotonic()
-            if job is None or job.running or job.due - now <= floor:
-                return False  # a running job is left alone: its settle decides, as for a leased row
-            job.due = now
-            self._push(job)
-            return True
+            if job is not None and job.running and floor <= 0:
+                job.woken = True  # as a leased row is woken (jobs.repository._PULL_FORWARD)
+                return True
+            return self._move_waiting(job, floor)
 
     def pull_forward_first(self, dedupe_keys: list[str], floor: timedelta | float = 0) -> str | None:
-        for name in dedupe_keys:
-            if self.pull_forward(name, floor):
-                return name
+        floor = floor.total_seconds() if isinstance(floor, timedelta) else float(floor)
+        with self._cv:
+            for name in dedupe_keys:
+                if self._move_waiting(self._live.get(name), floor):
+                    return name
         return None
+
+    def _move_waiting(self, job: _Job | None, floor: float) -> bool:
+        """Under the lock: a waiting job due more than ``floor`` from now, made due now."""
+        now = time.monotonic()
+        if job is None or job.running or job.due - now <= floor:
+            return False
+        job.due = now
+        self._push(job)
+        return True
 
     # --- admission and hand-over --------------------------------------------------------------
 
@@ -237,7 +247,7 @@ class InProcessQueue:
                 job = self._next_due()
                 if job is None:
                     return
-                job.running, self._running = True, self._running + 1
+                job.running, job.woken, self._running = True, False, self._running + 1
             try:
                 settle = self._run(job)
             except Exception:  # a bug here must not end the thread and strand every job
@@ -305,6 +315,8 @@ class InProcessQueue:
         if settle.add_deferral:
             job.deferrals += 1
         delay = RELEASE_DELAY_SECONDS if d is Disposition.RELEASED else settle.delay
+        if d is Disposition.RESCHEDULED and job.woken:
+            delay = 0.0
         job.due = time.monotonic() + delay
         self._push(job)
 

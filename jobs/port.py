@@ -16,8 +16,9 @@ The contract both keep (tests/test_queue_port.py runs it on each):
   the commit, never after a rollback;
 * delivered at least once: a handler may run again after a failure (retried on its kind's
   policy), so its effect must be idempotent by the job's name or subject;
-* ``pull_forward(name)`` makes the waiting job of that name due now;
-  ``pull_forward_first(names)`` does it for the first of several names that can move.
+* ``pull_forward(name)`` makes the waiting job of that name due now, and wakes it if it is
+  running (a plain reschedule it answers then runs it again at once);
+  ``pull_forward_first(names)`` moves the first of several names that is waiting.
 """
 
 from __future__ import annotations

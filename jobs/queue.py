@@ -126,7 +126,11 @@ def _copy_many(requests: Sequence[JobRequest], kinds: dict) -> int:
 def pull_forward(dedupe_key: str, floor: timedelta | float = 0) -> bool:
     """Make the waiting job with ``dedupe_key`` due now, if it is due more than ``floor`` from now.
 
-    Returns whether a job moved. A leased job is left alone: its worker will settle it.
+    A leased (running) job is woken instead, when ``floor`` is 0: if its handler answers a
+    plain reschedule (not a failure, not a deferral), it is due at once rather than after
+    the delay it asked for; whatever changed while it ran is looked at now. A floor guards
+    against callers that may call often (a rail's notifications), so it never wakes a
+    running job. Returns whether a job moved or was woken.
     """
     return repository.pull_forward(dedupe_key, _seconds(floor, "floor"))
 

@@ -149,21 +149,30 @@ def copy_jobs(rows: Iterable[tuple]) -> int:
     return count
 
 
+# The named job (jobs_job_dedupe_key_unique) made due now when it waits more than the floor;
+# when it is leased (a floor of 0 only), woken: run_at set after its claim's locked_at (a
+# claim takes only rows with run_at <= its now(), so nothing but a wake leaves it there
+# while the lease is held, and the microsecond keeps it after even within one transaction),
+# and the plain reschedule that settles it makes it due at once (_RESCHEDULE). A row being
+# claimed or settled is waited for, then judged again: the wake is not lost to the moment
+# it lands in. NOTIFY for a moved one.
 _PULL_FORWARD = f"""
 WITH moved AS (
-    UPDATE jobs SET run_at = now()
-     WHERE dedupe_key = %s AND locked_at IS NULL
-       AND run_at > now() + make_interval(secs => %s)
-    RETURNING queue
+    UPDATE jobs SET run_at = CASE WHEN locked_at IS NULL THEN now()
+                                  ELSE greatest(now(), locked_at + interval '1 microsecond') END
+     WHERE dedupe_key = %(name)s
+       AND CASE WHEN locked_at IS NULL THEN run_at > now() + make_interval(secs => %(floor)s)
+                ELSE %(floor)s <= 0 AND run_at <= locked_at END
+    RETURNING queue, locked_at IS NULL AS waiting
 )
-SELECT pg_notify('{NOTIFY_CHANNEL}', queue) FROM moved
+SELECT count(*), count(pg_notify('{NOTIFY_CHANNEL}', queue)) FILTER (WHERE waiting) FROM moved
 """
 
 
 def pull_forward(dedupe_key: str, floor_seconds: float) -> bool:
     with connection.cursor() as cursor:
-        cursor.execute(_PULL_FORWARD, [dedupe_key, floor_seconds])
-        return cursor.fetchone() is not None
+        cursor.execute(_PULL_FORWARD, {"name": dedupe_key, "floor": floor_seconds})
+        return cursor.fetchone()[0] > 0
 
 
 # The first of several named jobs (in the order given) that is waiting, not leased and due
@@ -217,15 +226,17 @@ def finish_many(leases: Sequence[tuple[int, uuid.UUID]], overtaken: list | None 
     return {r[0] for r in rows}
 
 
-# Back to the queue after `delay` (primary key, guarded on the token). A job that settles
-# has shown it does not kill its worker: a suspect's crashes are cleared (jobs.leases). Due
-# at once: NOTIFY, so an idle worker takes it now rather than at its next poll. A job an
-# operator asked to cancel is not re-queued: matching nothing, the settle ends it cancelled
-# instead (jobs.cancels).
+# Back to the queue after `delay` (primary key, guarded on the token), or at once for a
+# `wakeable` reschedule (one that is no failure and no deferral) of a job woken while it ran
+# (run_at after locked_at: _PULL_FORWARD). A job that settles has shown it does not kill its
+# worker: a suspect's crashes are cleared (jobs.leases). Due at once: NOTIFY, so an idle
+# worker takes it now rather than at its next poll. A job an operator asked to cancel is not
+# re-queued: matching nothing, the settle ends it cancelled instead (jobs.cancels).
 _RESCHEDULE = f"""
 WITH moved AS (
     UPDATE jobs
-       SET run_at = now() + make_interval(secs => %(delay)s),
+       SET run_at = CASE WHEN %(wakeable)s AND run_at > locked_at THEN now()
+                         ELSE now() + make_interval(secs => %(delay)s) END,
            locked_by = NULL, lease_token = NULL, locked_at = NULL,
            lease_expires_at = NULL, heartbeat_at = NULL, crashes = 0,
            attempts = CASE %(attempts)s WHEN 'reset' THEN 0
@@ -234,9 +245,9 @@ WITH moved AS (
            deferrals = CASE WHEN %(attempts)s = 'reset' THEN 0 ELSE deferrals END + %(add_deferral)s,
            last_error = %(error)s
      WHERE id = %(id)s AND lease_token = %(token)s AND cancel_requested_at IS NULL
-    RETURNING queue
+    RETURNING queue, run_at <= now() AS due
 )
-SELECT count(*), count(pg_notify('{NOTIFY_CHANNEL}', queue)) FILTER (WHERE %(delay)s <= 0) FROM moved
+SELECT count(*), count(pg_notify('{NOTIFY_CHANNEL}', queue)) FILTER (WHERE due) FROM moved
 """
 
 
@@ -249,14 +260,17 @@ def reschedule(
     add_deferral: bool,
     error: str,
     durable: bool,
+    wakeable: bool = False,
 ) -> bool:
-    """Hand the job back to the queue to run after ``delay`` seconds (database clock).
-    ``durable`` for a failure's retry: its ``last_error`` is the evidence of the failure
-    (a reschedule or a deferral that is no failure is bookkeeping)."""
+    """Hand the job back to the queue to run after ``delay`` seconds (database clock), or at
+    once when ``wakeable`` and it was pulled forward while it ran. ``durable`` for a
+    failure's retry: its ``last_error`` is the evidence of the failure (a reschedule or a
+    deferral that is no failure is bookkeeping)."""
     rows = (sql.durable if durable else sql.bookkeeping)(
         _RESCHEDULE,
         {
             "delay": delay,
+            "wakeable": wakeable,
             "attempts": attempts,
             "add_deferral": int(add_deferral),
             "error": bounded(error),

@@ -101,6 +101,9 @@ class Settler:
                     add_deferral=settle.add_deferral,
                     error=settle.error,
                     durable=settle.disposition is Disposition.RETRIED,
+                    # A wake while it ran (pull_forward) cuts short a wait, never a
+                    # failure's backoff or a deferral.
+                    wakeable=settle.disposition is Disposition.RESCHEDULED,
                 )
             if not matched and settle.disposition is not Disposition.CANCELLED and cancels.settle_cancelled(job):
                 settle = Settle(Disposition.CANCELLED)  # a cancel request refused the re-queue (jobs.cancels)

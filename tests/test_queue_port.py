@@ -8,6 +8,7 @@ adapter's by its own thread, through the same ``jobs.invoke.run_job``.
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import threading
@@ -18,8 +19,9 @@ import pytest
 from django.db import connection, transaction
 from django.test import override_settings
 
-from jobs import port
+from jobs import port, registry
 from jobs.inprocess import InProcessQueue
+from jobs.outcome import Outcome
 from jobs.port import EnqueueError, JobRequest, PostgresQueue
 from jobs.worker import Worker
 
@@ -154,6 +156,44 @@ def test_pull_forward_first_moves_the_first_name_in_order_that_can_move(harness,
     odd = 'port:a "quoted", {braced} \\ name'  # every character an array literal must escape
     port.enqueue("task", task("record", "port:odd"), dedupe_key=odd, delay=3600)
     assert port.pull_forward_first(["port:missing", odd]) == odd
+
+
+def waking_handler(monkeypatch, answer, floor: float = 0):
+    """The task kind, unfenced, run by a handler that pulls its own job forward while it runs
+    and gives ``answer`` on its first run, done on the next; its runs, and what each pull said."""
+    runs: list[bool] = []
+
+    def handler(ctx):
+        if runs:
+            runs.append(True)
+            return Outcome.done()
+        runs.append(port.pull_forward("port:woken", floor))
+        return answer
+
+    spec = registry.get("task")
+    monkeypatch.setitem(registry._REGISTRY, "task", dataclasses.replace(spec, handler=handler, fenced=False))
+    port.enqueue("task", task("noop"), dedupe_key="port:woken")
+    return runs
+
+
+def test_a_job_woken_while_it_runs_runs_again_at_once_though_it_asked_for_an_hour(harness, monkeypatch):
+    # What an emit during the fan-out drain's empty pass, or a confirm finishing while its
+    # poll waits, relies on: the wake is not lost to the running job's reschedule.
+    runs = waking_handler(monkeypatch, Outcome.reschedule_in(3600))
+    harness.run_jobs()
+    assert runs == [True, True]
+
+
+def test_a_wake_never_cuts_short_a_deferral(harness, monkeypatch):
+    runs = waking_handler(monkeypatch, Outcome.defer(3600, "breaker open"))
+    harness.run_jobs(timeout=2.0)
+    assert runs == [True]
+
+
+def test_a_pull_forward_with_a_floor_never_wakes_a_running_job(harness, monkeypatch):
+    runs = waking_handler(monkeypatch, Outcome.reschedule_in(3600), floor=10)
+    harness.run_jobs(timeout=2.0)
+    assert runs == [False]
 
 
 def test_a_job_that_heartbeats_and_answers_reschedule_keeps_its_name_live(harness):

@@ -30,9 +30,9 @@ DELIVER_RETRY = RetryPolicy(max_attempts=10, base_seconds=5.0, cap_seconds=300.0
 )
 def fan_out(ctx: JobContext) -> Outcome:
     """The outbox drain. A pass that made progress runs again at once (a full page means
-    more is waiting; a partial one may have raced an emit whose wake-up found this job
-    leased); a pass that made none waits the idle period, so a page of failing events is
-    not a hot loop."""
+    more is waiting); a pass that made none waits the idle period, so a page of failing
+    events is not a hot loop. An emit that commits while a pass runs wakes this job
+    (jobs.port.pull_forward), so that wait is cut short: its event is not left behind."""
     result = fanout.drain_once()
     if result.seen:
         logger.info("fan-out pass", extra=vars(result))

@@ -93,8 +93,8 @@ def poll_charge(ctx: JobContext) -> Outcome:
             if not transitions.fail_submitting(row.id, row.intent_id, transitions.DEAD_ORDER, rail=row.rail):
                 # The charge left submitting between our read and the guarded write: a
                 # confirm's compare-and-swap won, and its URL may be in the payer's hands.
-                # Its pull-forward found this job leased and moved nothing, so this job is
-                # the charge's only poll: keep it, and run again now to ask the rail.
+                # This job is the charge's only poll: keep it, and run again now to ask
+                # the rail.
                 return Outcome.reschedule_in(0, "left submitting under a dead-order check")
             return Outcome.done()
         if action.step is Step.RESUBMIT:
@@ -170,9 +170,10 @@ def _deferred(ctx: JobContext, row: ChargeRow, policy: RecoveryPolicy, exc: Rail
 def _wait(row: ChargeRow, seconds: float, policy: RecoveryPolicy) -> Outcome:
     """Too young to recover: ask nothing, write nothing, come back once, just after the window.
 
-    If the confirm's compare-and-swap committed while this worker held the job, its
-    pull-forward found the job leased and could not move it: look once more, and run again
-    at once rather than sit out the window on a charge that is already submitted.
+    If the confirm's compare-and-swap committed while this worker held the job, run again
+    at once rather than sit out the window on a charge that is already submitted: looked at
+    here, and, for a confirm that commits after this look, by its pull-forward waking this
+    running job (the reschedule below then runs it at once: jobs.port.pull_forward).
     """
     if repository.charge_status(row.id) != ChargeStatus.SUBMITTING:
         return Outcome.reschedule_in(0, "the confirm finished while this poll waited")
