@@ -153,9 +153,11 @@ def copy_jobs(rows: Iterable[tuple]) -> int:
 # when it is leased (a floor of 0 only), woken: run_at set after its claim's locked_at (a
 # claim takes only rows with run_at <= its now(), so nothing but a wake leaves it there
 # while the lease is held, and the microsecond keeps it after even within one transaction),
-# and the plain reschedule that settles it makes it due at once (_RESCHEDULE). A row being
-# claimed or settled is waited for, then judged again: the wake is not lost to the moment
-# it lands in. NOTIFY for a moved one.
+# and the plain reschedule that settles it makes it due at once (_RESCHEDULE). A row a
+# settle or a claim is writing is waited for, then judged again. Still lost: a wake of a
+# job already due, claimed after this statement and before the caller commits, reads the
+# caller's write as not yet made (a caller that must not lose it pulls forward after its
+# commit). NOTIFY for a moved one.
 _PULL_FORWARD = f"""
 WITH moved AS (
     UPDATE jobs SET run_at = CASE WHEN locked_at IS NULL THEN now()

@@ -55,6 +55,13 @@ class Event(models.Model):
         indexes = [
             models.Index(fields=["merchant", "-created_at", "-id"], name="events_merchant_recent"),
             models.Index(fields=["created_at"], name="events_pending_fan_out", condition=Q(fan_out=FanOut.PENDING)),
+            # The pending events whose fan-out has failed before: taken one per transaction,
+            # never in a page (webhooks.services.fanout), found without reading a backlog.
+            models.Index(
+                fields=["created_at"],
+                name="events_pending_failed_before",
+                condition=Q(fan_out=FanOut.PENDING) & (Q(fan_out_failures__gt=0) | Q(fan_out_transient_failures__gt=0)),
+            ),
             # The abandoned-events gauge (webhooks.gauge_sql): only what an operator must re-drive.
             models.Index(fields=["created_at"], name="events_abandoned", condition=Q(fan_out=FanOut.ABANDONED)),
             # Retention's keyset pages (webhooks.retention): fanned-out events, oldest first.

@@ -36,22 +36,27 @@ def _rowcount(sql: str, params=None) -> int:
 # --- fan-out ------------------------------------------------------------------------------
 
 
-def pending_event_ids(limit: int) -> list[str]:
-    """The oldest pending events (the partial index ``events_pending_fan_out`` serves this)."""
-    return [
-        r[0]
-        for r in _rows(
-            "SELECT id FROM events WHERE fan_out = 'pending' ORDER BY created_at, id LIMIT %s",
-            [limit],
+def pending_event_ids(limit: int, *, failed_before: bool = False) -> list[str]:
+    """The oldest pending events (the partial index ``events_pending_fan_out`` serves this);
+    ``failed_before``: only those whose fan-out has failed before (``events_pending_failed_before``)."""
+    if failed_before:
+        sql = (
+            "SELECT id FROM events WHERE fan_out = 'pending'"
+            " AND (fan_out_failures > 0 OR fan_out_transient_failures > 0) ORDER BY created_at, id LIMIT %s"
         )
-    ]
+    else:
+        sql = "SELECT id FROM events WHERE fan_out = 'pending' ORDER BY created_at, id LIMIT %s"
+    return [r[0] for r in _rows(sql, [limit])]
 
 
-# The fan-out's row locks. A page: the oldest pending events (the partial index
-# ``events_pending_fan_out`` serves the order). Named events: by primary key. SKIP LOCKED
-# either way: an event another drain holds is passed over, not waited for.
+# The fan-out's row locks. A page: the oldest pending events whose fan-out never failed
+# (the partial index ``events_pending_fan_out`` serves the order; one that failed goes one
+# per transaction, so an event that keeps failing cannot fail every page). Named events: by
+# primary key. SKIP LOCKED either way: an event another drain holds is passed over.
 _LOCK_PENDING_PAGE = """
-SELECT id FROM events WHERE fan_out = 'pending' ORDER BY created_at, id LIMIT %s FOR UPDATE SKIP LOCKED
+SELECT id FROM events
+ WHERE fan_out = 'pending' AND fan_out_failures = 0 AND fan_out_transient_failures = 0
+ ORDER BY created_at, id LIMIT %s FOR UPDATE SKIP LOCKED
 """
 _LOCK_PENDING_EVENTS = """
 SELECT id FROM events WHERE id = ANY(%s) AND fan_out = 'pending' ORDER BY created_at, id FOR UPDATE SKIP LOCKED

@@ -158,6 +158,11 @@ def endpoint_disable(*, endpoint_id: str, reason: str, actor: str, user_id: int 
     return True
 
 
+def _pull_forward_each(delivery_ids: list[int]) -> None:
+    for delivery_id in delivery_ids:
+        pull_forward(dedupe_key(delivery_id))
+
+
 def endpoint_enable(*, endpoint_id: str, actor: str, reason: str = "", user_id: int | None = None) -> int | None:
     """Re-enable a disabled endpoint: a fresh health record (failures before now do not
     count), and its pending deliveries due now, their jobs enqueued (or pulled forward).
@@ -179,8 +184,10 @@ def endpoint_enable(*, endpoint_id: str, actor: str, reason: str = "", user_id: 
             for delivery_id in resumed
         )
         if created < len(resumed):
-            # Some still had a job waiting for a later rung: due now, like the delivery.
-            for delivery_id in resumed:
-                pull_forward(dedupe_key(delivery_id))
+            # Some still had a job waiting for a later rung: due now, like the delivery. After
+            # the commit, one row lock at a time: a pull-forward waits for a leased job's row,
+            # and holding the first while waiting for the next could deadlock with a worker's
+            # heartbeat, which locks all of its leases in one statement.
+            transaction.on_commit(lambda: _pull_forward_each(resumed))
     logger.info("webhook endpoint enabled", extra={"endpoint_id": endpoint_id, "by": actor, "resumed": len(resumed)})
     return len(resumed)

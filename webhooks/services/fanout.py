@@ -12,7 +12,10 @@ per event it fell behind the events (bench/CHARGES.md).
 A page that fails as a whole is done again event by event, each in its own transaction
 (lock the event, its deliveries, its jobs, its CAS), so one failing event is found and
 never holds the others back; a CAS that matches nothing there means another drain fanned
-the event out, and ours rolls back (not a failure).
+the event out, and ours rolls back (not a failure). An event whose fan-out has failed
+before (counted, below) is never in a page again: it goes one per transaction on every
+pass, so one that keeps failing, transiently forever or until abandoned, costs its own
+transaction and not every page's.
 
 A failing event is counted in a separate statement (its own transaction rolled back), and
 abandoned with one alert after ``FAN_OUT_MAX_PASSES`` failed passes. Only failures of the
@@ -112,19 +115,21 @@ def fan_out_event(event_id: str) -> int | None:
 
 
 def drain_once(page: int = PAGE, *, transient_alert_after: int = FAN_OUT_TRANSIENT_ALERT_AFTER) -> Pass:
-    """One page of pending events in one transaction; when that fails, each event of the
-    page in its own transaction, failures counted apart."""
+    """A page of pending events in one transaction, then each event that has failed before
+    in its own transaction, failures counted apart; after a page that failed, each event
+    of the next page in its own transaction."""
     result = Pass()
+    page_failed = False
     try:
         done = _fan_out(lambda: repository.lock_pending_page(page))
     except Exception as exc:  # noqa: BLE001 - event by event next, where each failure is counted
-        logger.info("fan-out page failed as a whole; going event by event", extra={"error": error_chain(exc, 300)})
+        page_failed = True
+        logger.warning("fan-out page failed as a whole; going event by event", extra={"error": error_chain(exc, 300)})
     else:
         if done is not None:
             result.seen = done[0]
             _committed(result, *done)
-        return result
-    for event_id in repository.pending_event_ids(page):
+    for event_id in repository.pending_event_ids(page, failed_before=not page_failed):
         result.seen += 1
         try:
             made = fan_out_event(event_id)
