@@ -58,9 +58,10 @@ def two_merchants_and_their_events():
     return events, expected
 
 
-def test_a_page_makes_exactly_the_deliveries_one_event_at_a_time_would_with_a_job_each():
+def test_a_page_makes_exactly_the_deliveries_one_event_at_a_time_would_with_a_job_each(caplog):
     events, expected = two_merchants_and_their_events()
     result = fanout.drain_once()
+    assert not [r for r in caplog.records if "page failed" in r.getMessage()]  # the page did it
     assert (result.seen, result.fanned_out, result.deliveries, result.failed) == (len(events), len(events), 11, 0)
     assert set(WebhookDelivery.objects.values_list("event_id", "endpoint_id")) == expected
     assert set(Event.objects.values_list("fan_out", flat=True)) == {"fanned_out"}
