@@ -158,7 +158,7 @@ class InProcessQueue:
         with self._cv:
             job = self._live.get(dedupe_key)
             if job is not None and job.running and floor <= 0:
-                job.woken = True  # as a leased row is woken (jobs.repository._PULL_FORWARD)
+                job.woken = True  # as a leased row is woken (jobs.pull_forward_sql)
                 return True
             return self._move_waiting(job, floor)
 

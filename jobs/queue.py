@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 from django.db import transaction
 
-from jobs import registry, repository
+from jobs import pull_forward_sql, registry, repository
 from jobs.kinds import JobKind
 from jobs.schema import PayloadError
 
@@ -132,7 +132,7 @@ def pull_forward(dedupe_key: str, floor: timedelta | float = 0) -> bool:
     against callers that may call often (a rail's notifications), so it never wakes a
     running job. Returns whether a job moved or was woken.
     """
-    return repository.pull_forward(dedupe_key, _seconds(floor, "floor"))
+    return pull_forward_sql.pull_forward(dedupe_key, _seconds(floor, "floor"))
 
 
 def pull_forward_first(dedupe_keys: list[str], floor: timedelta | float = 0) -> str | None:
@@ -140,7 +140,7 @@ def pull_forward_first(dedupe_keys: list[str], floor: timedelta | float = 0) -> 
     in one statement; returns the name moved, or None."""
     if not dedupe_keys:
         return None
-    return repository.pull_forward_first(list(dedupe_keys), _seconds(floor, "floor"))
+    return pull_forward_sql.pull_forward_first(list(dedupe_keys), _seconds(floor, "floor"))
 
 
 def validated(request: JobRequest) -> tuple:

@@ -1,6 +1,7 @@
 """The queue's SQL for enqueue, settle and the fence. Leases, the claim and the reaper are
-in ``jobs.leases``; health in ``jobs.health_sql``; operators' actions in
-``jobs.operator_sql``; alerts in ``jobs.alert_sql``.
+in ``jobs.leases``; pulling a named job forward in ``jobs.pull_forward_sql``; health in
+``jobs.health_sql``; operators' actions in ``jobs.operator_sql``; alerts in
+``jobs.alert_sql``.
 
 All instants are computed by PostgreSQL (``now()``); Python only ever passes *durations*.
 Every write that ends or changes a lease is guarded on the claim's ``lease_token``: when it
@@ -149,63 +150,6 @@ def copy_jobs(rows: Iterable[tuple]) -> int:
     return count
 
 
-# The named job (jobs_job_dedupe_key_unique) made due now when it waits more than the floor;
-# when it is leased (a floor of 0 only), woken: run_at set after its claim's locked_at (a
-# claim takes only rows with run_at <= its now(), so nothing but a wake leaves it there
-# while the lease is held, and the microsecond keeps it after even within one transaction),
-# and the plain reschedule that settles it makes it due at once (_RESCHEDULE). A row a
-# settle or a claim is writing is waited for, then judged again. Still lost: a wake of a
-# job already due, claimed after this statement and before the caller commits, reads the
-# caller's write as not yet made (a caller that must not lose it pulls forward after its
-# commit). NOTIFY for a moved one.
-_PULL_FORWARD = f"""
-WITH moved AS (
-    UPDATE jobs SET run_at = CASE WHEN locked_at IS NULL THEN now()
-                                  ELSE greatest(now(), locked_at + interval '1 microsecond') END
-     WHERE dedupe_key = %(name)s
-       AND CASE WHEN locked_at IS NULL THEN run_at > now() + make_interval(secs => %(floor)s)
-                ELSE %(floor)s <= 0 AND run_at <= locked_at END
-    RETURNING queue, locked_at IS NULL AS waiting
-)
-SELECT count(*), count(pg_notify('{NOTIFY_CHANNEL}', queue)) FILTER (WHERE waiting) FROM moved
-"""
-
-
-def pull_forward(dedupe_key: str, floor_seconds: float) -> bool:
-    with connection.cursor() as cursor:
-        cursor.execute(_PULL_FORWARD, {"name": dedupe_key, "floor": floor_seconds})
-        return cursor.fetchone()[0] > 0
-
-
-# The first of several named jobs (in the order given) that is waiting, not leased and due
-# more than the floor from now, made due now: one statement for a caller that would
-# otherwise try the names one by one (jobs_job_dedupe_key_unique finds each name; SKIP
-# LOCKED passes over a row another transaction is moving). Prepared: a freed webhook slot
-# asks it once per recorded attempt.
-_PULL_FORWARD_FIRST = f"""
-WITH candidate AS (
-    SELECT j.id FROM jobs j JOIN unnest(%s::text[]) WITH ORDINALITY AS k(name, n) ON j.dedupe_key = k.name
-     WHERE j.locked_at IS NULL AND j.run_at > now() + make_interval(secs => %s::float8)
-     ORDER BY k.n LIMIT 1
-       FOR UPDATE OF j SKIP LOCKED
-), moved AS (
-    UPDATE jobs SET run_at = now() FROM candidate WHERE jobs.id = candidate.id
-    RETURNING jobs.queue, jobs.dedupe_key
-)
-SELECT dedupe_key, pg_notify('{NOTIFY_CHANNEL}', queue) FROM moved
-"""
-
-
-def _text_array(values: Sequence[str]) -> str:
-    """``values`` as a PostgreSQL array literal (every element quoted, ``"`` and ``\\`` escaped)."""
-    return "{" + ",".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values) + "}"
-
-
-def pull_forward_first(dedupe_keys: list[str], floor_seconds: float) -> str | None:
-    row = execute_prepared(_PULL_FORWARD_FIRST, [_text_array(dedupe_keys), float(floor_seconds)])
-    return row[0] if row else None
-
-
 # --- settle ---------------------------------------------------------------------------
 
 _FINISH_MANY = """
@@ -230,10 +174,10 @@ def finish_many(leases: Sequence[tuple[int, uuid.UUID]], overtaken: list | None 
 
 # Back to the queue after `delay` (primary key, guarded on the token), or at once for a
 # `wakeable` reschedule (one that is no failure and no deferral) of a job woken while it ran
-# (run_at after locked_at: _PULL_FORWARD). A job that settles has shown it does not kill its
-# worker: a suspect's crashes are cleared (jobs.leases). Due at once: NOTIFY, so an idle
-# worker takes it now rather than at its next poll. A job an operator asked to cancel is not
-# re-queued: matching nothing, the settle ends it cancelled instead (jobs.cancels).
+# (run_at after locked_at: jobs.pull_forward_sql). A job that settles has shown it does not
+# kill its worker: a suspect's crashes are cleared (jobs.leases). Due at once: NOTIFY, so an
+# idle worker takes it now rather than at its next poll. A job an operator asked to cancel
+# is not re-queued: matching nothing, the settle ends it cancelled instead (jobs.cancels).
 _RESCHEDULE = f"""
 WITH moved AS (
     UPDATE jobs

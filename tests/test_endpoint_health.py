@@ -176,6 +176,23 @@ def test_a_disabled_endpoint_holds_its_pending_deliveries_and_re_enabling_resume
     assert ep.disabled_at is None and ep.health_warned_at is None and ep.disabled_reason == ""
 
 
+def test_re_enabling_makes_a_held_deliverys_job_waiting_for_a_later_rung_due_now(merchant):
+    from jobs import queue
+    from jobs.kinds import JobKind
+    from tests.queue_support import seconds_until_run
+
+    ep = endpoint(merchant)
+    held = tried(ep)
+    job_id = queue.enqueue(
+        JobKind.WEBHOOK_DELIVER, {"delivery_id": held}, dedupe_key=delivery_service.dedupe_key(held), delay=3600
+    )
+    assert endpoint_disable(endpoint_id=ep.pk, reason="maintenance", actor="merchant")
+    assert endpoint_enable(endpoint_id=ep.pk, actor="merchant") == 1
+    # Its job was already there (the enqueue made none): pulled forward, after the commit.
+    assert sql("SELECT count(*) FROM jobs WHERE dedupe_key = %s", [delivery_service.dedupe_key(held)])[0][0] == 1
+    assert seconds_until_run(job_id) == pytest.approx(0, abs=0.5)
+
+
 def test_a_disabled_endpoint_gets_no_new_deliveries(merchant):
     ep, other = endpoint(merchant, "a"), endpoint(merchant, "b")
     endpoint_disable(endpoint_id=ep.pk, reason="maintenance", actor="merchant")
