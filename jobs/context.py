@@ -37,6 +37,9 @@ class JobContext:
     # (tests driving a handler directly). A handler that must leave threads for other work
     # (one webhook endpoint's share) sizes itself by it.
     worker_concurrency: int | None = None
+    # The id of the beating worker running this job; None where none beats (the step
+    # methods, the in-process adapter). Its reaper judges others only as that worker may.
+    worker_id: str | None = None
     started_monotonic: float = field(default_factory=time.monotonic)
     # The persisted cursor, read on first use (jobs.checkpoints); _UNREAD until then.
     _cursor: object = field(default=_UNREAD, repr=False)

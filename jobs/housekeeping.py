@@ -108,7 +108,8 @@ def _expired_fences(ctx: JobContext) -> StepResult:
 
 
 def _expired_leases(ctx: JobContext) -> StepResult:
-    released, buried = reap()
+    # As the worker running it would: a reaper just back from an outage judges nobody yet.
+    released, buried = reap(ctx.worker_id or "", beating=ctx.worker_id is not None)
     if buried:
         logger.warning("sweep dead-lettered jobs out of attempts", extra={"leases_dead_lettered": buried})
     return StepResult(released + buried)

@@ -58,7 +58,7 @@ class _LeaseGone(Exception):
     """The job's delete matched nothing: the lease was taken; roll the effect back."""
 
 
-def run_job(job: ClaimedJob, ctx_holder: list, *, concurrency: int | None) -> Ran:
+def run_job(job: ClaimedJob, ctx_holder: list, *, concurrency: int | None, worker_id: str | None = None) -> Ran:
     """Run ``job``'s handler and decide its settle. ``ctx_holder`` receives the
     :class:`JobContext` as soon as it exists (the maintenance thread watches its clock)."""
     spec = registry.get(job.kind)
@@ -72,7 +72,9 @@ def run_job(job: ClaimedJob, ctx_holder: list, *, concurrency: int | None) -> Ra
         logger.info("duplicate job skipped by the fence", extra=job_fields(job))
         return Ran(Settle(Disposition.FINISHED), duplicate=True)
     job_state = _state(job, spec.max_deferrals)
-    ctx = JobContext(job, spec.timeout_seconds, loop_fenced=spec.fenced, worker_concurrency=concurrency)
+    ctx = JobContext(
+        job, spec.timeout_seconds, loop_fenced=spec.fenced, worker_concurrency=concurrency, worker_id=worker_id
+    )
     ctx_holder.append(ctx)
     try:
         if not spec.fenced:

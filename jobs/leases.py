@@ -247,17 +247,31 @@ def suspect_waiting(queues: Sequence[str]) -> bool:
 
 # The worker's heartbeat: its `workers` row (created if missing: a row pruned during a long
 # outage comes back) and every lease it still holds (index jobs_job_locked_by_idx), extended
-# from now(). Leases rescued meanwhile are no longer locked_by this worker and are left alone.
+# from now(). A beat later than the worker's period plus a margin after its previous one
+# (an outage, a stall; a fresh row too) moves `alive_since` to now: its reaper then judges
+# nobody for a lease (jobs.reaper). The leases are taken in id order and SKIP LOCKED, so the
+# beat never waits: a row being settled, handed back or cancelled is that writer's, and a
+# multi-row beat that waited could deadlock with a completer deleting rows in another order.
+# A skipped lease does not matter for a live worker: death is read from this row, not from
+# a lease. Leases rescued meanwhile are no longer locked_by this worker and are left alone.
 _WORKER_HEARTBEAT = """
 WITH beat AS (
-    INSERT INTO workers (id, hostname, pid, concurrency, queues, started_at, heartbeat_at)
-    VALUES (%(worker)s, %(hostname)s, %(pid)s, %(concurrency)s, %(queues)s, now(), now())
-    ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()
+    INSERT INTO workers (id, hostname, pid, concurrency, queues, started_at, heartbeat_at, alive_since,
+                         heartbeat_seconds, lease_seconds)
+    VALUES (%(worker)s, %(hostname)s, %(pid)s, %(concurrency)s, %(queues)s, now(), now(), now(),
+            %(period)s, %(lease)s)
+    ON CONFLICT (id) DO UPDATE
+       SET heartbeat_at = now(),
+           alive_since = CASE WHEN workers.heartbeat_at < now() - make_interval(secs => workers.heartbeat_seconds + %(margin)s)
+                              THEN now() ELSE workers.alive_since END,
+           heartbeat_seconds = EXCLUDED.heartbeat_seconds, lease_seconds = EXCLUDED.lease_seconds
     RETURNING 1
 ),
 extended AS (
-    UPDATE jobs SET lease_expires_at = now() + make_interval(secs => %(lease)s), heartbeat_at = now()
-     WHERE locked_by = %(worker)s AND locked_at IS NOT NULL
+    UPDATE jobs j SET lease_expires_at = now() + make_interval(secs => %(lease)s), heartbeat_at = now()
+      FROM (SELECT id FROM jobs WHERE locked_by = %(worker)s AND locked_at IS NOT NULL
+             ORDER BY id FOR UPDATE SKIP LOCKED) mine
+     WHERE j.id = mine.id
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM extended), (SELECT count(*) FROM beat)
@@ -271,6 +285,11 @@ class WorkerIdentity:
     pid: int
     concurrency: int
     queues: str
+    heartbeat_seconds: float = 5.0
+
+
+# How late a beat may be before the worker counts as just back (see _WORKER_HEARTBEAT).
+LATE_BEAT_MARGIN_SECONDS = 2.0
 
 
 def worker_heartbeat(identity: WorkerIdentity, lease_seconds: float) -> int:
@@ -284,7 +303,9 @@ def worker_heartbeat(identity: WorkerIdentity, lease_seconds: float) -> int:
             "pid": identity.pid,
             "concurrency": identity.concurrency,
             "queues": identity.queues,
+            "period": identity.heartbeat_seconds,
             "lease": lease_seconds,
+            "margin": LATE_BEAT_MARGIN_SECONDS,
         },
     )
     return int(rows[0][0])
@@ -296,14 +317,15 @@ def worker_deregister(worker: str) -> None:
         cursor.execute("DELETE FROM workers WHERE id = %s", [worker])
 
 
-# Workers whose heartbeat is older than `stale` seconds: dead (their leases, if any, were
-# or will be rescued by REAP). A small table: a sequential scan.
-_PRUNE_WORKERS = "DELETE FROM workers WHERE heartbeat_at < now() - make_interval(secs => %s)"
+# Workers silent for `leases` of their own leases (never the pruner's: workers may beat at
+# different periods): dead, and their jobs rescued by REAP meanwhile (a job whose holder has
+# no row is judged by its own lease). A small table: a sequential scan.
+_PRUNE_WORKERS = "DELETE FROM workers WHERE heartbeat_at < now() - make_interval(secs => lease_seconds * %s)"
 
 
-def prune_workers(stale_seconds: float) -> int:
+def prune_workers(leases: float = 4) -> int:
     with connection.cursor() as cursor:
-        cursor.execute(_PRUNE_WORKERS, [stale_seconds])
+        cursor.execute(_PRUNE_WORKERS, [leases])
         return cursor.rowcount
 
 

@@ -1,8 +1,8 @@
-"""The maintenance thread: the worker's heartbeat, the reaper, the singletons, the gauges,
-and the watch on handlers past their timeout.
+"""The maintenance thread: the reaper, hand-backs, the singletons, the gauges, and the watch
+on handlers past their timeout. (The worker heartbeat has a thread of its own: jobs.worker.)
 
-It runs on a connection of its own, so a worker whose executors are all busy still beats
-and still rescues other workers' leases. Each step's database failure is logged and the
+It runs on a connection of its own, so a worker whose executors are all busy still
+rescues other workers' leases. Each step's database failure is logged and the
 step retried on the next tick; anything else that escapes is a bug, and the thread's death
 stops the worker (jobs.worker) like any other thread's.
 """
@@ -28,10 +28,11 @@ TICK = 0.25
 GAUGE_PERIOD = 5.0
 
 
-def reap(worker_id: str = "") -> tuple[int, int]:
+def reap(worker_id: str = "", *, beating: bool = False) -> tuple[int, int]:
     """Rescue dead workers' jobs (``jobs.reaper.REAP``), then end those of them (and any run
-    handed back) that an operator had asked to cancel; returns (released, dead-lettered)."""
-    reaped = reaper.reap_expired_leases()
+    handed back) that an operator had asked to cancel; returns (released, dead-lettered).
+    A ``beating`` worker's reaper judges nobody until it has beaten on time for a lease."""
+    reaped = reaper.reap_expired_leases(worker_id if beating else None)
     cancels.sweep_waiting()
     if reaped.released or reaped.dead_lettered:
         metrics.LEASES_REAPED.labels(result="released").inc(reaped.released)
@@ -63,7 +64,6 @@ class Maintenance:
         self.worker = worker
         now = time.monotonic()
         self._due = {
-            "beat": now,
             "reap": now + worker.reap_period,
             "singletons": now + worker.reap_period,
             "gauges": now,
@@ -75,12 +75,11 @@ class Maintenance:
         try:
             while not self.worker._stopping.wait(TICK):
                 self.tick(time.monotonic())
-            # Draining: keep beating (the executors still hold leases) until they are done.
+            # Draining: hand back what failed to settle while the executors finish (the beat
+            # thread keeps their leases).
             while self.worker.running_count() and not self.worker._exit_now.wait(TICK):
-                now = time.monotonic()
-                if now >= self._due["beat"]:
-                    self._due["beat"] = now + self.worker.heartbeat_seconds
-                    self._step("beat", self.worker.heartbeat)
+                if self.worker.settler_has_pending():
+                    self._step("hand_back", self.worker.settler.hand_back_pending)
         finally:
             connections.close_all()
 
@@ -89,13 +88,10 @@ class Maintenance:
         self.watch_timeouts(now)
         if worker.settler_has_pending():
             self._step("hand_back", worker.settler.hand_back_pending)
-        if now >= self._due["beat"]:
-            self._due["beat"] = now + worker.heartbeat_seconds
-            self._step("beat", worker.heartbeat)
         if now >= self._due["reap"]:
             self._due["reap"] = now + worker.reap_period
-            self._step("reap", lambda: (reap(worker.worker_id), worker.check_suspects()))
-            self._step("prune", lambda: leases.prune_workers(worker.lease_seconds * 4))
+            self._step("reap", lambda: (worker.reap(), worker.check_suspects()))
+            self._step("prune", lambda: leases.prune_workers())
         if now >= self._due["singletons"]:
             self._due["singletons"] = now + worker.reap_period
             self._step("singletons", seed_missing_singletons)

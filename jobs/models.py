@@ -206,9 +206,9 @@ class DeadLetterState(models.TextChoices):
 class WorkerProcess(models.Model):
     """A running ``runworker`` process, heartbeating on the database clock.
 
-    The heartbeat also extends the leases of every job the worker holds, so a running
-    handler's lease never lapses while its worker lives, and a dead worker's jobs are
-    rescued about two heartbeat periods after its last one (jobs/leases.py).
+    A worker is dead when this row's heartbeat is older than its own lease (jobs.reaper):
+    death is read from the worker's own beat, never from a job's lapsed lease. The beat
+    also extends the leases of every job the worker holds (for holders without a row).
     """
 
     id = models.CharField(primary_key=True, max_length=128, help_text="The worker id, as in jobs.locked_by.")
@@ -218,6 +218,14 @@ class WorkerProcess(models.Model):
     queues = models.TextField()
     started_at = models.DateTimeField(db_default=Now())
     heartbeat_at = models.DateTimeField(db_default=Now())
+    # The worker's own beat period and lease, so that every judgement about it (dead, pruned)
+    # uses its settings, not the judge's (workers may run with different --heartbeat).
+    heartbeat_seconds = models.FloatField(db_default=5.0)
+    lease_seconds = models.FloatField(db_default=12.0)
+    # Since when its beats have come on time: a beat later than its period plus a margin
+    # (an outage, a stall, a fresh start) resets it. Its reaper judges nobody until it has
+    # beaten on time for a whole lease, so that the others had time to beat too.
+    alive_since = models.DateTimeField(db_default=Now())
 
     class Meta:
         db_table = "workers"

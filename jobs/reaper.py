@@ -26,18 +26,39 @@ from jobs.repository import (
     alert_job_params,
 )
 
-# A worker with one expired lease is dead (its heartbeat extends all of them together):
-# every job it still holds is rescued in this one statement (index jobs_job_locked_by_idx),
-# so the count of what it held is whole. Per job, by `together` (what its worker held):
-# stalled (`recoveries` already at the cap) -> dead letter `no_progress`;
-# alone, on its last attempt -> dead letter `crashed_worker`; alone otherwise -> back to the
-# queue, attempt spent; beside others -> back, attempt refunded, crashes + 1 (a suspect).
-# Every rescue of a job with a checkpoint counts `recoveries + 1`.
+# Who is dead is read from each worker's own beat on the database clock, never from a job's
+# lapsed lease (a handler holding its row, a beat skipped, an outage: none is a death):
+# `stale` is a `workers` row whose heartbeat is older than that worker's own lease, locked
+# SKIP LOCKED so the staleness is judged again on the row's latest version (a beat landing
+# meanwhile either holds the row, and it is skipped, or has committed, and it no longer
+# matches). A holder with no row at all (pruned, or a step-method test that never beats) is
+# judged by its leases: one expired lease and all it holds is rescued. The reaper judges
+# nobody until its own worker has beaten on time for a whole lease (`alive_since`, written
+# by the beat): a reaper just back from an outage would otherwise find every live worker's
+# beat as old as the outage. `%(reaper)s` is NULL for a caller that does not beat.
+# Then every job of a dead worker is rescued in this one statement (index
+# jobs_job_locked_by_idx), so the count of what it held is whole. Per job, by `together`
+# (what its worker held): stalled (`recoveries` already at the cap) -> dead letter
+# `no_progress`; alone, on its last attempt -> dead letter `crashed_worker`; alone
+# otherwise -> back to the queue, attempt spent; beside others -> back, attempt refunded,
+# crashes + 1 (a suspect). Every rescue of a job with a checkpoint counts `recoveries + 1`.
 REAP = f"""
-WITH dead_workers AS (
-    SELECT DISTINCT locked_by FROM jobs
-     WHERE locked_at IS NOT NULL AND lease_expires_at < now()
+WITH judge AS (
+    SELECT %(reaper)s::text IS NULL
+           OR EXISTS (SELECT 1 FROM workers r
+                       WHERE r.id = %(reaper)s AND r.alive_since <= now() - make_interval(secs => r.lease_seconds)) AS ready
 ),
+stale AS (
+    SELECT w.id FROM workers w, judge
+     WHERE judge.ready AND w.heartbeat_at < now() - make_interval(secs => w.lease_seconds)
+       FOR UPDATE OF w SKIP LOCKED
+),
+rowless AS (
+    SELECT DISTINCT j.locked_by FROM jobs j, judge
+     WHERE judge.ready AND j.locked_at IS NOT NULL AND j.lease_expires_at < now()
+       AND NOT EXISTS (SELECT 1 FROM workers w WHERE w.id = j.locked_by)
+),
+dead_workers AS (SELECT id AS locked_by FROM stale UNION SELECT locked_by FROM rowless),
 held AS (
     SELECT j.id, j.locked_by, j.attempts >= j.max_attempts AS last_attempt,
            (SELECT count(*) FROM jobs o WHERE o.locked_by = j.locked_by AND o.locked_at IS NOT NULL) AS together,
@@ -102,8 +123,10 @@ def recovery_cap() -> int:
     return int(settings.VPAY_JOB_RECOVERY_CAP)
 
 
-def reap_expired_leases() -> Reaped:
-    """Rescue the jobs of dead workers; see :data:`REAP`. Durable: it writes dead letters."""
-    rows = sql.durable(REAP, {**alert_job_params(), "recovery_cap": recovery_cap()})
+def reap_expired_leases(reaper: str | None = None) -> Reaped:
+    """Rescue the jobs of dead workers; see :data:`REAP`. ``reaper`` is the calling worker's
+    id when it beats (it then judges nobody until it has beaten on time for a lease); None
+    for a caller that does not beat. Durable: it writes dead letters."""
+    rows = sql.durable(REAP, {**alert_job_params(), "recovery_cap": recovery_cap(), "reaper": reaper})
     freed, buried, unalerted, suspects, _ = rows[0]
     return Reaped(freed, buried, unalerted, suspects)

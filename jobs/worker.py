@@ -16,8 +16,10 @@ Threads, each with its own database connection:
 * ``vpay-complete``: acknowledges finishes in batches;
 * ``vpay-listen``: ``LISTEN`` (``jobs.listener``), waking idle executors (none behind a
   transaction pooler without ``DATABASE_DIRECT_URL``: executors then only poll);
-* ``vpay-maintain``: the worker heartbeat that keeps every held lease alive, the reaper,
-  the singletons, gauges, timeouts (``jobs.maintenance``).
+* ``vpay-beat``: the worker heartbeat (its ``workers`` row, from which other workers judge
+  it alive, and the leases it holds), and nothing else;
+* ``vpay-maintain``: the reaper, hand-backs, the singletons, gauges, timeouts
+  (``jobs.maintenance``).
 
 Any of them dying stops the worker (``crashed``), so a supervisor restarts it rather than
 let it run on without, say, its heartbeat. The main thread only waits and drains.
@@ -136,6 +138,7 @@ class Worker:
         self._exit_now = threading.Event()
         self._grace_deadline: float | None = None
         self._threads: list[threading.Thread] = []
+        self._beat_stop = threading.Event()  # set once nothing is held any more
         self.crashed = False  # a thread died: the process should exit non-zero
 
     # --- lifecycle ----------------------------------------------------------------------
@@ -164,7 +167,12 @@ class Worker:
 
     def identity(self) -> WorkerIdentity:
         return WorkerIdentity(
-            self.worker_id, socket.gethostname(), os.getpid(), self.concurrency, ",".join(self.queues)
+            self.worker_id,
+            socket.gethostname(),
+            os.getpid(),
+            self.concurrency,
+            ",".join(self.queues),
+            self.heartbeat_seconds,
         )
 
     def run(self) -> tuple[Report, bool]:
@@ -176,6 +184,7 @@ class Worker:
         maintenance = Maintenance(self)
         wakes = wake_source(pooler=settings.VPAY_DB_POOLER, direct_url=bool(settings.VPAY_DATABASE_DIRECT))
         named = [
+            ("vpay-beat", self._beat),
             ("vpay-complete", self._completer.run),
             ("vpay-maintain", maintenance.run),
             *(() if wakes is WakeSource.POLL else [("vpay-listen", self._listener(wakes))]),
@@ -255,6 +264,7 @@ class Worker:
             self._release_everything_held()
         else:
             self._release_unstarted()
+        self._beat_stop.set()
         if not abandoned:
             try:
                 leases.worker_deregister(self.worker_id)
@@ -315,7 +325,12 @@ class Worker:
             running = self._running.get(job.id) or self._running.setdefault(job.id, Running(job))
         try:
             faultpoints.reached("job.claimed", job.kind)
-            ran: Ran = run_job(job, running.ctx_holder, concurrency=self.concurrency)
+            ran: Ran = run_job(
+                job,
+                running.ctx_holder,
+                concurrency=self.concurrency,
+                worker_id=self.worker_id if self._heartbeating else None,
+            )
             faultpoints.reached("job.ran", job.kind)
             disposition = ran.settle.disposition
             if disposition is Disposition.FINISHED and ran.committed:
@@ -360,8 +375,29 @@ class Worker:
     # --- heartbeat and hand-backs ---------------------------------------------------------------
 
     def heartbeat(self) -> int:
-        """Beat: the worker's row and every lease it holds, extended (maintenance thread)."""
+        """Beat: the worker's row and every lease it holds, extended (the beat thread)."""
         return leases.worker_heartbeat(self.identity(), self.lease_seconds)
+
+    def _beat(self) -> None:
+        """The beat thread: the worker heartbeat and nothing else, on a connection of its own,
+        from boot until nothing is held any more (the drain included). Other workers judge
+        this one dead from its row alone (jobs.reaper), so nothing that can be slow (a reap,
+        a gauge scan, a hand-back waiting on a row) may delay it. A failed beat is retried
+        every second, so the first beat after an outage comes as soon as the database does."""
+        try:
+            while True:
+                started = time.monotonic()
+                period = self.heartbeat_seconds
+                try:
+                    self.heartbeat()
+                except DB_ERRORS as exc:
+                    logger.warning("heartbeat failed; retrying", extra={"error": error_chain(exc, 300)})
+                    connection.close()
+                    period = min(1.0, self.heartbeat_seconds)
+                if self._beat_stop.wait(max(0.0, period - (time.monotonic() - started))):
+                    return
+        finally:
+            connection.close()
 
     def _release_unstarted(self) -> None:
         """Jobs claimed but never handed to an executor (a stop raced the claim): back, attempt refunded."""
@@ -415,4 +451,4 @@ class Worker:
 
     def reap(self) -> tuple[int, int]:
         """Rescue dead workers' jobs; returns (released, dead-lettered)."""
-        return reap(self.worker_id)
+        return reap(self.worker_id, beating=self._heartbeating)

@@ -36,6 +36,17 @@ def record_slowly(label: str, seconds: float) -> None:
 
 
 @task
+def record_slowly_once(label: str, seconds: float, marker: str) -> None:
+    """Takes ``seconds`` the first time it runs (``marker`` then exists), none on a re-run:
+    a job that holds its lease across an outage, then records once it is run again."""
+    if not os.path.exists(marker):
+        with open(marker, "w"):
+            pass
+        time.sleep(seconds)
+    _record(label)
+
+
+@task
 def record_then_sleep(label: str, seconds: float) -> None:
     """Records its start (the effect row's ``at`` is the insert's clock), then takes its time."""
     _record(label)
