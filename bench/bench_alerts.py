@@ -61,6 +61,7 @@ def empty_tables() -> None:
 
 def claimed_jobs(n: int) -> list:
     from jobs import leases, queue, registry
+    from jobs.kinds import JobKind
 
     queue.enqueue_many(
         queue.JobRequest("task", {"task": "bench.nowhere", "args": [i], "kwargs": {}}, max_attempts=1) for i in range(n)
@@ -71,6 +72,7 @@ def claimed_jobs(n: int) -> list:
         got = leases.claim(
             worker="bench",
             queues=["default"],
+            kinds=[k.value for k in JobKind],
             batch=500,
             lease_seconds=600,
             kind_leases=kind_leases,

@@ -393,6 +393,8 @@ def claim_params(worker: str = "bench-explain", batch: int | None = None) -> dic
     return {
         "worker": worker,
         "queues": ["default"],
+        "kinds": [s.kind.value for s in registry.all_specs()],
+        "skip": [],
         "batch": batch,
         "lease": None,
         "leases": json.dumps(kind_leases),
@@ -416,7 +418,7 @@ def _explain(label: str, statement: str, params) -> str:
 def explain(n: int) -> dict:
     from django.db import connection, transaction
 
-    from jobs import leases, repository
+    from jobs import leases, registry, repository
 
     reset()
     prefill(n)
@@ -433,6 +435,7 @@ def explain(n: int) -> dict:
         return leases.claim(
             worker="bench-explain",
             queues=["default"],
+            kinds=[s.kind.value for s in registry.all_specs()],
             batch=batch,
             lease_seconds=None,
             kind_leases=json.loads(params["leases"]),

@@ -46,6 +46,8 @@ def main() -> None:
     params = {
         "worker": "profile",
         "queues": ["default"],
+        "kinds": [s.kind.value for s in registry.all_specs()],
+        "skip": [],
         "batch": 1,
         "lease": 3.0,
         "leases": json.dumps(kind_leases),

@@ -134,6 +134,7 @@ class ClaimProbe(threading.Thread):
                     leases.claim(
                         worker="soak-probe",
                         queues=["default"],
+                        kinds=[s.kind.value for s in registry.all_specs()],
                         batch=1,
                         lease_seconds=30.0,
                         kind_leases=kind_leases,

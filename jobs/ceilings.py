@@ -125,6 +125,8 @@ def collect(
         Ceiling("worker.lease_seconds", lease_seconds, "derived: 2 heartbeats + 2 s"),
         Ceiling("worker.grace_seconds", grace_seconds, src.get("grace", arg)),
         setting("VPAY_JOB_RECOVERY_CAP", "jobs.recovery_cap"),  # rescues without progress (jobs/reaper.py)
+        # how long work this release cannot run waits for a worker that can (jobs/unclaimable.py)
+        setting("VPAY_JOB_UNRUNNABLE_WINDOW_SECONDS", "jobs.unrunnable_window_seconds"),
     ]
     scope = Scope(concurrency, src.get("concurrency", arg))
     for name in sorted(_CONTRIBUTIONS):

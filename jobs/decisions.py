@@ -27,6 +27,9 @@ class Disposition(enum.StrEnum):
     CANCELLED = "cancelled"  # an operator's cancel ended it: a dead letter, closed (jobs.cancels)
     LOST = "lost"  # our lease was taken before we could settle: answer discarded
     RELEASED = "released"  # handed back unsettled (drain ran out of grace, or never started)
+    # This worker cannot run it (a newer release's task path or payload shape): back to the
+    # queue, attempt refunded, for a worker that can (jobs.decisions.settle_unrunnable).
+    UNRUNNABLE = "unrunnable"
 
 
 class AttemptsChange(enum.StrEnum):
@@ -129,4 +132,31 @@ def _defer(delay: float, reason: str, state: JobState) -> Settle:
         add_deferral=True,
         error=reason,
         error_category=Category.DEFERRED,
+    )
+
+
+# How soon a job this worker could not run is offered again (to any worker).
+UNRUNNABLE_RETRY_SECONDS = 10.0
+
+
+def settle_unrunnable(reason: str, unrunnable_for: float | None, window: float) -> Settle:
+    """A claimed job this worker cannot run (``reason``: no handler, a payload off its schema,
+    a task path that does not import). During a rolling deploy that is a newer release's work,
+    which an older worker must leave for a newer one: it goes back with its attempt refunded.
+    Only once the workers claiming it have been unable to run it for ``window`` seconds
+    (``unrunnable_for``, on the database clock, None the first time) is it poison. A window of
+    0 means no other worker could ever run it (the in-process adapter): poison at once."""
+    if window <= 0 or (unrunnable_for is not None and unrunnable_for >= window):
+        waited = f"; no worker could run it for {window:g} s" if window > 0 else ""
+        return Settle(
+            Disposition.DEAD_LETTERED,
+            cause=DeadLetterCause.POISON,
+            error=reason + waited,
+            error_category=Category.POISON.value,
+        )
+    return Settle(
+        Disposition.UNRUNNABLE,
+        delay=UNRUNNABLE_RETRY_SECONDS,
+        attempts=AttemptsChange.REFUND,
+        error=f"this worker cannot run it ({reason}); left for a worker that can",
     )

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from typing import TYPE_CHECKING
 
 from django.db import connection
@@ -34,6 +35,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger("jobs.worker")
 
 CLAIM_BACKOFF_CAP = 10.0
+# A job this worker cannot run is skipped by its claims for this long (then tried again, so
+# that its window, VPAY_JOB_UNRUNNABLE_WINDOW_SECONDS, runs out when no worker can run it),
+# and at most this many are remembered.
+CANNOT_RUN_SECONDS = 60.0
+CANNOT_RUN_MEMORY = 1000
 
 
 class Dispatcher:
@@ -48,6 +54,7 @@ class Dispatcher:
         self._generation = 0  # wakes so far, under worker._cv
         self._claiming = threading.Lock()  # one executor claims at a time
         self._handed: queue.SimpleQueue = queue.SimpleQueue()  # claimed for an idle executor
+        self._cannot_run: dict[int, float] = {}  # job pk -> until when its claims skip it
 
     def next_job(self) -> ClaimedJob | None:
         """The next job for the calling (idle) executor; None once the worker stops."""
@@ -118,6 +125,7 @@ class Dispatcher:
                 suspect = leases.claim_suspect(
                     worker=w.worker_id,
                     queues=w.queues,
+                    kinds=w.kinds,
                     lease_seconds=lease,
                     kind_leases=w._kind_leases,
                     default_lease=w._default_lease,
@@ -130,12 +138,14 @@ class Dispatcher:
                 result = leases.claim(
                     worker=w.worker_id,
                     queues=w.queues,
+                    kinds=w.kinds,
                     batch=free,
                     lease_seconds=lease,
                     kind_leases=w._kind_leases,
                     default_lease=w._default_lease,
                     after=self.tenant_after,
                     max_tenants=w.max_tenants,
+                    skip=self._cannot_run_now(),
                 )
                 jobs = result.jobs
                 if jobs:
@@ -156,6 +166,22 @@ class Dispatcher:
             w.register(jobs)
         return jobs
 
+    def note_unrunnable(self, job_id: int) -> None:
+        """This worker just handed the job back as one it cannot run: its claims leave it to
+        the other workers for a while. Without this the worker that handed it back, polling in
+        step with the job's own delay, would always be first to claim it again."""
+        with self.worker._cv:
+            if len(self._cannot_run) >= CANNOT_RUN_MEMORY:
+                self._cannot_run.pop(next(iter(self._cannot_run)))
+            self._cannot_run[job_id] = time.monotonic() + CANNOT_RUN_SECONDS
+
+    def _cannot_run_now(self) -> list[int]:
+        now = time.monotonic()
+        with self.worker._cv:
+            for job_id in [j for j, until in self._cannot_run.items() if until <= now]:
+                del self._cannot_run[job_id]
+            return list(self._cannot_run)
+
     def _backoff(self) -> float:
         return min(self.worker.idle_sleep * (2 ** min(self.claim_failures - 1, 10)), CLAIM_BACKOFF_CAP)
 
@@ -174,6 +200,6 @@ class Dispatcher:
 
     def check_suspects(self) -> None:
         """Maintenance: note whether a suspect waits, for the next claim."""
-        if leases.suspect_waiting(self.worker.queues):
+        if leases.suspect_waiting(self.worker.queues, self.worker.kinds):
             self.suspect_waiting = True
             self.wake()

@@ -291,7 +291,8 @@ class InProcessQueue:
             correlation_id=job.correlation_id,
             processed=bool(spec and spec.fenced and ProcessedJob.objects.filter(job_id=job.job_id).exists()),
         )
-        return run_job(claimed, [], concurrency=1).settle
+        # No other process could ever run what this one cannot: poison at once.
+        return run_job(claimed, [], concurrency=1, unrunnable_window=0).settle
 
     def _apply(self, job: _Job, settle: Settle) -> None:
         """Under the lock: what a settle write would do to the row, done to the job in memory."""

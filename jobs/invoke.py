@@ -20,7 +20,15 @@ from django.db import connection, transaction
 from jobs import cancels, fence, registry, repository
 from jobs.context import JobContext, LeaseLost
 from jobs.current import JobCancelled, bound
-from jobs.decisions import AttemptsChange, Disposition, JobState, Settle, settle_error, settle_outcome
+from jobs.decisions import (
+    AttemptsChange,
+    Disposition,
+    JobState,
+    Settle,
+    settle_error,
+    settle_outcome,
+    settle_unrunnable,
+)
 from jobs.leases import ClaimedJob
 from jobs.outcome import Action, Outcome
 from jobs.rowless import rowless
@@ -28,7 +36,7 @@ from jobs.schema import PayloadError
 from vpay import metrics
 from vpay.db_errors import connection_lost
 from vpay.db_pooler import fenced_idle_in_tx_ms
-from vpay.errors import Classification, PoisonError, Severity, classify, error_chain
+from vpay.errors import Classification, PoisonError, Severity, UnrunnableHere, classify, error_chain
 
 logger = logging.getLogger("jobs.worker")
 
@@ -58,15 +66,23 @@ class _LeaseGone(Exception):
     """The job's delete matched nothing: the lease was taken; roll the effect back."""
 
 
-def run_job(job: ClaimedJob, ctx_holder: list, *, concurrency: int | None, worker_id: str | None = None) -> Ran:
+def run_job(
+    job: ClaimedJob,
+    ctx_holder: list,
+    *,
+    concurrency: int | None,
+    worker_id: str | None = None,
+    unrunnable_window: float | None = None,
+) -> Ran:
     """Run ``job``'s handler and decide its settle. ``ctx_holder`` receives the
-    :class:`JobContext` as soon as it exists (the maintenance thread watches its clock)."""
+    :class:`JobContext` as soon as it exists (the maintenance thread watches its clock).
+    ``unrunnable_window``: how long a job this process cannot run is left for another
+    (``VPAY_JOB_UNRUNNABLE_WINDOW_SECONDS`` when None; 0 where no other process could run it)."""
+    window = settings.VPAY_JOB_UNRUNNABLE_WINDOW_SECONDS if unrunnable_window is None else unrunnable_window
     spec = registry.get(job.kind)
     poison = poison_reason(spec, job)
     if poison is not None:
-        classification = PoisonError.classification
-        log_failure(job, classification, PoisonError(poison))
-        return Ran(settle_error(classification, poison, _state(job, 0), registry.DEFAULT_RETRY))
+        return Ran(_unrunnable(job, poison, window))
     if spec.fenced and job.processed:
         metrics.DUPLICATES_SKIPPED.labels(kind=job.kind).inc()
         logger.info("duplicate job skipped by the fence", extra=job_fields(job))
@@ -105,6 +121,8 @@ def run_job(job: ClaimedJob, ctx_holder: list, *, concurrency: int | None, worke
     except (_LeaseGone, LeaseLost):
         logger.warning("lease lost while the handler ran", extra=job_fields(job))
         return Ran(Settle(Disposition.LOST))
+    except UnrunnableHere as exc:  # a task path this release does not have
+        return Ran(_unrunnable(job, str(exc), window))
     except JobCancelled as cancelled:
         if cancelled.job_id == job.job_id:  # its heartbeat saw the request (a fenced body rolled back)
             logger.info("handler stopped for a cancel", extra=job_fields(job))
@@ -138,6 +156,20 @@ def _allow_idle_for_lease(spec: registry.KindSpec) -> None:
     ms = fenced_idle_in_tx_ms(kind_lease_seconds=spec.lease_seconds, default_ms=settings.DB_IDLE_IN_TX_TIMEOUT_MS)
     with connection.cursor() as cursor:
         cursor.execute(_ALLOW_IDLE_IN_TX, [f"{ms}ms"])
+
+
+def _unrunnable(job: ClaimedJob, reason: str, window: float) -> Settle:
+    """This worker cannot run the job: left for one that can, or poison past the window
+    (:func:`jobs.decisions.settle_unrunnable`); logged at what it ends as."""
+    settle = settle_unrunnable(reason, job.unrunnable_for, window)
+    if settle.disposition is Disposition.DEAD_LETTERED:
+        log_failure(job, PoisonError.classification, PoisonError(settle.error))
+    else:
+        logger.warning(
+            "this worker cannot run the job; handed back for a worker that can",
+            extra={**job_fields(job), "reason": reason[:300]},
+        )
+    return settle
 
 
 def database_went_away(exc: BaseException) -> bool:

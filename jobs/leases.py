@@ -55,6 +55,9 @@ class ClaimedJob:
     # It was rescued from a worker that died holding it among others (jobs.crashes > 0):
     # it runs alone, so that a second crash is pinned on it or on nothing.
     suspect: bool = False
+    # Seconds since workers first could not run it (jobs.unrunnable_since), on the database
+    # clock; None if none ever failed to.
+    unrunnable_for: float | None = None
 
 
 # What every claim writes on the rows it takes (a fresh token, the lease from now() on the
@@ -72,6 +75,7 @@ _CLAIMED = """j.id, j.job_id, j.kind, j.queue, j.payload, j.attempts, j.max_atte
           j.lease_token, extract(epoch FROM j.lease_expires_at - j.locked_at)::float8,
           j.tenant, j.correlation_id"""
 _PROCESSED = "coalesce((SELECT true FROM processed_jobs p WHERE p.job_id = j.job_id), false)"
+_UNRUNNABLE_FOR = "extract(epoch FROM now() - j.unrunnable_since)::float8"
 
 # Fair claim, one statement. `tenants` walks the distinct tenants that have claimable work
 # (a skip-scan over jobs_job_claimable_idx: one index probe per tenant), starting after the
@@ -83,24 +87,28 @@ _PROCESSED = "coalesce((SELECT true FROM processed_jobs p WHERE p.job_id = j.job
 # more than max_tenants * share rows. A worker claims only for executors that start the
 # job now, so attempts is counted here, by the claim, as the attempt starting; a job that
 # kills its worker has already counted up. Suspects (crashes > 0) are left to claim_suspect.
+# Only the kinds the worker has handlers for (`kinds`): during a rolling deploy an older
+# worker leaves a newer release's kinds for the newer workers, no attempt spent (a kind no
+# worker claims for long is reported: jobs.unclaimable). `skip`: jobs this worker found it
+# cannot run a moment ago (a newer task path), left to the others for a while (jobs.dispatch).
 # The lease expiry is written from now(): any reaper, on any host, honours the claimant's
 # lease as Postgres measures it.
 CLAIM = f"""
 WITH RECURSIVE tenants(tenant, n) AS (
     (SELECT t.tenant, 1 FROM (
         (SELECT j.tenant FROM jobs j
-          WHERE j.locked_at IS NULL AND j.run_at <= now() AND j.queue = ANY(%(queues)s)
+          WHERE j.locked_at IS NULL AND j.run_at <= now() AND j.queue = ANY(%(queues)s) AND j.kind = ANY(%(kinds)s)
             AND j.tenant > %(after)s
           ORDER BY j.tenant LIMIT 1)
         UNION ALL
         (SELECT j.tenant FROM jobs j
-          WHERE j.locked_at IS NULL AND j.run_at <= now() AND j.queue = ANY(%(queues)s)
+          WHERE j.locked_at IS NULL AND j.run_at <= now() AND j.queue = ANY(%(queues)s) AND j.kind = ANY(%(kinds)s)
           ORDER BY j.tenant LIMIT 1)
      ) t LIMIT 1)
   UNION ALL
     SELECT nxt.tenant, tenants.n + 1 FROM tenants, LATERAL (
         SELECT j.tenant FROM jobs j
-         WHERE j.locked_at IS NULL AND j.run_at <= now() AND j.queue = ANY(%(queues)s)
+         WHERE j.locked_at IS NULL AND j.run_at <= now() AND j.queue = ANY(%(queues)s) AND j.kind = ANY(%(kinds)s)
            AND j.tenant > tenants.tenant
          ORDER BY j.tenant LIMIT 1) nxt
      WHERE tenants.n < %(max_tenants)s
@@ -109,8 +117,8 @@ share AS (SELECT ceil(%(batch)s::numeric / count(*))::int AS k FROM tenants),
 locked AS (
     SELECT c.*, tenants.n FROM tenants, LATERAL (
         SELECT j.id, j.tenant, j.priority, j.run_at FROM jobs j
-         WHERE j.locked_at IS NULL AND j.run_at <= now() AND j.queue = ANY(%(queues)s)
-           AND j.tenant = tenants.tenant AND j.crashes = 0
+         WHERE j.locked_at IS NULL AND j.run_at <= now() AND j.queue = ANY(%(queues)s) AND j.kind = ANY(%(kinds)s)
+           AND j.tenant = tenants.tenant AND j.crashes = 0 AND j.id <> ALL(%(skip)s)
          ORDER BY j.priority, j.run_at
          LIMIT (SELECT k FROM share)
          FOR UPDATE SKIP LOCKED) c
@@ -129,7 +137,7 @@ UPDATE jobs j
  WHERE j.id = chosen.id
 RETURNING {_CLAIMED},
           (SELECT tenant FROM chosen ORDER BY n DESC LIMIT 1),
-          {_PROCESSED}
+          {_PROCESSED}, {_UNRUNNABLE_FOR}
 """
 
 
@@ -144,12 +152,14 @@ def claim(
     *,
     worker: str,
     queues: Sequence[str],
+    kinds: Sequence[str],
     batch: int,
     lease_seconds: float | None,
     kind_leases: dict[str, float],
     default_lease: float,
     after: str,
     max_tenants: int,
+    skip: Sequence[int] = (),
 ) -> ClaimResult:
     """Claim up to ``batch`` jobs for ``worker``; see :data:`CLAIM`."""
     rows = sql.bookkeeping(
@@ -157,12 +167,14 @@ def claim(
         {
             "worker": worker,
             "queues": list(queues),
+            "kinds": list(kinds),
             "batch": batch,
             "lease": lease_seconds,
             "leases": json.dumps(kind_leases),
             "default_lease": default_lease,
             "after": after,
             "max_tenants": max_tenants,
+            "skip": list(skip),
         },
     )
     if not rows:
@@ -188,6 +200,7 @@ def _claimed(r: tuple) -> ClaimedJob:
         tenant=r[10],
         correlation_id=r[11],
         processed=r[13],
+        unrunnable_for=r[14],
     )
 
 
@@ -197,11 +210,12 @@ UPDATE jobs j
 {_TAKE_LEASE}
   FROM (SELECT id FROM jobs
          WHERE locked_at IS NULL AND crashes > 0 AND run_at <= now() AND queue = ANY(%(queues)s)
+           AND kind = ANY(%(kinds)s)
          ORDER BY run_at LIMIT 1
          FOR UPDATE SKIP LOCKED) s
  WHERE j.id = s.id
 RETURNING {_CLAIMED}, '',
-          {_PROCESSED}
+          {_PROCESSED}, {_UNRUNNABLE_FOR}
 """
 
 
@@ -209,6 +223,7 @@ def claim_suspect(
     *,
     worker: str,
     queues: Sequence[str],
+    kinds: Sequence[str],
     lease_seconds: float | None,
     kind_leases: dict[str, float],
     default_lease: float,
@@ -219,6 +234,7 @@ def claim_suspect(
         {
             "worker": worker,
             "queues": list(queues),
+            "kinds": list(kinds),
             "lease": lease_seconds,
             "leases": json.dumps(kind_leases),
             "default_lease": default_lease,
@@ -233,13 +249,14 @@ def claim_suspect(
 # Is a suspect due (index jobs_job_suspect_idx)? Asked by the maintenance thread, so the
 # dispatcher's claim stays one statement.
 _SUSPECT_WAITING = """
-SELECT EXISTS (SELECT 1 FROM jobs WHERE locked_at IS NULL AND crashes > 0 AND run_at <= now() AND queue = ANY(%s))
+SELECT EXISTS (SELECT 1 FROM jobs WHERE locked_at IS NULL AND crashes > 0 AND run_at <= now() AND queue = ANY(%s)
+                 AND kind = ANY(%s))
 """
 
 
-def suspect_waiting(queues: Sequence[str]) -> bool:
+def suspect_waiting(queues: Sequence[str], kinds: Sequence[str]) -> bool:
     with connection.cursor() as cursor:
-        cursor.execute(_SUSPECT_WAITING, [list(queues)])
+        cursor.execute(_SUSPECT_WAITING, [list(queues), list(kinds)])
         return bool(cursor.fetchone()[0])
 
 

@@ -13,7 +13,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from jobs import cancels, leases, reaper
+from jobs import cancels, leases, reaper, unclaimable
 from jobs.invoke import job_fields
 from jobs.settling import DB_ERRORS
 from vpay import metrics
@@ -67,7 +67,9 @@ class Maintenance:
             "reap": now + worker.reap_period,
             "singletons": now + worker.reap_period,
             "gauges": now,
+            "unclaimable": now + unclaimable.PERIOD,
         }
+        self.unclaimable = unclaimable.UnclaimableWatch(worker.queues, worker.kinds)
 
     def run(self) -> None:
         from django.db import connections
@@ -95,6 +97,9 @@ class Maintenance:
         if now >= self._due["singletons"]:
             self._due["singletons"] = now + worker.reap_period
             self._step("singletons", seed_missing_singletons)
+        if now >= self._due["unclaimable"]:
+            self._due["unclaimable"] = now + unclaimable.PERIOD
+            self._step("unclaimable", self.unclaimable.check)
         if worker.metrics_port is not None and now >= self._due["gauges"]:
             self._due["gauges"] = now + GAUGE_PERIOD
             self._step("gauges", refresh_gauges)

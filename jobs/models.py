@@ -93,6 +93,11 @@ class Job(models.Model):
     # VPAY_JOB_RECOVERY_CAP the reaper dead-letters the job as no_progress (jobs.reaper).
     checkpoint = models.JSONField(null=True, blank=True)
     recoveries = models.IntegerField(db_default=0)
+    # Since when the workers that claimed it could not run it (a task path or a payload shape
+    # of a newer release, during a rolling deploy): handed back with its attempt refunded for
+    # a worker that can; past VPAY_JOB_UNRUNNABLE_WINDOW_SECONDS it is poison. NULL once
+    # any run settles it (jobs.decisions.settle_unrunnable).
+    unrunnable_since = models.DateTimeField(null=True, blank=True)
 
     objects = JobQuerySet.as_manager()
 

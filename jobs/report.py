@@ -21,6 +21,7 @@ class Report:
     cancelled: int = 0
     lost: int = 0
     released: int = 0
+    unrunnable: int = 0  # handed back: this release cannot run it (a rolling deploy)
     unsettled: int = 0  # the settle write itself failed; the lease was handed back later
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 

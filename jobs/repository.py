@@ -189,7 +189,8 @@ WITH moved AS (
                                         WHEN 'refund' THEN greatest(attempts - 1, 0)
                                         ELSE attempts END,
            deferrals = CASE WHEN %(attempts)s = 'reset' THEN 0 ELSE deferrals END + %(add_deferral)s,
-           last_error = %(error)s
+           last_error = %(error)s,
+           unrunnable_since = CASE WHEN %(unrunnable)s THEN coalesce(unrunnable_since, now()) END
      WHERE id = %(id)s AND lease_token = %(token)s AND cancel_requested_at IS NULL
     RETURNING queue, run_at <= now() AS due
 )
@@ -207,16 +208,20 @@ def reschedule(
     error: str,
     durable: bool,
     wakeable: bool = False,
+    unrunnable: bool = False,
 ) -> bool:
     """Hand the job back to the queue to run after ``delay`` seconds (database clock), or at
     once when ``wakeable`` and it was pulled forward while it ran. ``durable`` for a
     failure's retry: its ``last_error`` is the evidence of the failure (a reschedule or a
-    deferral that is no failure is bookkeeping)."""
+    deferral that is no failure is bookkeeping). ``unrunnable``: this worker could not run
+    it (``unrunnable_since`` is kept from the first such hand-back); any other settle clears
+    it."""
     rows = (sql.durable if durable else sql.bookkeeping)(
         _RESCHEDULE,
         {
             "delay": delay,
             "wakeable": wakeable,
+            "unrunnable": unrunnable,
             "attempts": attempts,
             "add_deferral": int(add_deferral),
             "error": bounded(error),

@@ -104,6 +104,7 @@ class Settler:
                     # A wake while it ran (pull_forward) cuts short a wait, never a
                     # failure's backoff or a deferral.
                     wakeable=settle.disposition is Disposition.RESCHEDULED,
+                    unrunnable=settle.disposition is Disposition.UNRUNNABLE,
                 )
             if not matched and settle.disposition is not Disposition.CANCELLED and cancels.settle_cancelled(job):
                 settle = Settle(Disposition.CANCELLED)  # a cancel request refused the re-queue (jobs.cancels)

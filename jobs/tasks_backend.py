@@ -51,7 +51,7 @@ from jobs.models import DeadLetter, Job, ProcessedJob
 from jobs.outcome import Outcome
 from jobs.retry import RetryPolicy
 from jobs.schema import PayloadSchema
-from vpay.errors import PoisonError
+from vpay.errors import PoisonError, UnrunnableHere
 
 TASK_SCHEMA = PayloadSchema(required={"task": "str", "args": "list", "kwargs": "dict"}, optional={"backend": "str"})
 
@@ -214,12 +214,14 @@ def _task_of(path: str, result_id: str) -> Task:
 
 
 def _import_task(path: str) -> Task:
+    # Either may be a newer release's task during a rolling deploy: the runner leaves it for
+    # a worker that has it (vpay.errors.UnrunnableHere).
     try:
         task = import_string(path)
     except ImportError as exc:
-        raise PoisonError(f"task {path!r} cannot be imported: {exc}") from None
+        raise UnrunnableHere(f"task {path!r} cannot be imported: {exc}") from None
     if not isinstance(task, Task):
-        raise PoisonError(f"{path!r} is not a @task function")
+        raise UnrunnableHere(f"{path!r} is not a @task function")
     return task
 
 

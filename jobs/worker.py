@@ -124,6 +124,9 @@ class Worker:
         # Without a heartbeat (the step methods, in tests) a lease must cover the handler:
         # the kind's timeout plus a margin, as the claim writes it.
         self._kind_leases = {s.kind.value: s.lease_seconds for s in specs}
+        # What this release can run: the claim takes nothing else (a rolling deploy's newer
+        # kinds wait for newer workers, no attempt spent).
+        self.kinds = sorted(self._kind_leases)
         self._default_lease = max(self._kind_leases.values(), default=60.0)
         self._heartbeating = False
 
@@ -333,6 +336,8 @@ class Worker:
             )
             faultpoints.reached("job.ran", job.kind)
             disposition = ran.settle.disposition
+            if disposition is Disposition.UNRUNNABLE:
+                self.dispatcher.note_unrunnable(job.id)
             if disposition is Disposition.FINISHED and ran.committed:
                 self.settler.count(job, Disposition.FINISHED)
             elif disposition is Disposition.FINISHED:
@@ -443,7 +448,7 @@ class Worker:
     def run_once(self) -> int:
         """Claim one job (a due suspect first), run it on this thread and settle it. Returns
         how many jobs were claimed (0 or 1). Leases are the kinds' own (no heartbeat)."""
-        self.dispatcher.suspect_waiting = self.dispatcher.suspect_waiting or leases.suspect_waiting(self.queues)
+        self.dispatcher.suspect_waiting = self.dispatcher.suspect_waiting or leases.suspect_waiting(self.queues, self.kinds)
         jobs = self._claim(1, alone=True)
         for job in jobs or []:
             self.run_claimed(job)

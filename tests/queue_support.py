@@ -61,12 +61,14 @@ def claim(
     after: str = "",
     max_tenants: int = 64,
     queues: Sequence[str] = ("default",),
+    kinds: Sequence[str] | None = None,
 ) -> leases.ClaimResult:
     """One claim statement with the arguments a :class:`jobs.worker.Worker` passes."""
     kind_leases = {s.kind.value: s.lease_seconds for s in registry.all_specs()}
     return leases.claim(
         worker=worker,
         queues=list(queues),
+        kinds=list(kind_leases) if kinds is None else list(kinds),
         batch=batch,
         lease_seconds=lease_seconds,
         kind_leases=kind_leases,

@@ -7,7 +7,16 @@ import random
 import pytest
 from django.db import OperationalError
 
-from jobs.decisions import AttemptsChange, Disposition, JobState, Settle, settle_error, settle_outcome
+from jobs.decisions import (
+    UNRUNNABLE_RETRY_SECONDS,
+    AttemptsChange,
+    Disposition,
+    JobState,
+    Settle,
+    settle_error,
+    settle_outcome,
+    settle_unrunnable,
+)
 from jobs.models import DeadLetterCause
 from jobs.outcome import Action, Outcome
 from jobs.retry import RetryPolicy
@@ -242,3 +251,32 @@ def test_settle_error__defer_at_or_past_the_ceiling_dead_letters(deferrals):
 def test_settle_error__each_error_class_lands_in_its_row_of_the_table(exc, disposition, cause, category):
     settle = settle_error(classify(exc), str(exc), state(attempts=1), POLICY, rng=random.Random(0))
     assert (settle.disposition, settle.cause, settle.error_category) == (disposition, cause, category)
+
+
+# --- a job this worker cannot run (jobs.decisions.settle_unrunnable) ----------------------------
+
+UNRUNNABLE_CASES = {
+    # (window, unrunnable_for): disposition
+    (900.0, None): Disposition.UNRUNNABLE,  # the first worker that cannot run it
+    (900.0, 0.0): Disposition.UNRUNNABLE,
+    (900.0, 899.9): Disposition.UNRUNNABLE,
+    (900.0, 900.0): Disposition.DEAD_LETTERED,  # no worker could run it for the whole window
+    (900.0, 5000.0): Disposition.DEAD_LETTERED,
+    (0.0, None): Disposition.DEAD_LETTERED,  # no other process could ever run it
+    (0.0, 10.0): Disposition.DEAD_LETTERED,
+}
+
+
+@pytest.mark.parametrize(("window", "unrunnable_for"), list(UNRUNNABLE_CASES), ids=str)
+def test_settle_unrunnable_is_exhaustive_over_the_window_and_the_wait(window, unrunnable_for):
+    settle = settle_unrunnable("task 'x' cannot be imported", unrunnable_for, window)
+    assert settle.disposition is UNRUNNABLE_CASES[(window, unrunnable_for)]
+    if settle.disposition is Disposition.UNRUNNABLE:
+        # Left for a worker that can: no attempt spent, offered again soon, never at once.
+        assert (settle.attempts, settle.delay) == (AttemptsChange.REFUND, UNRUNNABLE_RETRY_SECONDS)
+        assert settle.cause is None
+        assert "left for a worker that can" in settle.error
+    else:
+        assert (settle.cause, settle.error_category) == (DeadLetterCause.POISON, "poison")
+        assert settle.error.startswith("task 'x' cannot be imported")
+        assert ("no worker could run it" in settle.error) == (window > 0)

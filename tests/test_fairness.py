@@ -77,6 +77,8 @@ def test_the_claim_statement_uses_the_claimable_index():
     params = {
         "worker": "explain",
         "queues": ["default"],
+        "kinds": list(kind_leases),
+        "skip": [],
         "batch": 10,
         "lease": None,
         "leases": json.dumps(kind_leases),

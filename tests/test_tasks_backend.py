@@ -150,9 +150,10 @@ def test_get_result__of_a_live_job_whose_task_no_longer_imports_raises_task_resu
         default_task_backend.get_result(str(job_id))
 
 
-def test_get_result__of_a_dead_lettered_task_that_no_longer_imports_raises_task_result_does_not_exist():
+def test_get_result__of_a_dead_lettered_task_that_no_longer_imports_raises_task_result_does_not_exist(settings):
+    settings.VPAY_JOB_UNRUNNABLE_WINDOW_SECONDS = 0  # poison at once, not left for another release
     job_id = queue.enqueue(JobKind.TASK, task_payload("tests.tasks.no_longer_here"))
-    Worker(concurrency=1).run_once()  # poison: dead-lettered on its first attempt
+    Worker(concurrency=1).run_once()  # poison: dead-lettered on its first attempt (window 0)
     assert count("dead_letters", "job_id = %s", [str(job_id)]) == 1
     with pytest.raises(TaskResultDoesNotExist, match=r"tests\.tasks\.no_longer_here"):
         default_task_backend.get_result(str(job_id))

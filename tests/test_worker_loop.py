@@ -6,6 +6,7 @@ import json
 import uuid
 
 import pytest
+from django.conf import settings
 from prometheus_client import REGISTRY
 
 from jobs import leases, queue, registry, repository
@@ -34,7 +35,16 @@ def task_policy():
 
 
 def job_row(job_id) -> dict:
-    columns = ("attempts", "max_attempts", "deferrals", "locked_by", "lease_token", "last_error", "crashes")
+    columns = (
+        "attempts",
+        "max_attempts",
+        "deferrals",
+        "locked_by",
+        "lease_token",
+        "last_error",
+        "crashes",
+        "unrunnable_since",
+    )
     row = one(f"SELECT {', '.join(columns)} FROM jobs WHERE job_id = %s", [str(job_id)])
     return dict(zip(columns, row, strict=True)) if row else {}
 
@@ -121,15 +131,32 @@ BAD_PAYLOADS = {
 }
 
 
+def past_the_unrunnable_window(job_id) -> None:
+    """Workers have been unable to run it for longer than the window; due now."""
+    execute(
+        "UPDATE jobs SET unrunnable_since = now() - make_interval(secs => %s), run_at = now() WHERE job_id = %s",
+        [settings.VPAY_JOB_UNRUNNABLE_WINDOW_SECONDS + 1, job_id],
+    )
+
+
 @pytest.mark.django_db
 @pytest.mark.parametrize("payload", list(BAD_PAYLOADS.values()), ids=list(BAD_PAYLOADS))
-def test_a_schema_invalid_payload_dead_letters_on_the_first_claim_as_poison(payload):
+def test_a_schema_invalid_payload_is_left_for_another_worker_then_dead_letters_as_poison_past_the_window(payload):
     job_id = scalar(
         "INSERT INTO jobs (job_id, kind, payload, run_at) VALUES (gen_random_uuid(), 'task', %s::jsonb, now())"
         " RETURNING job_id",
         [json.dumps(payload)],
     )
     worker = Worker(concurrency=1)
+    # A newer release's payload shape, maybe: handed back, no attempt spent, not due at once.
+    assert worker.run_once() == 1
+    row = job_row(job_id)
+    assert (row["attempts"], row["locked_by"], count("dead_letters")) == (0, None, 0)
+    assert "this worker cannot run it (invalid payload" in row["last_error"]
+    assert seconds_until_run(job_id) > 5
+    assert worker.report().unrunnable == 1
+    past_the_unrunnable_window(job_id)
+    worker = Worker(concurrency=1)  # (the first leaves it to the others for a while)
     assert worker.run_once() == 1
     assert count("jobs", "kind <> 'send_alert'") == 0  # only the alert the dead letter raised
     letter = DeadLetter.objects.get(job_id=job_id)
@@ -142,12 +169,38 @@ def test_a_schema_invalid_payload_dead_letters_on_the_first_claim_as_poison(payl
 
 
 @pytest.mark.django_db
-def test_a_task_path_that_cannot_be_imported_dead_letters_as_poison():
+def test_a_task_path_that_cannot_be_imported_is_left_for_another_worker_then_dead_letters_as_poison():
     job_id = queue.enqueue(JobKind.TASK, task_payload("tests.tasks.no_such_task"))
+    Worker(concurrency=1).run_once()
+    row = job_row(job_id)
+    assert (row["attempts"], count("dead_letters")) == (0, 0)
+    assert row["unrunnable_since"] is not None
+    past_the_unrunnable_window(job_id)
     Worker(concurrency=1).run_once()
     letter = DeadLetter.objects.get(job_id=job_id)
     assert (letter.cause, letter.attempts) == ("poison", 1)
     assert "cannot be imported" in letter.last_error
+    assert "no worker could run it for 900 s" in letter.last_error
+
+
+@pytest.mark.django_db
+def test_a_run_that_settles_clears_unrunnable_since():
+    job_id = tasks.defer.enqueue("cleared-unrunnable", 0.0).id
+    execute("UPDATE jobs SET unrunnable_since = now() - interval '1 minute' WHERE job_id = %s", [job_id])
+    assert Worker(concurrency=1).run_once() == 1  # deferred: it ran here
+    assert job_row(job_id)["unrunnable_since"] is None
+
+
+@pytest.mark.django_db
+def test_an_older_worker_never_claims_a_kind_it_has_no_handler_for():
+    job_id = queue.enqueue(JobKind.TASK, task_payload())
+    old = Worker(concurrency=1)
+    old.kinds = [k for k in old.kinds if k != JobKind.TASK.value]  # a release before the kind existed
+    assert old.run_once() == 0
+    row = job_row(job_id)
+    assert (row["attempts"], row["locked_by"], row["last_error"]) == (0, None, "")
+    assert Worker(concurrency=1).run_once() == 1  # a release that has it runs it
+    assert count("jobs", "kind = 'task'") == 0
 
 
 @pytest.mark.django_db
@@ -504,3 +557,15 @@ def test_a_dying_helper_thread_stops_the_worker_as_a_dying_executor_does(monkeyp
     assert worker.crashed
     died = [r for r in caplog.records if r.getMessage().startswith("a worker thread died")]
     assert [(r.thread_name, r.alert) for r in died] == [(thread, True)]
+
+
+@pytest.mark.django_db
+def test_a_worker_leaves_a_job_it_could_not_run_to_the_others_for_a_while():
+    job_id = queue.enqueue(JobKind.TASK, task_payload("tests.tasks.no_such_task"))
+    older = Worker(concurrency=1)
+    assert older.run_once() == 1  # handed back: it cannot run it
+    make_due(job_id)
+    # Polling in step with the job's delay, it would otherwise always be first to claim it.
+    assert older.run_once() == 0
+    newer = Worker(concurrency=1)
+    assert newer.run_once() == 1  # (here it cannot run it either; a newer release would)

@@ -79,6 +79,12 @@ class PoisonError(VpayError):
     classification = Classification(Category.POISON, Severity.ERROR, Retry.DEAD_LETTER)
 
 
+class UnrunnableHere(PoisonError):
+    """This process cannot run the work item (a task path its release does not have), which a
+    newer release's worker may: the runner leaves it for one, no attempt spent, and calls it
+    poison only once no worker has run it for ``VPAY_JOB_UNRUNNABLE_WINDOW_SECONDS``."""
+
+
 class ConfigurationError(VpayError):
     """Our own configuration is wrong (credentials refused): page someone, no retry."""
 

@@ -205,6 +205,12 @@ if LIVE_MODE and VPAY_QUEUE_ADAPTER == "inprocess":
     raise ImproperlyConfigured("VPAY_QUEUE_ADAPTER=inprocess cannot be used in live mode: its jobs are not durable")
 # Rescues a checkpointing job (JobContext.checkpoint) may have since its cursor last moved;
 # the next rescue dead-letters it as no_progress rather than hand it out again (jobs/reaper.py).
+# How long a job that the workers claiming it cannot run (an unknown task path, a payload off
+# their schema: a newer release's work during a rolling deploy) waits, handed back with no
+# attempt spent, for a worker that can, before it is dead-lettered as poison. 0: at once.
+VPAY_JOB_UNRUNNABLE_WINDOW_SECONDS = env.float("VPAY_JOB_UNRUNNABLE_WINDOW_SECONDS", default=900.0)
+if VPAY_JOB_UNRUNNABLE_WINDOW_SECONDS < 0:
+    raise ImproperlyConfigured("VPAY_JOB_UNRUNNABLE_WINDOW_SECONDS must not be negative")
 VPAY_JOB_RECOVERY_CAP = env.int("VPAY_JOB_RECOVERY_CAP", default=3)
 if VPAY_JOB_RECOVERY_CAP < 1:
     raise ImproperlyConfigured("VPAY_JOB_RECOVERY_CAP must be at least 1")
