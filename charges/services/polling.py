@@ -123,13 +123,22 @@ def poll_charge(ctx: JobContext) -> Outcome:
         logger.warning("rail did not answer a poll", extra={"charge_id": row.id, "error": error_chain(exc, 300)})
         status, failure_code, pay_token = RailStatus.UNAVAILABLE, None, None
         retry_after = exc.retry_after or 0.0
-    except (RailConfigurationError, RailRejected) as exc:
+    except RailRejected as exc:
+        # A status read cannot refuse money for good: whatever the rail means by a 4xx on
+        # a GET, the charge may still move. A non-answer like any other (the next rung;
+        # past the horizon the escalation, its alert and the hourly poll), never a dead
+        # letter, which would leave a live charge with no poll at all.
+        logger.warning("rail refused a poll", extra={"charge_id": row.id, "error": error_chain(exc, 300)})
+        if past:
+            return _escalate(row, policy, f"rail refused a poll: {error_chain(exc, 200)}")
+        status, failure_code, pay_token = RailStatus.UNAVAILABLE, None, None
+    except RailConfigurationError as exc:
         if not past:
-            raise  # configuration: paged and dead-lettered; permanent: dead-lettered
+            raise  # our credentials: paged and dead-lettered, replayed once fixed
         # Past the horizon, "the rail will not answer a day-old charge" is what a human
         # must hear, and escalation says it (with an hourly poll) where the rail's own
         # error would park the job. Only rail errors: a database error propagates as itself.
-        return _escalate(row, policy, f"rail refused a poll: {error_chain(exc, 200)}")
+        return _escalate(row, policy, f"rail refused our credentials: {error_chain(exc, 200)}")
 
     # 5. The settlement table.
     if status == RailStatus.NOT_FOUND and row.status == ChargeStatus.SUBMITTING:

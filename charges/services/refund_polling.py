@@ -111,10 +111,13 @@ def poll_refund(ctx: JobContext) -> Outcome:
             # refund again; it is a non-answer, asked about on the ladder (then a human).
             logger.warning("rail refused a refund resend", extra={"refund_id": row.id, "error": error_chain(exc, 300)})
             status, failure_code = RailStatus.UNAVAILABLE, None
-        elif not past:
-            raise  # a refused status request: dead-lettered, for a human
-        else:
+        elif past:
             return _escalate(row, policy, f"rail refused a refund poll: {error_chain(exc, 200)}")
+        else:
+            # A refused status read proves nothing either (the charge poll's rule): the
+            # next rung, never a dead letter that would leave the refund with no poll.
+            logger.warning("rail refused a refund poll", extra={"refund_id": row.id, "error": error_chain(exc, 300)})
+            status, failure_code = RailStatus.UNAVAILABLE, None
     except RailConfigurationError as exc:
         if not past:
             raise  # our credentials: paged and dead-lettered; replayed once fixed, nothing failed
