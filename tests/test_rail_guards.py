@@ -223,7 +223,7 @@ def test_a_request_row_that_fails_mid_transaction_leaves_no_transaction_open_beh
     charge = live_charge(merchant, status="submitted", job=False)
     with pytest.raises(IntegrityError):
         record_within_ceiling(charge.id, "bogus")  # refused by the operation's check constraint, mid-string
-    request_id, _ = record_within_ceiling(charge.id)
+    request_id, _, _ = record_within_ceiling(charge.id)
     assert request_id is not None and requests_of(charge.id) == 1
 
 
