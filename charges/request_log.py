@@ -56,8 +56,8 @@ def record_sent(
 #   by provider_requests_in_flight (partial: answered rows, nearly all of them, cost nothing).
 # * The insert: its columns not named here take their database defaults (sent_at is the
 #   statement's timestamp), as the ORM's create would; no index read.
-# * Whether an earlier request of the same operation went out for the same object (the
-#   refund, else the charge): for a submit, whether this one is a resend. Decided here, in
+# * For a submit, whether an earlier submit went out for the same object (the refund, else
+#   the charge): whether this one is a resend (false for any other operation). Decided here, in
 #   the statement that records the request, after the lock, so it sees every send
 #   committed before it (a concurrent run's included), and never from a read taken before
 #   the send. The insert's own row is invisible to it (one statement, one snapshot).
@@ -80,7 +80,8 @@ WITH in_flight AS (
     RETURNING id
 )
 SELECT (SELECT id FROM sent), earliest_left,
-       CASE WHEN %(refund_id)s::text IS NULL
+       CASE WHEN %(operation)s NOT IN ('submit', 'refund_submit') THEN false
+            WHEN %(refund_id)s::text IS NULL
             THEN EXISTS (SELECT 1 FROM provider_requests e
                           WHERE e.charge_id = %(charge_id)s AND e.operation = %(operation)s)
             ELSE EXISTS (SELECT 1 FROM provider_requests e
@@ -107,8 +108,8 @@ def record_sent_within_ceiling(
 
     Returns the new row's id (committed, before the request is sent) or None at the
     ceiling, the seconds until the earliest request in flight passes its bound, and
-    whether a request of this operation went out for the same refund (else charge) before
-    this one: for a submit, that it is a resend."""
+    for a submit, whether one went out for the same refund (else charge) before this one:
+    that it is a resend."""
     if connection.in_atomic_block or not connection.get_autocommit():
         raise RuntimeError("a rail request must be recorded (committed) before it is sent")
     params = {

@@ -1,7 +1,9 @@
 """The sandbox rail as a real subprocess, for tests that need a rail over HTTP.
 
 Import the fixture into a test module (``from tests.rail_support import sandbox_rail``).
-One process per test session; each test gets it reset.
+One process per test session; each test gets it reset. ``ScriptedRail`` (fixture
+``scripted_rail``) is a rail that answers byte for byte what a test scripts, for answers
+no honest rail sends.
 """
 
 from __future__ import annotations

@@ -31,7 +31,6 @@ from jobs.breakers import Ticket
 from vpay import faultpoints
 from vpay.errors import error_chain
 
-_SUBMITS = frozenset({RequestOperation.SUBMIT, RequestOperation.REFUND_SUBMIT})
 # A request unanswered this long after the rail timeout is a crashed worker's: it no longer
 # holds a slot of the ceiling.
 IN_FLIGHT_MARGIN_SECONDS = 5.0
@@ -243,7 +242,7 @@ def _record_sent(
         raise rail_gate.at_ceiling(
             rail.code, ticket, earliest_left, f"has its ceiling ({settings.VPAY_RAIL_MAX_IN_FLIGHT}) in flight"
         )
-    return request_id, earlier and operation in _SUBMITS
+    return request_id, earlier
 
 
 def _record_error(request_id: int, exc: RailError) -> None:
