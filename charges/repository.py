@@ -4,7 +4,7 @@ Instants are PostgreSQL's (``now()``); ages are computed on the statement that r
 row, so no decision compares this host's clock with a time the database wrote. Every
 status write is guarded on its source states and returns whether it matched: a guarded
 write that matches nothing means somebody else moved the row first, and the caller must
-not act as if it had.
+not act as if it had. The rail requests' own statements are ``charges.request_log``'s.
 """
 
 from __future__ import annotations
@@ -15,11 +15,8 @@ from django.db import connection
 from django.db.models.functions import Now
 
 from charges.models import (
-    EXCERPT_MAX,
     Charge,
     PaymentIntent,
-    ProviderRequest,
-    RequestOperation,
 )
 from charges.recovery import Evidence, SubmitEvidence
 from charges.states import (
@@ -27,11 +24,9 @@ from charges.states import (
     ChargeStatus,
     IntentStatus,
     RailFlow,
-    RailStatus,
 )
 from jobs.kinds import JobKind
 from vpay import sealing
-from vpay.logging import redact
 
 POLL_DEDUPE_PREFIX = "charge:poll:"  # also matched in SQL by the backstop (_LIVE_PAGE)
 
@@ -127,155 +122,6 @@ def charge_status(charge_id: str) -> str | None:
     return Charge.objects.filter(id=charge_id).values_list("status", flat=True).first()
 
 
-# --- provider_requests: written before the call, answered after ----------------------------
-
-
-def record_sent(
-    charge_id: str,
-    operation: RequestOperation,
-    *,
-    rail: str,
-    method: str,
-    path: str,
-    idempotency_key: str | None,
-    refund_id: str | None = None,
-) -> int:
-    """Write the request row. Called outside a transaction, so it is committed before the
-    request goes out: a crash during the call leaves a row with ``status_code`` NULL."""
-    if connection.in_atomic_block:
-        raise RuntimeError("a rail request must be recorded (committed) before it is sent")
-    row = ProviderRequest.objects.create(
-        charge_id=charge_id,
-        refund_id=refund_id,
-        operation=operation,
-        rail=rail,
-        method=method,
-        path=path[:300],
-        idempotency_key=idempotency_key,
-    )
-    return row.pk
-
-
-# One round trip, one transaction, several statements (the simple protocol, as the queue's
-# bookkeeping does): the rail's lock, then its requests in flight counted and, below the
-# ceiling, the new request row written, then the commit.
-#
-# * The lock: a transaction-scoped advisory lock per rail (there is no rails table to lock
-#   a row of: rails are configuration), serializing the count and the insert across
-#   workers so two cannot both take the last slot; released at commit. The statements
-#   after it run server-side with no client round trip while it is held, so the lock is
-#   held for microseconds, not for three round trips of a busy client.
-# * The count is a statement of its own, after the lock's: under READ COMMITTED each
-#   statement takes its snapshot when it starts, so it sees every row committed by the
-#   previous holder. (Counted in the lock's own statement it would not: that snapshot
-#   predates the wait for the lock.) In flight: sent, unanswered, younger than the bound
-#   (the rail timeout plus a margin; the adapter ends every exchange by its deadline, so an
-#   older unanswered row is a crashed worker's and holds no slot). With it, the seconds
-#   until the earliest of them passes the bound (the latest a slot can stay taken). Served
-#   by provider_requests_in_flight (partial: answered rows, nearly all of them, cost nothing).
-# * The insert: its columns not named here take their database defaults (sent_at is the
-#   statement's timestamp), as the ORM's create would; no index read.
-# * The commit is the server's synchronous commit: the row is durable before the request
-#   goes out (crash recovery reads it).
-_RECORD_WITHIN_CEILING = """
-BEGIN;
-SELECT pg_advisory_xact_lock(hashtextextended('vpay:rail_in_flight:' || %(rail)s, 0));
-WITH in_flight AS (
-    SELECT count(*) AS n,
-           extract(epoch FROM min(sent_at) + make_interval(secs => %(bound)s) - now())::float8 AS earliest_left
-      FROM provider_requests
-     WHERE rail = %(rail)s AND answered_at IS NULL AND sent_at > now() - make_interval(secs => %(bound)s)
-), sent AS (
-    INSERT INTO provider_requests (charge_id, refund_id, operation, rail, method, path, idempotency_key)
-    SELECT %(charge_id)s, %(refund_id)s, %(operation)s, %(rail)s, %(method)s, %(path)s, %(idempotency_key)s
-      FROM in_flight
-     WHERE n < %(ceiling)s
-    RETURNING id
-)
-SELECT (SELECT id FROM sent), earliest_left FROM in_flight;
-COMMIT
-"""
-
-
-def record_sent_within_ceiling(
-    charge_id: str,
-    operation: RequestOperation,
-    *,
-    rail: str,
-    method: str,
-    path: str,
-    idempotency_key: str | None,
-    ceiling: int,
-    bound_seconds: float,
-    refund_id: str | None = None,
-) -> tuple[int | None, float | None]:
-    """:func:`record_sent`, unless ``rail`` already has ``ceiling`` requests in flight.
-
-    Returns the new row's id (committed, before the request is sent) or None at the
-    ceiling, and the seconds until the earliest request in flight passes its bound."""
-    if connection.in_atomic_block or not connection.get_autocommit():
-        raise RuntimeError("a rail request must be recorded (committed) before it is sent")
-    params = {
-        "charge_id": charge_id,
-        "refund_id": refund_id,
-        "operation": str(operation),
-        "rail": rail,
-        "method": method,
-        "path": path[:300],
-        "idempotency_key": idempotency_key,
-        "ceiling": ceiling,
-        "bound": bound_seconds,
-    }
-    with connection.cursor() as cursor:
-        try:
-            cursor.execute(_RECORD_WITHIN_CEILING, params)
-            cursor.nextset()  # the lock
-            cursor.nextset()  # the count and the insert
-            request_id, earliest_left = cursor.fetchone()
-            cursor.nextset()  # COMMIT
-        except BaseException:
-            # The explicit transaction may be left open and aborted: never reuse it.
-            connection.close()
-            raise
-    return request_id, earliest_left
-
-
-# The answer on its request row, once (provider_requests_pkey; the guard on answered_at makes
-# a second answer, which only a bug could send, write nothing). Plain SQL rather than the
-# ORM's update: it runs on every rail call, and compiling the queryset cost more of the
-# worker's CPU than the statement costs the database. answered_at is the statement's
-# instant, as Now() was.
-_RECORD_ANSWER = """
-UPDATE provider_requests
-   SET answered_at = statement_timestamp(), status_code = %s, rail_status = %s, error = %s, response_excerpt = %s
- WHERE id = %s AND answered_at IS NULL
-"""
-
-
-def record_answer(
-    request_id: int,
-    *,
-    status_code: int | None,
-    rail_status: RailStatus | None = None,
-    error: str = "",
-    excerpt: str = "",
-) -> None:
-    """Answer a request row (``status_code`` None: a transport failure, recorded with its cause)."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            _RECORD_ANSWER,
-            [
-                status_code,
-                str(rail_status) if rail_status is not None else None,
-                redact(error)[: EXCERPT_MAX * 2],
-                # The adapter built the excerpt with the pay_token and every URL already removed
-                # (rails/adapter.py, answer_excerpt); redact() is the second net for credentials.
-                redact(excerpt)[:EXCERPT_MAX],
-                request_id,
-            ],
-        )
-
-
 # --- compare-and-swap transitions -----------------------------------------------------------
 
 
@@ -324,6 +170,20 @@ def record_not_found(charge_id: str) -> None:
     """One more 404 about a ``submitting`` charge; the first one's instant is the database's."""
     with connection.cursor() as cursor:
         cursor.execute(_RECORD_NOT_FOUND, [charge_id])
+
+
+# The 404 streak that sent a resubmit, forgotten once the rail refused the resubmit: the
+# next poll asks the rail about the charge (it may hold it) instead of resending on every
+# rung, and only a new streak spanning the window resubmits again. A primary-key update.
+_FORGET_NOT_FOUND = """
+UPDATE charges SET not_found_count = 0, first_not_found_at = NULL, updated_at = now()
+ WHERE id = %s AND status = 'submitting'
+"""
+
+
+def forget_not_found(charge_id: str) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(_FORGET_NOT_FOUND, [charge_id])
 
 
 def intent_to(intent_id: str, status: IntentStatus, sources) -> bool:

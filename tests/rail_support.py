@@ -1,7 +1,9 @@
 """The sandbox rail as a real subprocess, for tests that need a rail over HTTP.
 
 Import the fixture into a test module (``from tests.rail_support import sandbox_rail``).
-One process per test session; each test gets it reset.
+One process per test session; each test gets it reset. ``ScriptedRail`` (fixture
+``scripted_rail``) is a rail that answers byte for byte what a test scripts, for answers
+no honest rail sends.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import json
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -104,3 +107,62 @@ def sandbox_rail() -> SandboxRail:
     rail = session_rail()
     rail.reset()
     return rail
+
+
+class ScriptedRail:
+    """A rail that answers what the test scripted, byte for byte, over real HTTP (a
+    ``ThreadingHTTPServer`` on a thread of this process): the answers no honest rail sends
+    and the sandbox does not play (a header of Unicode digits, a body whose
+    ``Content-Encoding`` lies). ``answer(method, …)`` sets what every request with that
+    method gets from then on; ``seen`` lists what arrived (method, path, headers)."""
+
+    def __init__(self) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        rail = self
+        self.answers: dict[str, bytes] = {}
+        self.seen: list[dict] = []
+        self.answer("POST", 200, b'{"status": "pending"}')
+        self.answer("GET", 200, b'{"status": "pending"}')
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format, *args):
+                pass
+
+            def _serve(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                if length:
+                    self.rfile.read(length)
+                rail.seen.append({"method": self.command, "path": self.path, "headers": dict(self.headers)})
+                self.wfile.write(rail.answers[self.command])
+                self.close_connection = True
+
+            do_GET = do_POST = _serve
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
+
+    def answer(self, method: str, status: int, body: bytes = b"", headers: dict[str, str] | None = None) -> None:
+        """Every ``method`` request is answered ``status`` with ``headers`` (sent as UTF-8,
+        as written) and ``body``, then the connection is closed."""
+        lines = [f"HTTP/1.1 {status} Scripted", f"Content-Length: {len(body)}", "Connection: close"]
+        lines += [f"{name}: {value}" for name, value in (headers or {}).items()]
+        self.answers[method] = ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+    def rails(self, code: str = "scripted") -> dict:
+        return {code: {"base_url": self.url, "flow": "push", "api_key": API_KEY}}
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def scripted_rail():
+    rail = ScriptedRail()
+    yield rail
+    rail.close()

@@ -12,6 +12,8 @@ import pytest
 from django.db import connection
 
 from charges.models import Charge, PaymentIntent
+from charges.rails import get_rail
+from charges.rails.adapter import adapter_for
 from charges.services import polling
 from jobs.kinds import JobKind
 from jobs.models import DeadLetter
@@ -283,3 +285,23 @@ def test_a_resubmit_the_rail_refuses_for_good_fails_the_charge_and_the_intent_wi
     posts = [r for r in sandbox_rail.requests(charge.id) if r["method"] == "POST"]
     assert [r["status"] for r in posts] == [422]
     assert scalar("SELECT count(*) FROM jobs WHERE kind = 'resubmit_charge'") == 0
+
+
+@pytest.mark.parametrize("past", [False, True], ids=["before_the_horizon", "past_the_horizon"])
+def test_a_status_read_the_rail_refuses_is_a_non_answer_never_a_dead_letter(merchant, sandbox_rail, settings, past):
+    # A 4xx on a GET cannot refuse money for good: the charge's only poll takes its next
+    # rung (past the horizon: escalation, its alert and the hourly poll), and asks again.
+    settings.VPAY_CHARGE_HORIZON_SECONDS = 3600.0
+    charge = live_charge(merchant, status="submitted", age=7200.0 if past else 0.0)
+    sandbox_rail.scenario(reference=charge.id, error_polls=1, error_status=422)
+    adapter_for(get_rail("sandbox_push")).submit(reference=charge.id, amount=charge.amount, currency="usd")
+    assert Worker().run_once() == 1
+    assert DeadLetter.objects.count() == 0
+    assert sql("SELECT status_code FROM provider_requests WHERE charge_id = %s", [charge.id]) == [(422,)]
+    due_in, reason = job_of(charge.id)
+    assert ("unresolved" if past else "unavailable") in reason
+    assert due_in == pytest.approx(0.5 if past else 0.05, abs=0.2)  # the past-horizon period, or the first rung
+    assert charge_of(charge.intent_id)["status"] == ("unresolved" if past else "submitted")
+    assert [t for t, _ in events(charge.id)] == (["charge.unresolved"] if past else [])
+    if past:
+        assert scalar("SELECT count(*) FROM alerts WHERE key LIKE %s", [f"charge_unresolved:{charge.id}:%"]) == 1

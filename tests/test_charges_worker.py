@@ -389,7 +389,10 @@ def test_a_submitting_charge_whose_rail_never_knows_it_is_escalated_at_the_horiz
     # crash-recovery block this would cycle resubmit -> ladder -> resubmit, never alerting.
     stack.set_policy(VPAY_CHARGE_HORIZON_SECONDS=6.0, VPAY_CHARGE_POLL_PAST_HORIZON_SECONDS=0.4)
     stack.rail.scenario(amount=4011, lose_submits=1000)
-    stack.worker()
+    worker = stack.worker()
+    # The 6 s horizon must not be spent while the worker boots (seconds on a loaded machine):
+    # the charge's first poll would find it past the horizon before any resubmit.
+    wait_for(lambda: "worker started" in worker.output(), 60, message="the worker up")
     intent = stack.acme.confirm(stack.acme.intent(amount=4011)["id"])
     charge = settled(intent["id"], "unresolved", timeout=30)
     assert event_types(intent["id"]) == ["charge.unresolved"]

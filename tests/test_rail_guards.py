@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 from django.db import IntegrityError, connection
 
-from charges import repository
+from charges import request_log
 from charges.models import RequestOperation
 from charges.services import rail_calls, rail_gate
 from charges.services.rail_gate import SHARES, RailDeferred
@@ -184,7 +184,7 @@ def test_a_confirm_the_rail_does_not_answer_counts_towards_the_breaker(merchant,
 
 def record_within_ceiling(charge_id: str, operation=RequestOperation.STATUS, *, ceiling: int = 5):
     """A status request row for ``charge_id`` through the ceiling (one rail, a 30 s bound)."""
-    return repository.record_sent_within_ceiling(
+    return request_log.record_sent_within_ceiling(
         charge_id,
         operation,
         rail="sandbox_push",
@@ -223,7 +223,7 @@ def test_a_request_row_that_fails_mid_transaction_leaves_no_transaction_open_beh
     charge = live_charge(merchant, status="submitted", job=False)
     with pytest.raises(IntegrityError):
         record_within_ceiling(charge.id, "bogus")  # refused by the operation's check constraint, mid-string
-    request_id, _ = record_within_ceiling(charge.id)
+    request_id, _, _ = record_within_ceiling(charge.id)
     assert request_id is not None and requests_of(charge.id) == 1
 
 
@@ -232,7 +232,7 @@ def test_a_poll_over_the_ceiling_defers_and_a_crashed_workers_row_stops_holding_
 ):
     settings.VPAY_RAIL_MAX_IN_FLIGHT = 1
     in_flight = live_charge(merchant, status="submitted", job=False)
-    repository.record_sent(  # a request out and unanswered: it holds the one slot
+    request_log.record_sent(  # a request out and unanswered: it holds the one slot
         in_flight.id, RequestOperation.STATUS, rail="sandbox_push", method="GET", path="/x", idempotency_key=None
     )
     charge = known_charge(merchant, sandbox_rail, amount=5000)

@@ -87,3 +87,17 @@ def test_the_backstop_gives_a_live_refund_its_poll_back_unless_its_letter_awaits
 
 def _charge_of(intent_id: str) -> str:
     return scalar("SELECT id FROM charges WHERE intent_id = %s", [intent_id])
+
+
+def test_a_status_read_the_rail_refuses_is_a_non_answer_never_a_dead_letter(acme, sandbox_rail):
+    intent = acme.paid_intent(amount=5000)
+    refund = acme.refund(intent, amount=2000).json()["id"]
+    run_poll()  # sent: the rail holds it, pending
+    sandbox_rail.scenario(reference=refund, error_polls=1, error_status=422)
+    run_poll()  # the status read, refused
+    assert scalar("SELECT count(*) FROM dead_letters") == 0
+    assert scalar("SELECT status FROM refunds WHERE id = %s", [refund]) == "pending"
+    assert scalar("SELECT count(*) FROM jobs WHERE kind = 'poll_refund' AND last_error LIKE '%%unavailable%%'") == 1
+    run_poll()  # asked again: the rail's answer settles it
+    assert scalar("SELECT status FROM refunds WHERE id = %s", [refund]) == "succeeded"
+    assert amount_refunded(intent) == 2000

@@ -20,8 +20,11 @@ of one can hide a charge the rail took and a payer may still approve:
 * **configuration** (``RailConfigurationError``): 401/403, our credentials; page someone;
 * **transient** (``RailUnavailable``), everything else: timeouts, transport failures, 5xx,
   408, 409 (the rail is still processing that idempotency key), 425, 429, a 3xx (never
-  followed), and a 2xx the adapter cannot read (not JSON, too large, no known status).
-  ``Retry-After`` on such an answer is kept as ``retry_after`` (seconds, bounded).
+  followed), and whatever the adapter cannot read: a 2xx that is not JSON (compressed
+  although ``Accept-Encoding: identity`` asked it not to be, nested past the parser's
+  limit), too large, or with no known status, and any other ``httpx.HTTPError``. Nothing a
+  rail sends escapes as an error of ours. ``Retry-After`` on such an answer is kept as
+  ``retry_after`` (ASCII seconds or a date, bounded; anything else is no delay).
 
 The adapter records nothing itself: the caller writes ``provider_requests`` before and after.
 """
@@ -117,13 +120,15 @@ def retry_after_seconds(value: str | None, rail_date: str | None) -> float | Non
     if value is None:
         return None
     value = value.strip()
-    if value.isdigit():
+    # ASCII digits only (RFC 9110's delay-seconds): str.isdigit() is also true of "²" and
+    # "٣", which float() refuses or reads as a number the rail never wrote.
+    if value.isascii() and value.isdigit():
         return min(float(value), RETRY_AFTER_MAX_SECONDS)
     if not rail_date:
         return None
     try:
         wait = (parsedate_to_datetime(value) - parsedate_to_datetime(rail_date)).total_seconds()
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
     return min(max(wait, 0.0), RETRY_AFTER_MAX_SECONDS)
 
@@ -228,7 +233,13 @@ class HttpRailAdapter:
         self.total_timeout = total_timeout
         self._client = httpx.Client(
             follow_redirects=False,  # a redirect is an answer, never a second request with our key
-            headers={"Authorization": f"Bearer {rail.api_key}", "User-Agent": "vpay-rail-adapter"},
+            headers={
+                "Authorization": f"Bearer {rail.api_key}",
+                "User-Agent": "vpay-rail-adapter",
+                # The body is read as sent (iter_raw), never decoded: a Content-Encoding that
+                # lies cannot fail the read, and no compressed answer is inflated in memory.
+                "Accept-Encoding": "identity",
+            },
             limits=httpx.Limits(max_connections=64, max_keepalive_connections=16),
         )
         _bound_every_pool(self._client)
@@ -273,7 +284,7 @@ class HttpRailAdapter:
                 method, url, json=json_body, params=params, headers=headers, timeout=timeout
             ) as response:
                 raw, oversized = bytearray(), False
-                for chunk in response.iter_bytes():
+                for chunk in response.iter_raw():
                     raw += chunk
                     if len(raw) > MAX_BODY_BYTES:
                         oversized = True  # unreadable; its status still says what it is
@@ -286,11 +297,12 @@ class HttpRailAdapter:
             raise _error(RailUnavailable, f"rail {self.rail.code}: timed out ({type(exc).__name__})", None) from exc
         except httpx.TransportError as exc:
             raise _error(RailUnavailable, f"rail {self.rail.code}: no answer ({type(exc).__name__})", None) from exc
+        except httpx.HTTPError as exc:
+            # Anything else httpx could not make of the exchange: no answer we can read.
+            raise _error(RailUnavailable, f"rail {self.rail.code}: unreadable ({type(exc).__name__})", None) from exc
         finally:
             _exchange.deadline = None
-        text = "" if oversized else raw.decode("utf-8", errors="replace")
-        body = _UNREADABLE if oversized else _json(text)
-        excerpt = f"[answer larger than {MAX_BODY_BYTES} bytes]" if oversized else answer_excerpt(body, text)
+        body, excerpt = _read(raw, oversized)
         if code >= 500 or code in _TRANSIENT_4XX or 300 <= code < 400:
             raise _error(RailUnavailable, f"rail {self.rail.code}: HTTP {code}", code, excerpt, retry_after)
         if code in (401, 403):
@@ -307,11 +319,19 @@ class HttpRailAdapter:
         return _parse(self.rail.code, code, body, excerpt, retry_after)
 
 
-def _json(text: str) -> object:
+def _read(raw: bytearray, oversized: bool) -> tuple[object, str]:
+    """The parsed body (``_UNREADABLE`` when it is not JSON) and its excerpt.
+
+    A body nested past the parser's recursion limit (it fits well within the size cap) is
+    unreadable like any other: it must not escape as an error of ours."""
+    if oversized:
+        return _UNREADABLE, f"[answer larger than {MAX_BODY_BYTES} bytes]"
+    text = raw.decode("utf-8", errors="replace")
     try:
-        return json.loads(text)
-    except ValueError:
-        return _UNREADABLE
+        body = json.loads(text)
+        return body, answer_excerpt(body, text)
+    except (ValueError, RecursionError):
+        return _UNREADABLE, answer_excerpt(_UNREADABLE, text)
 
 
 _UNREADABLE = object()  # a body that is not JSON (``None`` is JSON's null)
@@ -334,8 +354,18 @@ def answer_excerpt(body: object, text: str) -> str:
     text with every URL removed and credentials scrubbed.
     """
     if body is _UNREADABLE:
-        return redact(_URL.sub(REDACTED, text))[:EXCERPT_CHARS]
-    return json.dumps(_scrub(body), separators=(",", ":"), ensure_ascii=False)[:EXCERPT_CHARS]
+        return _storable(redact(_URL.sub(REDACTED, text)))[:EXCERPT_CHARS]
+    return _storable(json.dumps(_scrub(body), separators=(",", ":"), ensure_ascii=False))[:EXCERPT_CHARS]
+
+
+def _storable(text: str) -> str:
+    """``text`` as PostgreSQL can store it: a NUL and a lone surrogate (JSON's ``"\\ud800"``)
+    written as escapes, not refused by the database on the statement recording the answer."""
+    return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _unstorable(value: object) -> bool:
+    return isinstance(value, str) and _storable(value) != value
 
 
 def _scrub(value: object) -> object:
@@ -349,9 +379,15 @@ def _scrub(value: object) -> object:
 
 
 def _parse(code: str, http_status: int, body: object, excerpt: str, retry_after: float | None) -> RailAnswer:
-    if not isinstance(body, dict) or body.get("status") not in _ANSWER_STATUSES:
+    if (
+        not isinstance(body, dict)
+        or not isinstance(body.get("status"), str)
+        or body["status"] not in _ANSWER_STATUSES
+        or any(_unstorable(body.get(k)) for k in ("pay_token", "redirect_url", "failure_code"))
+    ):
         # A 2xx we cannot read is no answer we may act on, and no refusal either: the rail
         # may well have taken the charge. Transient, so the charge stays live and polled.
+        # So is one whose text we would store and cannot (a NUL, a lone surrogate).
         raise _error(
             RailUnavailable, f"rail {code}: unreadable answer to a {http_status}", http_status, excerpt, retry_after
         )

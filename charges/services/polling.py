@@ -123,13 +123,22 @@ def poll_charge(ctx: JobContext) -> Outcome:
         logger.warning("rail did not answer a poll", extra={"charge_id": row.id, "error": error_chain(exc, 300)})
         status, failure_code, pay_token = RailStatus.UNAVAILABLE, None, None
         retry_after = exc.retry_after or 0.0
-    except (RailConfigurationError, RailRejected) as exc:
+    except RailRejected as exc:
+        # A status read cannot refuse money for good: whatever the rail means by a 4xx on
+        # a GET, the charge may still move. A non-answer like any other (the next rung;
+        # past the horizon the escalation, its alert and the hourly poll), never a dead
+        # letter, which would leave a live charge with no poll at all.
+        logger.warning("rail refused a poll", extra={"charge_id": row.id, "error": error_chain(exc, 300)})
+        if past:
+            return _escalate(row, policy, f"rail refused a poll: {error_chain(exc, 200)}")
+        status, failure_code, pay_token = RailStatus.UNAVAILABLE, None, None
+    except RailConfigurationError as exc:
         if not past:
-            raise  # configuration: paged and dead-lettered; permanent: dead-lettered
+            raise  # our credentials: paged and dead-lettered, replayed once fixed
         # Past the horizon, "the rail will not answer a day-old charge" is what a human
         # must hear, and escalation says it (with an hourly poll) where the rail's own
         # error would park the job. Only rail errors: a database error propagates as itself.
-        return _escalate(row, policy, f"rail refused a poll: {error_chain(exc, 200)}")
+        return _escalate(row, policy, f"rail refused our credentials: {error_chain(exc, 200)}")
 
     # 5. The settlement table.
     if status == RailStatus.NOT_FOUND and row.status == ChargeStatus.SUBMITTING:
@@ -210,12 +219,19 @@ def resubmit_then_escalate_if_late(row: ChargeRow, past: bool, policy: RecoveryP
 @registry.register(JobKind.RESUBMIT_CHARGE, schema=CHARGE_PAYLOAD, timeout_seconds=RAIL_JOB_TIMEOUT_SECONDS)
 def resubmit_charge(ctx: JobContext) -> Outcome:
     """Send a push charge's submit again, under the same reference (the rail's idempotency
-    key). Only a definitive refusal fails the charge. A transient failure (no answer, 5xx,
-    409, 429, an unreadable 200) ends this job quietly: the charge stays ``submitting``
-    with the request row as evidence, and its poll, which owns the charge's liveness,
-    comes back to the same recovery table on its next rung (and resubmits again there if
-    the rail still does not know the charge). A dead letter here would be noise about a
-    live charge."""
+    key). Only a definitive refusal of the charge's first send fails it (a crash before
+    the confirm's POST left no request). A transient failure (no answer, 5xx, 409, 429, an
+    unreadable 200) ends this job quietly: the charge stays ``submitting`` with the request
+    row as evidence, and its poll, which owns the charge's liveness, comes back to the same
+    recovery table on its next rung (and resubmits again there if the rail still does not
+    know the charge). A dead letter here would be noise about a live charge.
+
+    A refusal of a *resend* (``ResendRefused``: a submit went out before, as the statement
+    recording this one found) proves nothing: the lost first send may have landed and the
+    rail refuses the repeated reference. The charge stays ``submitting`` and the 404 streak
+    that sent it here is forgotten, so its poll asks the rail on the next rung (a later
+    success is recorded) rather than resending on every one; past the horizon it
+    escalates as any charge the rail will not answer about does."""
     row = repository.read_for_poll(ctx.payload["charge_id"])
     if row is None or row.status != ChargeStatus.SUBMITTING or row.flow != RailFlow.PUSH:
         return Outcome.done()  # settled, escalated, or a redirect order (never resubmitted)
@@ -226,8 +242,12 @@ def resubmit_charge(ctx: JobContext) -> Outcome:
         request_id, answer = rail_calls.submit(
             row.id, rail, amount=row.amount, currency=row.currency, share=worker_share(ctx.worker_concurrency)
         )
-    except RailRejected:
+    except RailRejected:  # of the first send: the rail holds no charge
         transitions.fail_submitting(row.id, row.intent_id, transitions.SUBMIT_REJECTED, rail=row.rail)
+        return Outcome.done()
+    except rail_calls.ResendRefused as exc:
+        logger.warning("rail refused a resubmit", extra={"charge_id": row.id, "error": error_chain(exc, 300)})
+        repository.forget_not_found(row.id)
         return Outcome.done()
     except RailUnavailable as exc:
         logger.warning("rail did not take a resubmit", extra={"charge_id": row.id, "error": error_chain(exc, 300)})

@@ -5,6 +5,12 @@ Before the row is written the rail's guards are asked (``rail_gate``: its breake
 worker's share, the ceiling of requests in flight); a request they refuse is never sent,
 leaves no row, and raises ``rail_gate.RailDeferred``. Every result then reaches the
 breaker: ``RailUnavailable`` is a transient failure, any other outcome an answer.
+
+Whether a submit is a resend (a submit of the same reference went out before) is decided
+by the statement that records it (``request_log.record_sent_within_ceiling``), never by a
+read taken before: a refusal of a resend proves nothing (the earlier send may have landed,
+and the rail refuses the repeated reference), so it is raised as :class:`ResendRefused`, a
+non-answer, and never as the ``RailRejected`` that fails a charge or a refund.
 """
 
 from __future__ import annotations
@@ -14,11 +20,11 @@ from urllib.parse import quote
 
 from django.conf import settings
 
-from charges import repository
+from charges import request_log
 from charges.metrics import RAIL_REQUESTS
 from charges.models import RequestOperation
 from charges.rails import RailConfig
-from charges.rails.adapter import RailAnswer, RailError, RailUnavailable, adapter_for
+from charges.rails.adapter import RailAnswer, RailError, RailRejected, RailUnavailable, adapter_for
 from charges.services import rail_gate
 from charges.services.rail_gate import SHARES, RailDeferred
 from jobs.breakers import Ticket
@@ -29,7 +35,26 @@ from vpay.errors import error_chain
 # holds a slot of the ceiling.
 IN_FLIGHT_MARGIN_SECONDS = 5.0
 
-__all__ = ["RailDeferred", "record_submit_answer", "refund_status", "refund_submit", "status", "submit"]
+__all__ = [
+    "RailDeferred",
+    "ResendRefused",
+    "record_submit_answer",
+    "refund_status",
+    "refund_submit",
+    "status",
+    "submit",
+]
+
+
+class ResendRefused(RailUnavailable):
+    """A refusing 4xx to a resend: no answer about the money, whatever it says ("duplicate
+    reference", "already refunded"). Transient, so every caller treats it as a non-answer."""
+
+
+def _resend_refused(exc: RailRejected) -> ResendRefused:
+    refused = ResendRefused(f"{exc} to a resend (the reference went out before): proves nothing")
+    refused.http_status, refused.body_excerpt = exc.http_status, exc.body_excerpt
+    return refused
 
 
 def submit(
@@ -48,8 +73,9 @@ def submit(
 
     ``ticket``: the breaker's, when the caller asked it already (the confirm, before it
     wrote anything). ``ceiling=False``: the confirm's request counts as in flight but is
-    not refused by the ceiling (see confirm.py). ``share``: this worker's share of threads."""
-    return _call(
+    not refused by the ceiling (see confirm.py). ``share``: this worker's share of threads.
+    A refusal of a resend raises :class:`ResendRefused`."""
+    request_id, answer, _ = _call(
         charge_id,
         rail,
         RequestOperation.SUBMIT,
@@ -62,17 +88,18 @@ def submit(
         share=share,
         record_answer=False,
     )
+    return request_id, answer
 
 
 def record_submit_answer(request_id: int, answer: RailAnswer) -> None:
-    repository.record_answer(
+    request_log.record_answer(
         request_id, status_code=answer.http_status, rail_status=answer.status, excerpt=answer.body_excerpt
     )
 
 
 def status(charge_id: str, rail: RailConfig, *, pay_token: str | None, share: int | None = None) -> RailAnswer:
     """GET the charge's status (404 is an answer: ``RailStatus.NOT_FOUND``), recorded."""
-    _, answer = _call(
+    _, answer, _ = _call(
         charge_id,
         rail,
         RequestOperation.STATUS,
@@ -90,9 +117,11 @@ def status(charge_id: str, rail: RailConfig, *, pay_token: str | None, share: in
 
 def refund_submit(
     refund_id: str, charge_id: str, rail: RailConfig, *, amount: int, currency: str, share: int | None = None
-) -> tuple[int, RailAnswer]:
+) -> tuple[int, RailAnswer, bool]:
     """POST the refund (its id is the reference and the Idempotency-Key). Like :func:`submit`,
-    the answer is the caller's to record (``record_submit_answer``); a failure is recorded here."""
+    the answer is the caller's to record (``record_submit_answer``); a failure is recorded
+    here, and a refusal of a resend raises :class:`ResendRefused`. The third value says
+    whether it was a resend, decided by the statement that recorded it."""
     return _call(
         charge_id,
         rail,
@@ -113,7 +142,7 @@ def refund_submit(
 
 def refund_status(refund_id: str, charge_id: str, rail: RailConfig, *, share: int | None = None) -> RailAnswer:
     """GET the refund's status (404 is an answer: ``RailStatus.NOT_FOUND``), recorded."""
-    _, answer = _call(
+    _, answer, _ = _call(
         charge_id,
         rail,
         RequestOperation.REFUND_STATUS,
@@ -144,12 +173,14 @@ def _call(
     share: int | None,
     record_answer: bool,
     refund_id: str | None = None,
-) -> tuple[int, RailAnswer]:
+) -> tuple[int, RailAnswer, bool]:
     ticket = ticket or rail_gate.admit(rail.code)
     if not SHARES.acquire(rail.code, share):
         raise rail_gate.at_ceiling(rail.code, ticket, None, f"holds this worker's share ({share}) of threads")
     try:
-        request_id = _record_sent(charge_id, rail, operation, method, path, idempotency_key, ticket, ceiling, refund_id)
+        request_id, resend = _record_sent(
+            charge_id, rail, operation, method, path, idempotency_key, ticket, ceiling, refund_id
+        )
         faultpoints.reached("rail.request_recorded", str(operation))
         try:
             answer = send()
@@ -162,6 +193,8 @@ def _call(
                 rail_gate.failed(ticket, error_chain(exc, 300))
             else:
                 rail_gate.answered(ticket)  # a refusal is an answer: the rail is up
+            if resend and isinstance(exc, RailRejected):
+                raise _resend_refused(exc) from exc
             raise
         except BaseException:
             rail_gate.abandoned(ticket)  # our failure, not the rail's: a probe hands its turn back
@@ -173,7 +206,7 @@ def _call(
     if record_answer:
         record_submit_answer(request_id, answer)
     rail_gate.answered(ticket)
-    return request_id, answer
+    return request_id, answer, resend
 
 
 def _record_sent(
@@ -186,7 +219,9 @@ def _record_sent(
     ticket: Ticket,
     ceiling: bool,
     refund_id: str | None,
-) -> int:
+) -> tuple[int, bool]:
+    """The request row's id, and whether it is a resend. Without the ceiling (the confirm's
+    submit, the charge's first) the row is written as it is: nothing went out before it."""
     fields = {
         "rail": rail.code,
         "method": method,
@@ -195,8 +230,8 @@ def _record_sent(
         "refund_id": refund_id,
     }
     if not ceiling:
-        return repository.record_sent(charge_id, operation, **fields)
-    request_id, earliest_left = repository.record_sent_within_ceiling(
+        return request_log.record_sent(charge_id, operation, **fields), False
+    request_id, earliest_left, earlier = request_log.record_sent_within_ceiling(
         charge_id,
         operation,
         **fields,
@@ -207,12 +242,12 @@ def _record_sent(
         raise rail_gate.at_ceiling(
             rail.code, ticket, earliest_left, f"has its ceiling ({settings.VPAY_RAIL_MAX_IN_FLIGHT}) in flight"
         )
-    return request_id
+    return request_id, earlier
 
 
 def _record_error(request_id: int, exc: RailError) -> None:
     # status_code NULL when nothing answered; the whole cause chain ("ConnectError <- OSError:
     # connection refused") is what an operator needs, redacted and bounded.
-    repository.record_answer(
+    request_log.record_answer(
         request_id, status_code=exc.http_status, error=error_chain(exc, 1500), excerpt=exc.body_excerpt
     )

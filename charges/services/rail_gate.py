@@ -10,7 +10,7 @@ Three guards, each for its own harm, checked before a request row is written:
    every worker the other half for webhooks, alerts and sweeps whatever the ceiling says.
 3. **The ceiling** (``VPAY_RAIL_MAX_IN_FLIGHT``): requests in flight to one rail across all
    workers, counted in ``provider_requests`` under a per-rail lock in the transaction that
-   writes the new request row (``charges.repository.record_sent_within_ceiling``).
+   writes the new request row (``charges.request_log.record_sent_within_ceiling``).
 
 A request any guard refuses is never sent and leaves no row: :class:`RailDeferred`, a
 ``DeferError``, which each caller turns into its own disposition (charges/services/polling.py,

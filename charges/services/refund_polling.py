@@ -74,20 +74,27 @@ def poll_refund(ctx: JobContext) -> Outcome:
         row.status == RefundStatus.SUBMITTING
         and recovery_step(row.submit, row.not_found_count, row.not_found_age, policy) is RefundStep.SEND
     )
-    resending = sending and row.submit is not SubmitEvidence.NEVER
     share = worker_share(ctx.worker_concurrency)
     retry_after = 0.0
     try:
         if sending:
-            if resending:
+            if row.submit is not SubmitEvidence.NEVER:
                 refund_repository.forget_not_found(row.id)  # unanswered, it is asked about next
-            request_id, answer = rail_calls.refund_submit(
+            # Whether this is a resend is the recording statement's finding, not this read's:
+            # a run that read "never sent" while another run's send was going out resends.
+            request_id, answer, resend = rail_calls.refund_submit(
                 row.id, row.charge_id, rail, amount=row.amount, currency=row.currency, share=share
             )
             rail_calls.record_submit_answer(request_id, answer)
         else:
-            answer = rail_calls.refund_status(row.id, row.charge_id, rail, share=share)
+            answer, resend = rail_calls.refund_status(row.id, row.charge_id, rail, share=share), False
         status, failure_code = answer.status, answer.failure_code
+        if resend and status is RailStatus.FAILED:
+            # "failed" to a resend says nothing of the first send, which may still complete:
+            # failing the refund would give its amount back to be refunded twice. Only a
+            # status read (or the first send's own answer) settles; this is a non-answer.
+            logger.warning("rail answered a refund resend failed", extra={"refund_id": row.id})
+            status, failure_code = RailStatus.UNAVAILABLE, None
     except RailDeferred as exc:
         # Nothing was sent. Before the horizon the poll waits; past it this is a non-answer.
         if not past:
@@ -95,26 +102,26 @@ def poll_refund(ctx: JobContext) -> Outcome:
         status, failure_code = RailStatus.UNAVAILABLE, None
     except RailUnavailable as exc:
         # Never a dead letter: the poll is the refund's liveness; the ladder paces the next ask.
+        # A refused resend (rail_calls.ResendRefused: "duplicate reference", "already
+        # refunded") is one too: an earlier send may have landed, so it proves nothing, and
+        # failing it would give the amount back to be refunded again.
         logger.warning(
             "rail did not answer a refund request", extra={"refund_id": row.id, "error": error_chain(exc, 300)}
         )
         status, failure_code = RailStatus.UNAVAILABLE, None
         retry_after = exc.retry_after or 0.0
     except RailRejected as exc:
-        if sending and not resending:
-            # A definitive refusal of the first send: the rail holds no refund.
+        if sending:
+            # A definitive refusal of the first send (a resend's is ResendRefused, above):
+            # the rail holds no refund.
             refunds.refund_fail(row=row, failure_code=refunds.REFUND_REJECTED)
             return Outcome.done()
-        if sending:
-            # A resend refused ("duplicate reference", "already refunded"): an earlier send may
-            # have landed, so this proves nothing. Failing it would give the amount back to
-            # refund again; it is a non-answer, asked about on the ladder (then a human).
-            logger.warning("rail refused a refund resend", extra={"refund_id": row.id, "error": error_chain(exc, 300)})
-            status, failure_code = RailStatus.UNAVAILABLE, None
-        elif not past:
-            raise  # a refused status request: dead-lettered, for a human
-        else:
+        if past:
             return _escalate(row, policy, f"rail refused a refund poll: {error_chain(exc, 200)}")
+        # A refused status read proves nothing either (the charge poll's rule): the next
+        # rung, never a dead letter that would leave the refund with no poll.
+        logger.warning("rail refused a refund poll", extra={"refund_id": row.id, "error": error_chain(exc, 300)})
+        status, failure_code = RailStatus.UNAVAILABLE, None
     except RailConfigurationError as exc:
         if not past:
             raise  # our credentials: paged and dead-lettered; replayed once fixed, nothing failed

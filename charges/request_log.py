@@ -1,0 +1,173 @@
+"""``provider_requests``: every rail request, written (and committed) before it is sent and
+answered after, whatever happened — the evidence crash recovery reads, and the count the
+rail's ceiling of requests in flight is taken from (``charges.services.rail_calls``)."""
+
+from __future__ import annotations
+
+from django.db import connection
+
+from charges.models import EXCERPT_MAX, ProviderRequest, RequestOperation
+from charges.states import RailStatus
+from vpay.logging import redact
+
+
+def record_sent(
+    charge_id: str,
+    operation: RequestOperation,
+    *,
+    rail: str,
+    method: str,
+    path: str,
+    idempotency_key: str | None,
+    refund_id: str | None = None,
+) -> int:
+    """Write the request row. Called outside a transaction, so it is committed before the
+    request goes out: a crash during the call leaves a row with ``status_code`` NULL."""
+    if connection.in_atomic_block:
+        raise RuntimeError("a rail request must be recorded (committed) before it is sent")
+    row = ProviderRequest.objects.create(
+        charge_id=charge_id,
+        refund_id=refund_id,
+        operation=operation,
+        rail=rail,
+        method=method,
+        path=path[:300],
+        idempotency_key=idempotency_key,
+    )
+    return row.pk
+
+
+# One round trip, one transaction, several statements (the simple protocol, as the queue's
+# bookkeeping does): the rail's lock, then its requests in flight counted and, below the
+# ceiling, the new request row written, then the commit.
+#
+# * The lock: a transaction-scoped advisory lock per rail (there is no rails table to lock
+#   a row of: rails are configuration), serializing the count and the insert across
+#   workers so two cannot both take the last slot; released at commit. The statements
+#   after it run server-side with no client round trip while it is held, so the lock is
+#   held for microseconds, not for three round trips of a busy client.
+# * The count is a statement of its own, after the lock's: under READ COMMITTED each
+#   statement takes its snapshot when it starts, so it sees every row committed by the
+#   previous holder. (Counted in the lock's own statement it would not: that snapshot
+#   predates the wait for the lock.) In flight: sent, unanswered, younger than the bound
+#   (the rail timeout plus a margin; the adapter ends every exchange by its deadline, so an
+#   older unanswered row is a crashed worker's and holds no slot). With it, the seconds
+#   until the earliest of them passes the bound (the latest a slot can stay taken). Served
+#   by provider_requests_in_flight (partial: answered rows, nearly all of them, cost nothing).
+# * The insert: its columns not named here take their database defaults (sent_at is the
+#   statement's timestamp), as the ORM's create would; no index read.
+# * For a submit, whether an earlier submit went out for the same object (the refund, else
+#   the charge): whether this one is a resend (false for any other operation). Decided here, in
+#   the statement that records the request, after the lock, so it sees every send
+#   committed before it (a concurrent run's included), and never from a read taken before
+#   the send. The insert's own row is invisible to it (one statement, one snapshot).
+#   provider_requests_refund_op or provider_requests_charge_op (only the arm taken runs).
+# * The commit is the server's synchronous commit: the row is durable before the request
+#   goes out (crash recovery reads it).
+_RECORD_WITHIN_CEILING = """
+BEGIN;
+SELECT pg_advisory_xact_lock(hashtextextended('vpay:rail_in_flight:' || %(rail)s, 0));
+WITH in_flight AS (
+    SELECT count(*) AS n,
+           extract(epoch FROM min(sent_at) + make_interval(secs => %(bound)s) - now())::float8 AS earliest_left
+      FROM provider_requests
+     WHERE rail = %(rail)s AND answered_at IS NULL AND sent_at > now() - make_interval(secs => %(bound)s)
+), sent AS (
+    INSERT INTO provider_requests (charge_id, refund_id, operation, rail, method, path, idempotency_key)
+    SELECT %(charge_id)s, %(refund_id)s, %(operation)s, %(rail)s, %(method)s, %(path)s, %(idempotency_key)s
+      FROM in_flight
+     WHERE n < %(ceiling)s
+    RETURNING id
+)
+SELECT (SELECT id FROM sent), earliest_left,
+       CASE WHEN %(operation)s NOT IN ('submit', 'refund_submit') THEN false
+            WHEN %(refund_id)s::text IS NULL
+            THEN EXISTS (SELECT 1 FROM provider_requests e
+                          WHERE e.charge_id = %(charge_id)s AND e.operation = %(operation)s)
+            ELSE EXISTS (SELECT 1 FROM provider_requests e
+                          WHERE e.refund_id = %(refund_id)s AND e.operation = %(operation)s)
+       END
+  FROM in_flight;
+COMMIT
+"""
+
+
+def record_sent_within_ceiling(
+    charge_id: str,
+    operation: RequestOperation,
+    *,
+    rail: str,
+    method: str,
+    path: str,
+    idempotency_key: str | None,
+    ceiling: int,
+    bound_seconds: float,
+    refund_id: str | None = None,
+) -> tuple[int | None, float | None, bool]:
+    """:func:`record_sent`, unless ``rail`` already has ``ceiling`` requests in flight.
+
+    Returns the new row's id (committed, before the request is sent) or None at the
+    ceiling, the seconds until the earliest request in flight passes its bound, and
+    for a submit, whether one went out for the same refund (else charge) before this one:
+    that it is a resend."""
+    if connection.in_atomic_block or not connection.get_autocommit():
+        raise RuntimeError("a rail request must be recorded (committed) before it is sent")
+    params = {
+        "charge_id": charge_id,
+        "refund_id": refund_id,
+        "operation": str(operation),
+        "rail": rail,
+        "method": method,
+        "path": path[:300],
+        "idempotency_key": idempotency_key,
+        "ceiling": ceiling,
+        "bound": bound_seconds,
+    }
+    with connection.cursor() as cursor:
+        try:
+            cursor.execute(_RECORD_WITHIN_CEILING, params)
+            cursor.nextset()  # the lock
+            cursor.nextset()  # the count and the insert
+            request_id, earliest_left, earlier = cursor.fetchone()
+            cursor.nextset()  # COMMIT
+        except BaseException:
+            # The explicit transaction may be left open and aborted: never reuse it.
+            connection.close()
+            raise
+    return request_id, earliest_left, earlier
+
+
+# The answer on its request row, once (provider_requests_pkey; the guard on answered_at makes
+# a second answer, which only a bug could send, write nothing). Plain SQL rather than the
+# ORM's update: it runs on every rail call, and compiling the queryset cost more of the
+# worker's CPU than the statement costs the database. answered_at is the statement's
+# instant, as Now() was.
+_RECORD_ANSWER = """
+UPDATE provider_requests
+   SET answered_at = statement_timestamp(), status_code = %s, rail_status = %s, error = %s, response_excerpt = %s
+ WHERE id = %s AND answered_at IS NULL
+"""
+
+
+def record_answer(
+    request_id: int,
+    *,
+    status_code: int | None,
+    rail_status: RailStatus | None = None,
+    error: str = "",
+    excerpt: str = "",
+) -> None:
+    """Answer a request row (``status_code`` None: a transport failure, recorded with its cause)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _RECORD_ANSWER,
+            [
+                status_code,
+                str(rail_status) if rail_status is not None else None,
+                redact(error)[: EXCERPT_MAX * 2],
+                # The adapter built the excerpt with the pay_token and every URL already removed
+                # (rails/adapter.py, answer_excerpt); redact() is the second net for credentials.
+                redact(excerpt)[:EXCERPT_MAX],
+                request_id,
+            ],
+        )
