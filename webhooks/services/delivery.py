@@ -36,7 +36,7 @@ from django.db import DatabaseError, transaction
 from jobs.alerts import Severity, admin_change_path, admin_path, raise_alert
 from jobs.port import pull_forward_first
 from vpay.errors import error_chain
-from webhooks import attempt_sql, metrics, repository, sealing, ssrf
+from webhooks import attempt_errors, attempt_sql, metrics, repository, sealing, ssrf
 from webhooks.decisions import AttemptResult, Next, after_failure, attempt_result, delivery_delay
 from webhooks.models import AttemptState, DeliveryState, Event, WebhookDelivery
 from webhooks.services import transport
@@ -200,7 +200,10 @@ class Attempted:
     delivery_state: DeliveryState | None = None  # set for a refusal (decided before sending)
     status_code: int | None = None
     excerpt: str = ""
+    # What the merchant reads (webhooks.attempt_errors: a fixed phrase, nothing about vpay's
+    # network); ``detail`` is the full account, for the operators' log line and alert only.
     error: str = ""
+    detail: str = ""
     # The digest of a body that may have reached the receiver; None when nothing left the
     # process (unsigned, unresolved, refused, out of budget before the first byte): the
     # first stored digest is what every later attempt is compared with, so it must be of
@@ -302,13 +305,19 @@ def perform(
     except ssrf.AddressRefused as exc:
         if exc.permanent:
             return Attempted(
-                AttemptState.FAILED, delivery_state=DeliveryState.REFUSED, error=f"refused by the SSRF guard: {exc}"
+                AttemptState.FAILED,
+                delivery_state=DeliveryState.REFUSED,
+                error=attempt_errors.REFUSED,
+                detail=f"refused by the SSRF guard: {exc}",
             )
         return Attempted(
-            AttemptState.NO_RESPONSE, error=error_chain(exc, 1000), duration_ms=int((time.monotonic() - started) * 1000)
+            AttemptState.NO_RESPONSE,
+            error=attempt_errors.unresolved(exc),
+            detail=error_chain(exc, 1000),
+            duration_ms=int((time.monotonic() - started) * 1000),
         )
     except httpx.InvalidURL as exc:
-        return Attempted(AttemptState.FAILED, error=f"the endpoint URL is invalid: {exc}")
+        return Attempted(AttemptState.FAILED, error=attempt_errors.INVALID_URL, detail=error_chain(exc, 1000))
     left = deadline - time.monotonic()
     if left <= 0:
         return Attempted(
@@ -336,7 +345,8 @@ def perform(
         state,
         status_code=answer.status_code,
         excerpt=answer.excerpt,
-        error=error_chain(answer.error, 1000) if answer.error is not None else "",
+        error=attempt_errors.transport(answer.error) if answer.error is not None else "",
+        detail=error_chain(answer.error, 1000) if answer.error is not None else "",
         payload_sha256=digest if answer.sent else None,
         duration_ms=duration_ms,
         connected_to=answer.connected_to,
@@ -390,7 +400,7 @@ def record(lease: attempt_sql.Lease, attempted: Attempted) -> attempt_sql.Record
                         "delivery_id": delivery.pk,
                         "endpoint_id": delivery.endpoint_id,
                         "event_id": delivery.event_id,
-                        "reason": attempted.error[:300],
+                        "reason": (attempted.detail or attempted.error)[:300],
                     },
                     link=admin_path(delivery),
                     correlation_id=delivery.event_id,
@@ -406,6 +416,15 @@ def record(lease: attempt_sql.Lease, attempted: Attempted) -> attempt_sql.Record
         metrics.ATTEMPT_DURATION.observe(attempted.duration_ms / 1000)
     if not recorded.stale and delivery_state != DeliveryState.PENDING:
         metrics.DELIVERIES_FINISHED.labels(state=str(delivery_state)).inc()
+    if attempted.detail:
+        # The operators' account of what the merchant reads as a fixed phrase (the attempt
+        # row keeps only that): the resolved address, the exception chain.
+        logger.log(
+            logging.WARNING if delivery_state == DeliveryState.REFUSED else logging.INFO,
+            "webhook attempt failed: %s",
+            attempted.error,
+            extra={"delivery_id": lease.delivery_id, "attempt": lease.number, "error": attempted.detail},
+        )
     if recorded.stale:
         logger.warning(
             "webhook attempt was stale: its lease expired first; answer discarded",
