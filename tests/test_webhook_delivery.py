@@ -11,6 +11,7 @@ import json
 import pytest
 from django.db import connection, transaction
 
+from jobs.alerts import admin_change_path
 from jobs.models import Alert
 from merchants.services import create_merchant
 from sandbox.receiver import fingerprint
@@ -259,8 +260,10 @@ def test_failures_ride_the_ladder_to_exhausted_with_a_row_per_try_and_one_alert(
     )
     assert rows == [(1, "failed", 500), (2, "failed", 500), (3, "failed", 500)]
     [alert] = Alert.objects.all()
-    assert (alert.key, alert.source) == (f"webhook_delivery_exhausted:{d.pk}:0", "webhooks.delivery_exhausted")
-    assert alert.details["attempts"] == 3 and alert.link.endswith(f"/webhooks/webhookdelivery/{d.pk}/change/")
+    assert alert.key.startswith(f"webhook_endpoint_exhausted:{d.endpoint_id}:")
+    assert alert.source == "webhooks.delivery_exhausted"
+    assert alert.details["first"] == {"delivery_id": d.pk, "event_id": d.event_id, "attempts": 3}
+    assert alert.link == admin_change_path("webhooks_webhookendpoint", d.endpoint_id)
 
 
 def test_a_receiver_that_drops_the_connection_is_no_response_with_a_null_status(receiver):
@@ -390,9 +393,9 @@ def test_a_lease_that_expires_on_the_last_rung_exhausts_the_delivery_with_one_al
     assert d.completed_at is not None
     states = list(DeliveryAttempt.objects.filter(delivery=d).order_by("number").values_list("state", flat=True))
     assert states == ["failed", "failed", "abandoned"]
-    assert list(Alert.objects.values_list("key", "source")) == [
-        (f"webhook_delivery_exhausted:{d.pk}:0", "webhooks.delivery_exhausted")
-    ]
+    [alert] = Alert.objects.all()
+    assert alert.key.startswith(f"webhook_endpoint_exhausted:{d.endpoint_id}:")
+    assert (alert.source, alert.details["first"]["delivery_id"]) == ("webhooks.delivery_exhausted", d.pk)
     # The dead worker's late answer, should it ever arrive, is discarded and alerts nothing.
     assert delivery.record(last.lease, delivery.perform(last.lease)).stale
     assert Alert.objects.count() == 1
