@@ -135,3 +135,30 @@ def test_the_breaker_is_keyed_on_the_port_too():
     assert breaker_named_for("acct_2", "https://hooks.example.com/") != breaker_named_for(
         "acct_1", "https://hooks.example.com/"
     )
+
+
+def test_the_migration_drops_the_breakers_keyed_on_the_host_alone():
+    # A host-only breaker left open by the release before would be read by nobody and show
+    # as open on /metrics (and its runbook's alert) for ever.
+    from django.db.migrations.executor import MigrationExecutor
+
+    def migrate(target=None):
+        executor = MigrationExecutor(connection)
+        executor.loader.build_graph()
+        executor.migrate([target] if target else executor.loader.graph.leaf_nodes())
+
+    try:
+        migrate(("webhooks", "0012_webhookdelivery_public_id"))
+        sql(
+            "INSERT INTO breakers (name, state, failures, version, opened_at, last_error, updated_at) VALUES"
+            " ('webhook_host:hooks.example.com', 'open', 10, 1, now(), 'HTTP 500', now()),"
+            " ('webhook_host:2001:db8::1', 'open', 10, 1, now(), 'HTTP 500', now()),"
+            " ('webhook_host:acct_Q1w2E3r4:hooks.example.com:443', 'open', 10, 1, now(), 'HTTP 500', now()),"
+            " ('rail:sandbox', 'open', 5, 1, now(), 'HTTP 503', now())"
+        )
+    finally:
+        migrate()  # the latest of every app, 0013_drop_host_only_breakers included
+    assert sorted(Breaker.objects.values_list("name", flat=True)) == [
+        "rail:sandbox",
+        "webhook_host:acct_Q1w2E3r4:hooks.example.com:443",
+    ]
