@@ -20,7 +20,7 @@ def paginate(
     params: dict[str, Any],
     *,
     scope: QuerySet | None = None,
-    cursor: Callable[[str], Any] | None = None,
+    cursor: Callable[[str], dict[str, Any] | None] | None = None,
 ) -> JsonResponse:
     """A page of ``queryset``, newest first, as ``{"object": "list", "data", "has_more"}``.
 
@@ -40,8 +40,10 @@ def paginate(
     The cursor is found among all of ``scope``'s rows (by default the merchant's rows of the
     model), not inside ``queryset``: the last object of a page may have left the filter
     since (an intent that succeeded, an endpoint deleted), and its position still says
-    where the next page starts. ``cursor`` turns a wire id into the primary key (None: no
-    such object, the 404 an unknown id gets).
+    where the next page starts. ``cursor`` turns a wire id into the lookup that finds its
+    row (``{"public_id": …}`` where the wire id is not the primary key; None: no such
+    object, the 404 an unknown id gets); the order is (``created_at``, primary key) either
+    way, so a wire id need not sort.
     """
     limit = params.get("limit", DEFAULT_PAGE)
     if (gte := params.get("created[gte]")) is not None:
@@ -53,10 +55,11 @@ def paginate(
     if wire_id is not None:
         if scope is None:
             scope = queryset.model._default_manager.filter(merchant=request.merchant)
-        key = cursor(wire_id) if cursor is not None else wire_id
-        anchor = None if key is None else scope.filter(id=key).values_list("created_at", flat=True).first()
-        if anchor is None:
+        lookup = cursor(wire_id) if cursor is not None else {"id": wire_id}
+        found = None if lookup is None else scope.filter(**lookup).values_list("created_at", "id").first()
+        if found is None:
             raise not_found("object", wire_id)
+        anchor, key = found
     # Each cursor also bounds created_at alone: that bound is an index condition, so the scan
     # starts at the cursor instead of walking every newer (older) row to reach it.
     if before is not None:

@@ -102,3 +102,90 @@ _ALERT_FAILED = "UPDATE alerts SET send_attempts = send_attempts + 1, last_error
 def record_alert_failure(alert_id: int, error: str) -> None:
     with connection.cursor() as cursor:
         cursor.execute(_ALERT_FAILED, [bounded(error), alert_id])
+
+
+# Occurrences of one thing about one subject (a webhook endpoint's refused deliveries),
+# folded per period of the database clock (period n: [n * period, (n + 1) * period) in
+# epoch seconds), so whoever causes them (a merchant) cannot flood the pager. The period's
+# first occurrence is an alert of its own, sent at once (key ``<key>:<n>``); every later one
+# is counted on the period's tally (key ``<key>:<n>:more``), inserted by the second
+# occurrence with its send_alert job due when the period ends, and counted up by the rest.
+# Racing raisers wait on the key's unique index (the first) or the tally's row (the others),
+# so each occurrence is counted once. Both inserts go through ``alerts_key_key``.
+_RAISE_COUNTED_ALERT = f"""
+WITH period AS (
+    SELECT n, to_timestamp(n * %(period)s) AS starts, to_timestamp((n + 1) * %(period)s) AS ends
+      FROM (SELECT floor(extract(epoch FROM now()) / %(period)s)::bigint AS n) p
+),
+first AS (
+    INSERT INTO alerts (key, title, severity, source, details, link)
+    SELECT %(key)s || ':' || n, %(title)s, %(severity)s, %(source)s,
+           %(details)s::jsonb || jsonb_build_object('count', 1, 'period_start', starts, 'period_end', ends,
+                                                    'first', %(occurrence)s::jsonb),
+           %(link)s
+      FROM period
+    ON CONFLICT (key) DO NOTHING
+    RETURNING id
+),
+more AS (
+    INSERT INTO alerts AS a (key, title, severity, source, details, link)
+    SELECT %(key)s || ':' || n || ':more', %(more_title)s, %(severity)s, %(source)s,
+           %(details)s::jsonb || jsonb_build_object('count', 1, 'period_start', starts, 'period_end', ends,
+                                                    'latest', %(occurrence)s::jsonb),
+           %(link)s
+      FROM period
+     WHERE NOT EXISTS (SELECT 1 FROM first)
+    ON CONFLICT (key) DO UPDATE
+       SET details = a.details || jsonb_build_object('count', (a.details ->> 'count')::int + 1,
+                                                     'latest', EXCLUDED.details -> 'latest')
+    RETURNING id, xmax = 0 AS inserted
+),
+alerted AS (
+    SELECT id, now() AS run_at, %(correlation_id)s::text AS correlation_id FROM first
+    UNION ALL
+    SELECT more.id, period.ends, %(correlation_id)s::text FROM more, period WHERE more.inserted
+),
+alert_jobs AS (
+    INSERT INTO jobs (kind, queue, payload, priority, max_attempts, dedupe_key, correlation_id, run_at)
+    SELECT 'send_alert', %(alert_queue)s, jsonb_build_object('alert_id', a.id), %(alert_priority)s,
+           %(alert_max_attempts)s, 'alert:' || a.id, a.correlation_id, a.run_at
+      FROM alerted a
+    ON CONFLICT DO NOTHING
+    RETURNING queue
+)
+SELECT (SELECT id FROM first), (SELECT id FROM more), {NOTIFY_ALERT_JOBS}
+"""
+
+
+def raise_counted_alert(
+    *,
+    key: str,
+    period: float,
+    title: str,
+    more_title: str,
+    severity: str,
+    source: str,
+    details_json: str,
+    occurrence_json: str,
+    link: str,
+    correlation_id: str,
+) -> tuple[int | None, int | None]:
+    """Count one occurrence (see ``_RAISE_COUNTED_ALERT``): ``(first alert's id, None)`` when
+    it is the period's first, ``(None, tally's id)`` otherwise."""
+    params = {
+        "key": key,
+        "period": period,
+        "title": title,
+        "more_title": more_title,
+        "severity": severity,
+        "source": source,
+        "details": details_json,
+        "occurrence": occurrence_json,
+        "link": link,
+        "correlation_id": correlation_id,
+        **alert_job_params(),
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(_RAISE_COUNTED_ALERT, params)
+        first, more, _ = cursor.fetchone()
+        return first, more

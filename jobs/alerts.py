@@ -68,7 +68,16 @@ from jobs.schema import PayloadSchema
 from vpay import metrics
 from vpay.errors import ConfigurationError, Severity, TransientError, error_chain
 
-__all__ = ["ALERT_RETRY", "Severity", "admin_change_path", "admin_path", "incident_body", "raise_alert"]
+__all__ = [
+    "ALERT_RETRY",
+    "Severity",
+    "admin_change_path",
+    "admin_path",
+    "display_title",
+    "incident_body",
+    "raise_alert",
+    "raise_counted_alert",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -142,6 +151,75 @@ def raise_alert(
     )
 
 
+def raise_counted_alert(
+    *,
+    key: str,
+    period: float,
+    title: str,
+    more_title: str,
+    source: str,
+    severity: Severity | str = Severity.ERROR,
+    details: Mapping | None = None,
+    occurrence: Mapping | None = None,
+    link: str = "",
+    correlation_id: str = "",
+) -> tuple[int | None, int | None]:
+    """Count one occurrence of ``key`` (one thing about one subject: ``<what>:<subject id>``)
+    in the current period of ``period`` seconds (the database's clock), for things a
+    merchant or any outsider can cause as often as they like: one page per period, not one
+    per occurrence.
+
+    The period's first occurrence raises an alert at once (``title``; ``details`` with
+    ``count`` 1 and the ``occurrence`` as ``first``). Every later one is counted on the
+    period's tally (``more_title``; ``details.count`` and the ``latest`` occurrence), which
+    is logged and POSTed once, when the period ends, with the count it has then. Returns
+    ``(first alert's id, None)`` or ``(None, tally's id)``.
+
+    MUST be called inside the caller's transaction, like :func:`raise_alert`; the same
+    arguments are refused the same way.
+    """
+    if not connection.in_atomic_block:
+        raise RuntimeError("raise_counted_alert() must run inside the transaction that makes the alert true")
+    if not isinstance(period, int | float) or not 60 <= period <= 86400:
+        raise ValueError("a counted alert's period is 60 to 86400 seconds")
+    if not isinstance(key, str) or not key.strip() or len(key) > _KEY_MAX - 40:
+        raise ValueError(f"a counted alert's key must be a non-empty string of at most {_KEY_MAX - 40} characters")
+    if not isinstance(source, str) or not source or len(source) > _SOURCE_MAX:
+        raise ValueError(f"alert source must be a non-empty string of at most {_SOURCE_MAX} characters")
+    severity = Severity(severity)
+    try:
+        details_json = json.dumps(dict(details or {}), allow_nan=False, default=str)
+        occurrence_json = json.dumps(dict(occurrence or {}), allow_nan=False, default=str)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"alert details must be a JSON object: {exc}") from None
+    return alert_sql.raise_counted_alert(
+        key=key,
+        period=float(period),
+        title=_bounded_title(title, key),
+        more_title=_bounded_title(more_title, key),
+        severity=severity.value,
+        source=source,
+        details_json=details_json,
+        occurrence_json=occurrence_json,
+        link=link[:_LINK_MAX],
+        correlation_id=(correlation_id or "")[:128],
+    )
+
+
+def _bounded_title(title: str, key: str) -> str:
+    title = (title or key).strip()
+    return title if len(title) <= _TITLE_MAX else title[: _TITLE_MAX - 1] + "…"
+
+
+def display_title(alert) -> str:
+    """The title logged and POSTed: a counted alert's tally (``details.latest``) says how
+    many it counts and over which period."""
+    details = alert.details or {}
+    if "latest" not in details:
+        return alert.title
+    return f"{alert.title}: {details.get('count')} between {details.get('period_start')} and {details.get('period_end')}"
+
+
 def admin_path(instance) -> str:
     """The admin change page of a model instance, as a path (for :func:`raise_alert`'s ``link``)."""
     meta = instance._meta
@@ -172,9 +250,10 @@ def incident_body(alert: alert_sql.AlertRow) -> dict:
     and ``details`` in the shape PagerDuty-style event APIs and generic webhooks accept.
     """
     link = absolute_link(alert.link)
+    title = display_title(alert)
     body = {
-        "title": alert.title,
-        "summary": alert.title,
+        "title": title,
+        "summary": title,
         "severity": _INCIDENT_SEVERITY[Severity(alert.severity)],
         "source": "vpay",
         "component": alert.source,
@@ -219,7 +298,7 @@ def _log(alert: alert_sql.AlertRow) -> None:
     severity = Severity(alert.severity)
     logger.log(
         _LOG_LEVEL.get(severity, logging.CRITICAL),
-        f"ALERT: {alert.title}",
+        f"ALERT: {display_title(alert)}",
         extra={
             "alert": True,
             "alert_id": alert.id,

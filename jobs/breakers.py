@@ -1,6 +1,7 @@
 """Circuit breakers per vendor, shared by every worker and the web process through PostgreSQL.
 
-A breaker is named for what it protects (``rail:<code>``, ``webhook_host:<host>``) and is
+A breaker is named for what it protects (``rail:<code>``,
+``webhook_host:<merchant>:<host>:<port>``) and is
 in one of three states:
 
 * **closed**: calls go through. Consecutive transient failures are counted (any answer

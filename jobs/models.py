@@ -406,7 +406,7 @@ BREAKER_ERROR_MAX = 500
 
 
 class Breaker(models.Model):
-    """One vendor's circuit breaker (``rail:<code>``, ``webhook_host:<host>``), shared by
+    """One vendor's circuit breaker (``rail:<code>``, ``webhook_host:<merchant>:<host>:<port>``), shared by
     every worker and the web process (``jobs.breakers``).
 
     A row is created by its vendor's first failure: no row means closed. Every write is a

@@ -233,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--secret", action="append", default=[], help="a signing secret to verify with (repeatable)")
     parser.add_argument("--tolerance", type=int, default=300, help="verify()'s timestamp tolerance, seconds")
     args = parser.parse_args(argv)
+    if args.tolerance <= 0:
+        parser.error("--tolerance must be a positive number of seconds (verify() refuses anything else)")
     handler = type("BoundHandler", (Handler,), {"state": State(args.secret, args.tolerance)})
     server = Server((args.host, args.port), handler)
     print(f"sandbox receiver listening on http://{args.host}:{server.server_address[1]}/", flush=True)

@@ -365,7 +365,7 @@ class DeliveryMachine(RuleBasedStateMachine):
             d for (d,) in sql("SELECT id FROM webhook_deliveries WHERE payload_sha256 IS NOT NULL")
         }
         # A finished delivery says when, a cancelled one why; an exhausted or refused one
-        # is in front of a human (its alert, one per ladder).
+        # is in front of a human (its endpoint's alert of that kind: one per period, counted).
         assert (
             sql(
                 "SELECT id FROM webhook_deliveries WHERE (completed_at IS NULL) <> (state IN ('pending', 'delivering'))"
@@ -375,9 +375,9 @@ class DeliveryMachine(RuleBasedStateMachine):
         )
         unalerted = sql(
             "SELECT d.id, d.state FROM webhook_deliveries d WHERE d.state IN ('exhausted', 'refused')"
-            " AND NOT EXISTS (SELECT 1 FROM alerts a WHERE a.key ="
-            " CASE d.state WHEN 'exhausted' THEN 'webhook_delivery_exhausted:' ELSE 'webhook_delivery_refused:' END"
-            " || d.id || ':' || d.ladder_base)"
+            " AND NOT EXISTS (SELECT 1 FROM alerts a WHERE starts_with(a.key,"
+            " CASE d.state WHEN 'exhausted' THEN 'webhook_endpoint_exhausted:' ELSE 'webhook_endpoint_refused:' END"
+            " || d.endpoint_id || ':'))"
         )
         assert not unalerted, f"failed deliveries no human was told about: {unalerted}"
 

@@ -4,13 +4,15 @@ Django's test client, real database (the live deliveries: ``test_webhook_endpoin
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from jobs.models import Job
 from tests.api_support import MerchantClient
-from webhooks.delivery_wire import ATTEMPTS_SHOWN, EXCERPT_SHOWN, delivery_wire_id
+from webhooks.delivery_wire import ATTEMPTS_SHOWN, EXCERPT_SHOWN
 from webhooks.event_types import DESCRIPTIONS, EventType
 from webhooks.events import emit
 from webhooks.models import DeliveryAttempt, Event, WebhookDelivery
@@ -58,6 +60,10 @@ def set_state(delivery_id: int, state: str) -> None:
         cursor.execute(
             "UPDATE webhook_deliveries SET state = %s, completed_at = now() WHERE id = %s", [state, delivery_id]
         )
+
+
+def wire_id(delivery_id: int) -> str:
+    return WebhookDelivery.objects.values_list("public_id", flat=True).get(pk=delivery_id)
 
 
 def deliver_jobs(delivery_id: int) -> int:
@@ -142,7 +148,7 @@ def test_deliveries_list_newest_first_with_attempts_and_nothing_secret(acme):
     response = acme.call("GET", f"/v1/webhook_endpoints/{target['id']}/deliveries")
     assert response.status_code == 200
     rows = response.json()["data"]
-    assert [r["id"] for r in rows] == [delivery_wire_id(second.pk), delivery_wire_id(first.pk)]
+    assert [r["id"] for r in rows] == [second.public_id, first.public_id]
     assert rows[0]["attempts"] == [] and rows[0]["attempt_count"] == 0
     [attempt] = rows[1]["attempts"]
     assert (attempt["number"], attempt["state"], attempt["status_code"], attempt["duration_ms"]) == (
@@ -173,13 +179,13 @@ def test_deliveries_show_the_latest_attempts_and_count_them_all(acme):
 
 def test_deliveries_page_both_ways_and_filter_by_state(acme):
     target = endpoint(acme)
-    made = [delivery_wire_id(d.pk) for d in deliveries_of(acme, 5)][::-1]  # newest first
+    made = [d.public_id for d in deliveries_of(acme, 5)][::-1]  # newest first
     path = f"/v1/webhook_endpoints/{target['id']}/deliveries"
     page = acme.call("GET", f"{path}?limit=2&starting_after={made[1]}").json()
     assert [r["id"] for r in page["data"]] == made[2:4] and page["has_more"] is True
     back = acme.call("GET", f"{path}?limit=2&ending_before={made[2]}").json()
     assert [r["id"] for r in back["data"]] == made[0:2] and back["has_more"] is False
-    set_state(int(made[3][4:]), "exhausted")
+    set_state(WebhookDelivery.objects.get(public_id=made[3]).pk, "exhausted")
     assert [r["id"] for r in acme.call("GET", f"{path}?state=exhausted").json()["data"]] == [made[3]]
     for cursor in ("whd_x", "whd_99999999", "42", made[0] + "0"):
         response = acme.call("GET", f"{path}?starting_after={cursor}")
@@ -191,7 +197,7 @@ def test_another_merchants_endpoint_and_delivery_are_404(acme, globex):
     theirs = endpoint(globex)
     [their_delivery] = deliveries_of(globex, 1)
     set_state(their_delivery.pk, "exhausted")
-    wire = delivery_wire_id(their_delivery.pk)
+    wire = their_delivery.public_id
     for method, path in [
         ("GET", f"/v1/webhook_endpoints/{theirs['id']}/deliveries"),
         ("POST", f"/v1/webhook_endpoints/{theirs['id']}/test"),
@@ -207,12 +213,27 @@ def test_another_merchants_endpoint_and_delivery_are_404(acme, globex):
     assert Event.objects.filter(merchant=globex.merchant).count() == 1 and deliver_jobs(their_delivery.pk) == 1
 
 
+def test_delivery_ids_are_random_and_say_nothing_of_the_platforms_volume(acme):
+    # whd_1, whd_2… told anyone with an endpoint how many deliveries vpay makes.
+    target = endpoint(acme)
+    made = deliveries_of(acme, 3)
+    path = f"/v1/webhook_endpoints/{target['id']}/deliveries"
+    listed = [row["id"] for row in acme.call("GET", path).json()["data"]]
+    assert all(re.fullmatch(r"whd_[0-9a-f]{32}", wire) for wire in listed), listed
+    assert len(set(listed)) == 3
+    for d in made:
+        set_state(d.pk, "exhausted")
+        # The sequential form names nothing, as a cursor or in a path.
+        assert acme.call("GET", f"{path}?starting_after=whd_{d.pk}").status_code == 404
+        assert acme.call("POST", f"{path}/whd_{d.pk}/retry").status_code == 404
+
+
 # --- retry -------------------------------------------------------------------------------------
 
 
 def retry(api: MerchantClient, endpoint_id: str, delivery_id: int, **kwargs):
     return api.call(
-        "POST", f"/v1/webhook_endpoints/{endpoint_id}/deliveries/{delivery_wire_id(delivery_id)}/retry", **kwargs
+        "POST", f"/v1/webhook_endpoints/{endpoint_id}/deliveries/{wire_id(delivery_id)}/retry", **kwargs
     )
 
 
@@ -283,7 +304,7 @@ def test_a_retry_to_a_disabled_endpoint_is_a_409(acme):
 def test_the_deliveries_list_reads_its_index_without_a_sort(acme):
     target = endpoint(acme)
     made = deliveries_of(acme, 3)
-    for query in ("", f"?ending_before={delivery_wire_id(made[0].pk)}", "?state=pending&created[gte]=0"):
+    for query in ("", f"?ending_before={made[0].public_id}", "?state=pending&created[gte]=0"):
         with CaptureQueriesContext(connection) as captured:
             response = acme.call("GET", f"/v1/webhook_endpoints/{target['id']}/deliveries{query}")
         assert response.status_code == 200

@@ -53,7 +53,7 @@ def test_a_test_event_arrives_signed_at_that_endpoint_only(receiver, start_worke
         "1",
     )
     assert got["verified"] and got["verified_by"] == [fingerprint(target_secret)]
-    wait_for(lambda: state_of(int(delivery["id"][4:])) == "succeeded", timeout=10, message="the delivery recorded")
+    wait_for(lambda: state_of(WebhookDelivery.objects.get(public_id=delivery["id"]).pk) == "succeeded", timeout=10, message="the delivery recorded")
     [listed] = acme.call("GET", f"/v1/webhook_endpoints/{target.pk}/deliveries").json()["data"]
     assert listed["id"] == delivery["id"] and listed["state"] == "succeeded"
     [attempt] = listed["attempts"]
@@ -77,7 +77,7 @@ def test_a_retried_exhausted_delivery_is_delivered_and_a_retry_while_it_is_in_fl
 
     # The receiver is fixed, but answers slowly: the retry is still in flight when asked again.
     receiver.set_mode("/flaky", "slow", delay=1.5)  # under VPAY_WEBHOOK_TIMEOUT (2 s)
-    path = f"/v1/webhook_endpoints/{target.pk}/deliveries/whd_{delivery.pk}/retry"
+    path = f"/v1/webhook_endpoints/{target.pk}/deliveries/{delivery.public_id}/retry"
     first = acme.call("POST", path, key="retry-once")
     assert first.status_code == 200, first.content
     assert first.json()["state"] == "pending"

@@ -69,7 +69,7 @@ def test_an_attempt_whose_host_did_not_resolve_stores_no_digest_and_the_first_se
         raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
 
     attempted = attempt(d, resolver=no_such_host)
-    assert attempted.attempt_state == AttemptState.NO_RESPONSE and "could not resolve" in attempted.error
+    assert attempted.attempt_state == AttemptState.NO_RESPONSE and "could not resolve" in attempted.detail
     assert attempted.payload_sha256 is None
     assert (d.state, d.payload_sha256) == (DeliveryState.PENDING, None)  # nothing left the process
     # The next attempt resolves and sends: its digest is the first one stored.
@@ -94,7 +94,7 @@ def test_an_attempt_whose_connection_was_refused_stores_no_digest():
     d = one_delivery(f"http://127.0.0.1:{free_port()}/hooks/nobody")  # nothing listens there
     attempted = attempt(d)
     assert attempted.attempt_state == AttemptState.NO_RESPONSE and attempted.status_code is None
-    assert "ConnectError" in attempted.error
+    assert "ConnectError" in attempted.detail and attempted.error == "the endpoint refused the connection"
     assert d.payload_sha256 is None
 
 

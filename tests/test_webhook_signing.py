@@ -113,9 +113,16 @@ def test_verify_tolerance_in_both_directions(offset, ok):
             verify(BODY, header, "s", now=T + offset)
 
 
-def test_a_non_positive_tolerance_skips_the_age_check():
+@pytest.mark.parametrize("tolerance", [0, -1, -300, 0.0, float("nan"), float("-inf"), float("inf"), True, None, "300"])
+def test_verify_refuses_a_tolerance_that_would_switch_replay_protection_off(tolerance):
+    # A plain ValueError, not SignatureVerificationError: a receiver catching the latter
+    # must not treat its own misconfiguration as one bad request among many.
     header = signature_header(BODY, ["s"], T)
-    assert verify(BODY, header, "s", tolerance=0, now=T + 10**6) == T
+    with pytest.raises(ValueError, match="tolerance") as refused:
+        verify(BODY, header, "s", tolerance=tolerance, now=T + 10**6)
+    assert not isinstance(refused.value, SignatureVerificationError)
+    with pytest.raises(ValueError, match="tolerance"):
+        verify(BODY, header, "s", tolerance=tolerance, now=T)  # refused even when the age is fine
 
 
 def test_verify_uses_the_hosts_clock_by_default():

@@ -373,6 +373,12 @@ VPAY_WEBHOOK_MAX_IN_FLIGHT = env.int("VPAY_WEBHOOK_MAX_IN_FLIGHT", default=8)
 # the cool-down without spending a rung, then lets one probe through.
 VPAY_WEBHOOK_BREAKER_FAILURES = env.int("VPAY_WEBHOOK_BREAKER_FAILURES", default=10)
 VPAY_WEBHOOK_BREAKER_COOL_DOWN_SECONDS = env.float("VPAY_WEBHOOK_BREAKER_COOL_DOWN_SECONDS", default=60.0)
+# The period over which one endpoint's refused (and, apart, exhausted) deliveries make one
+# alert at once and one tally of the rest (webhooks.services.delivery_alerts): a merchant
+# cannot page the operators more often than this, whatever it sends.
+VPAY_WEBHOOK_ALERT_PERIOD_SECONDS = env.float("VPAY_WEBHOOK_ALERT_PERIOD_SECONDS", default=3600.0)
+if not 60 <= VPAY_WEBHOOK_ALERT_PERIOD_SECONDS <= 86400:
+    raise ImproperlyConfigured("VPAY_WEBHOOK_ALERT_PERIOD_SECONDS must be 60 to 86400")
 # The fan-out drain's period while idle (emit() also wakes it at commit).
 VPAY_WEBHOOK_FAN_OUT_IDLE = env.float("VPAY_WEBHOOK_FAN_OUT_IDLE", default=5.0)
 # The backstop scan's period: re-enqueues due deliveries that lost their job, recovers expired leases.

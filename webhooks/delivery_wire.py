@@ -9,10 +9,11 @@ from datetime import datetime
 
 from django.db.models import F, Prefetch, QuerySet
 
-from webhooks.models import DeliveryAttempt, DeliveryState, WebhookDelivery
+from webhooks.models import DELIVERY_WIRE_PREFIX, DeliveryAttempt, DeliveryState, WebhookDelivery
 
-PREFIX = "whd_"
-_WIRE_ID = re.compile(PREFIX + r"([0-9]{1,18})")
+# ``public_id``: random, made by the database (webhooks.models.RANDOM_DELIVERY_ID). The
+# primary key never reaches the wire.
+_WIRE_ID = re.compile(DELIVERY_WIRE_PREFIX + r"[0-9a-f]{32}")
 # The latest attempts shown per delivery (its ``attempt_count`` says how many there were):
 # merchant retries add a ladder each, and a page must stay bounded.
 ATTEMPTS_SHOWN = 20
@@ -20,14 +21,10 @@ ATTEMPTS_SHOWN = 20
 EXCERPT_SHOWN = 1000
 
 
-def delivery_wire_id(pk: int) -> str:
-    return f"{PREFIX}{pk}"
-
-
-def delivery_pk(wire_id: str) -> int | None:
-    """The primary key a wire id names, or None when it names none (answered as a 404)."""
-    match = _WIRE_ID.fullmatch(wire_id)
-    return int(match.group(1)) if match else None
+def delivery_lookup(wire_id: str) -> dict | None:
+    """The lookup that finds the delivery a wire id names (by ``webhook_deliveries_public_id``),
+    or None when the text cannot name one (answered as a 404 without a query)."""
+    return {"public_id": wire_id} if _WIRE_ID.fullmatch(wire_id) else None
 
 
 def deliveries_for_wire(queryset: QuerySet) -> QuerySet:
@@ -65,7 +62,7 @@ def render_delivery(delivery: WebhookDelivery) -> dict:
     """A delivery read through :func:`deliveries_for_wire`."""
     pending = delivery.state == DeliveryState.PENDING
     return {
-        "id": delivery_wire_id(delivery.pk),
+        "id": delivery.public_id,
         "object": "webhook_delivery",
         "webhook_endpoint": delivery.endpoint_id,
         "event": delivery.event_id,

@@ -55,14 +55,14 @@ def _deliver_timeout() -> float:
 def deliver(ctx: JobContext) -> Outcome:
     """One attempt of one delivery (unfenced: it calls the network; every write is a CAS).
 
-    The host's breaker is asked first: open, the job defers before any attempt is claimed
+    The merchant's breaker for the endpoint's host and port is asked first: open, the job defers before any attempt is claimed
     (no rung spent). With no deferrals left the attempt goes ahead regardless, so the
     ladder still ends the delivery (host_breakers' docstring)."""
     ticket = None
     # One read of the delivery, its event, endpoint and secrets: it names the host's breaker
     # and is what the attempt sends (whether to send is decided under the row lock below).
     loaded = delivery.load(ctx.payload["delivery_id"])
-    name = host_breakers.breaker_named_for(loaded.endpoint_url) if loaded is not None else None
+    name = host_breakers.breaker_named_for(loaded.event.merchant_id, loaded.endpoint_url) if loaded else None
     if name is not None and ctx.deferrals_left > 0:
         try:
             ticket = breakers.admit(name, host_breakers.limits())

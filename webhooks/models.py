@@ -5,10 +5,11 @@ from __future__ import annotations
 from urllib.parse import urlsplit
 
 from django.contrib.postgres.fields import ArrayField
+from django.contrib.postgres.functions import RandomUUID
 from django.contrib.postgres.indexes import BrinIndex
 from django.db import DatabaseError, models
 from django.db.models import Q
-from django.db.models.functions import Length, Now
+from django.db.models.functions import Cast, Concat, Length, Now, Replace
 
 from vpay.ids import ID_MAX_LENGTH, new_id
 from webhooks.event_types import EventType
@@ -186,9 +187,22 @@ FINISHED_STATES = [
 ]
 
 
+# A delivery's wire id: ``whd_`` and the 32 hex digits of a random UUID (122 random bits),
+# made by the database so the fan-out's one-statement insert gets one per row. The primary
+# key stays an internal bigint (job payloads, dedupe keys, the admin): a sequential wire id
+# (``whd_1042``) told every merchant how many deliveries vpay makes.
+DELIVERY_WIRE_PREFIX = "whd_"
+RANDOM_DELIVERY_ID = Concat(
+    models.Value(DELIVERY_WIRE_PREFIX),
+    Replace(Cast(RandomUUID(), models.CharField()), models.Value("-"), models.Value("")),
+    output_field=models.CharField(),
+)
+
+
 class WebhookDelivery(models.Model):
     """One event for one endpoint: at least once, however many attempts it takes."""
 
+    public_id = models.CharField(max_length=ID_MAX_LENGTH, db_default=RANDOM_DELIVERY_ID, editable=False)
     event = models.ForeignKey(Event, on_delete=models.PROTECT, related_name="deliveries")
     endpoint = models.ForeignKey(WebhookEndpoint, on_delete=models.PROTECT, related_name="deliveries")
     state = models.CharField(max_length=16, choices=DeliveryState.choices, db_default=DeliveryState.PENDING)
@@ -220,6 +234,8 @@ class WebhookDelivery(models.Model):
                 name="webhook_deliveries_ladder_base_in_range",
             ),
             models.UniqueConstraint(fields=["event", "endpoint"], name="webhook_deliveries_event_endpoint"),
+            # The API's lookups by wire id (a retry's path, a list's cursor).
+            models.UniqueConstraint(fields=["public_id"], name="webhook_deliveries_public_id"),
             models.CheckConstraint(condition=Q(state__in=DeliveryState.values), name="webhook_deliveries_state_known"),
             # A lease exists exactly while an attempt is delivering.
             models.CheckConstraint(

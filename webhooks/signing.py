@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import re
 import time
 from collections.abc import Sequence
@@ -104,11 +105,19 @@ def verify(
 
     ``payload`` is the raw request body exactly as received (bytes; a str is encoded as
     UTF-8). Any one matching ``v1`` accepts. The timestamp must be within ``tolerance``
-    seconds of ``now`` (default: this host's clock) in either direction; ``tolerance=0``
-    or less skips the age check. Comparisons are constant-time.
+    seconds of ``now`` (default: this host's clock) in either direction. Comparisons are
+    constant-time.
 
-    Raises :class:`SignatureVerificationError` and nothing else, whatever the input.
+    ``tolerance`` must be a positive, finite number of seconds: the age check is the
+    replay protection, and there is no way to switch it off. Anything else (0, a negative,
+    NaN, infinity, a non-number) is the caller's mistake, refused with a plain
+    ``ValueError`` before the request is looked at, so it cannot pass unnoticed as one
+    more bad request.
+
+    Otherwise raises :class:`SignatureVerificationError` and nothing else, whatever the
+    payload, header and secrets.
     """
+    _check_tolerance(tolerance)
     try:
         body = payload.encode("utf-8") if isinstance(payload, str) else bytes(payload)
         keys = [secrets] if isinstance(secrets, str) else list(secrets)
@@ -125,12 +134,22 @@ def verify(
         if not matched:
             raise SignatureVerificationError("no signature matches the payload with the given secret(s)")
         timestamp = int(t_text)
-        if tolerance > 0:
-            current = time.time() if now is None else now
-            if abs(current - timestamp) > tolerance:
-                raise SignatureVerificationError("timestamp outside the tolerance window")
+        current = time.time() if now is None else now
+        if abs(current - timestamp) > tolerance:
+            raise SignatureVerificationError("timestamp outside the tolerance window")
         return timestamp
     except SignatureVerificationError:
         raise
     except Exception as exc:  # noqa: BLE001 - the documented contract: one exception type, always
         raise SignatureVerificationError(f"could not verify: {type(exc).__name__}") from None
+
+
+def _check_tolerance(tolerance: object) -> None:
+    valid = (
+        isinstance(tolerance, int | float)
+        and not isinstance(tolerance, bool)
+        and math.isfinite(tolerance)
+        and tolerance > 0
+    )
+    if not valid:
+        raise ValueError(f"tolerance must be a positive, finite number of seconds (got {tolerance!r})")

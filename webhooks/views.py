@@ -8,7 +8,7 @@ from api.lists import paginate
 from api.operations import Operation
 from api.params import LIST, Param, Query, takes_query
 from api.schemas import list_of, ref
-from webhooks.delivery_wire import deliveries_for_wire, delivery_pk, render_delivery
+from webhooks.delivery_wire import deliveries_for_wire, delivery_lookup, render_delivery
 from webhooks.endpoint_wire import render_endpoint
 from webhooks.event_types import DESCRIPTIONS, EventType
 from webhooks.events import render_event
@@ -226,13 +226,14 @@ LIST_DELIVERIES = LIST.extend({"state": Param(str, "Only deliveries in this stat
 def webhook_deliveries(request: HttpRequest, endpoint_id: str) -> HttpResponse:
     """The endpoint's deliveries, newest first, each with its latest attempts."""
     endpoint = _owned_endpoint(request, endpoint_id)
-    # webhook_deliveries_ep_created (endpoint_id, created_at DESC, id DESC) serves both directions.
+    # webhook_deliveries_ep_created (endpoint_id, created_at DESC, id DESC) serves both
+    # directions; a cursor (a random public_id) is found by webhook_deliveries_public_id.
     scope = WebhookDelivery.objects.filter(endpoint_id=endpoint.pk)
     queryset = scope
     if "state" in request.query:
         queryset = queryset.filter(state=request.query["state"])
     return paginate(
-        request, deliveries_for_wire(queryset), render_delivery, request.query, scope=scope, cursor=delivery_pk
+        request, deliveries_for_wire(queryset), render_delivery, request.query, scope=scope, cursor=delivery_lookup
     )
 
 
@@ -251,10 +252,11 @@ def webhook_deliveries(request: HttpRequest, endpoint_id: str) -> HttpResponse:
 def retry_webhook_delivery(request: HttpRequest, endpoint_id: str, delivery_id: str) -> HttpResponse:
     """Send a finished delivery again now, with a fresh retry ladder; answers the delivery."""
     Body().parse(request)
-    pk = delivery_pk(delivery_id)
-    if pk is None:
+    if delivery_lookup(delivery_id) is None:
         raise not_found("webhook_delivery", delivery_id)
-    return _delivery(webhook_delivery_retry(merchant_id=request.merchant.pk, endpoint_id=endpoint_id, delivery_id=pk))
+    return _delivery(
+        webhook_delivery_retry(merchant_id=request.merchant.pk, endpoint_id=endpoint_id, public_id=delivery_id)
+    )
 
 
 EVENT_TYPES = Query({})

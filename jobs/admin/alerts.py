@@ -39,7 +39,7 @@ class BreakerAdmin(ReadOnlyAdmin):
     list_display = ("name", "state", "failures", "open_for", "probe_in_flight", "error_excerpt", "updated_at")
     list_filter = ("state",)
     search_fields = ("name",)
-    search_help_text = "Part of a name: rail:<code> or webhook_host:<host>."
+    search_help_text = "Part of a name: rail:<code> or webhook_host:<merchant>:<host>:<port>."
 
     def get_queryset(self, request):
         return (

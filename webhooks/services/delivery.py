@@ -11,8 +11,8 @@
    address. Nothing here writes to the database; it never raises for the network.
 3. :func:`record` — one fenced transaction: the delivery moves only while this attempt's
    lease is still the delivery's and unexpired; otherwise the attempt is marked ``stale``
-   and the answer discarded. Exhaustion and refusal alert once, from the writer that made
-   the transition.
+   and the answer discarded. Exhaustion and refusal are counted once, by the writer that
+   made the transition, on their endpoint's alerts (``delivery_alerts``).
 
 The handler is unfenced (it calls the network): it is idempotent because every write is
 a compare-and-swap on the delivery's state and lease token. Tests drive the steps directly.
@@ -33,13 +33,13 @@ import httpx
 from django.conf import settings
 from django.db import DatabaseError, transaction
 
-from jobs.alerts import Severity, admin_change_path, admin_path, raise_alert
+from jobs.alerts import Severity, admin_path, raise_alert
 from jobs.port import pull_forward_first
 from vpay.errors import error_chain
-from webhooks import attempt_sql, metrics, repository, sealing, ssrf
+from webhooks import attempt_errors, attempt_sql, metrics, repository, sealing, ssrf
 from webhooks.decisions import AttemptResult, Next, after_failure, attempt_result, delivery_delay
 from webhooks.models import AttemptState, DeliveryState, Event, WebhookDelivery
-from webhooks.services import transport
+from webhooks.services import delivery_alerts, transport
 from webhooks.services.shares import EndpointShares
 from webhooks.signing import HEADER, signature_header
 
@@ -178,7 +178,9 @@ def _recover(row: attempt_sql.DeliveryRow) -> str:
         extra={"delivery_id": row.id, "attempt": row.attempts, "next_state": str(next_state)},
     )
     if next_state == DeliveryState.EXHAUSTED:
-        _alert_exhausted(row.id, row.endpoint_id, row.event_id, row.attempts, row.ladder_base)
+        delivery_alerts.alert_exhausted(
+            delivery_id=row.id, endpoint_id=row.endpoint_id, event_id=row.event_id, attempts=row.attempts
+        )
     return next_state
 
 
@@ -200,7 +202,10 @@ class Attempted:
     delivery_state: DeliveryState | None = None  # set for a refusal (decided before sending)
     status_code: int | None = None
     excerpt: str = ""
+    # What the merchant reads (webhooks.attempt_errors: a fixed phrase, nothing about vpay's
+    # network); ``detail`` is the full account, for the operators' log line and alert only.
     error: str = ""
+    detail: str = ""
     # The digest of a body that may have reached the receiver; None when nothing left the
     # process (unsigned, unresolved, refused, out of budget before the first byte): the
     # first stored digest is what every later attempt is compared with, so it must be of
@@ -302,13 +307,19 @@ def perform(
     except ssrf.AddressRefused as exc:
         if exc.permanent:
             return Attempted(
-                AttemptState.FAILED, delivery_state=DeliveryState.REFUSED, error=f"refused by the SSRF guard: {exc}"
+                AttemptState.FAILED,
+                delivery_state=DeliveryState.REFUSED,
+                error=attempt_errors.REFUSED,
+                detail=f"refused by the SSRF guard: {exc}",
             )
         return Attempted(
-            AttemptState.NO_RESPONSE, error=error_chain(exc, 1000), duration_ms=int((time.monotonic() - started) * 1000)
+            AttemptState.NO_RESPONSE,
+            error=attempt_errors.unresolved(exc),
+            detail=error_chain(exc, 1000),
+            duration_ms=int((time.monotonic() - started) * 1000),
         )
     except httpx.InvalidURL as exc:
-        return Attempted(AttemptState.FAILED, error=f"the endpoint URL is invalid: {exc}")
+        return Attempted(AttemptState.FAILED, error=attempt_errors.INVALID_URL, detail=error_chain(exc, 1000))
     left = deadline - time.monotonic()
     if left <= 0:
         return Attempted(
@@ -336,7 +347,8 @@ def perform(
         state,
         status_code=answer.status_code,
         excerpt=answer.excerpt,
-        error=error_chain(answer.error, 1000) if answer.error is not None else "",
+        error=attempt_errors.transport(answer.error) if answer.error is not None else "",
+        detail=error_chain(answer.error, 1000) if answer.error is not None else "",
         payload_sha256=digest if answer.sent else None,
         duration_ms=duration_ms,
         connected_to=answer.connected_to,
@@ -373,27 +385,23 @@ def record(lease: attempt_sql.Lease, attempted: Attempted) -> attempt_sql.Record
             payload_sha256=attempted.payload_sha256,
             duration_ms=attempted.duration_ms,
         )
-        # Alerted by the writer that made the transition, in its transaction: exactly once.
+        # Counted by the writer that made the transition, in its transaction: exactly once
+        # (one page per endpoint and period: webhooks.services.delivery_alerts).
         if not recorded.stale and delivery_state in (DeliveryState.EXHAUSTED, DeliveryState.REFUSED):
             delivery = WebhookDelivery.objects.get(pk=lease.delivery_id)
             if delivery_state == DeliveryState.EXHAUSTED:
-                _alert_exhausted(
-                    delivery.pk, delivery.endpoint_id, delivery.event_id, lease.number, delivery.ladder_base
+                delivery_alerts.alert_exhausted(
+                    delivery_id=delivery.pk,
+                    endpoint_id=delivery.endpoint_id,
+                    event_id=delivery.event_id,
+                    attempts=lease.number,
                 )
             else:
-                raise_alert(
-                    key=f"webhook_delivery_refused:{delivery.pk}:{delivery.ladder_base}",
-                    title=f"Webhook delivery {delivery.pk} refused by the SSRF guard",
-                    source="webhooks.delivery_refused",
-                    severity=Severity.ERROR,
-                    details={
-                        "delivery_id": delivery.pk,
-                        "endpoint_id": delivery.endpoint_id,
-                        "event_id": delivery.event_id,
-                        "reason": attempted.error[:300],
-                    },
-                    link=admin_path(delivery),
-                    correlation_id=delivery.event_id,
+                delivery_alerts.alert_refused(
+                    delivery_id=delivery.pk,
+                    endpoint_id=delivery.endpoint_id,
+                    event_id=delivery.event_id,
+                    reason=attempted.detail or attempted.error,
                 )
     SHARES.release_lease(lease.token)  # first: the woken waiter may be claimed by this worker
     if not recorded.stale:
@@ -406,6 +414,15 @@ def record(lease: attempt_sql.Lease, attempted: Attempted) -> attempt_sql.Record
         metrics.ATTEMPT_DURATION.observe(attempted.duration_ms / 1000)
     if not recorded.stale and delivery_state != DeliveryState.PENDING:
         metrics.DELIVERIES_FINISHED.labels(state=str(delivery_state)).inc()
+    if attempted.detail:
+        # The operators' account of what the merchant reads as a fixed phrase (the attempt
+        # row keeps only that): the resolved address, the exception chain.
+        logger.log(
+            logging.WARNING if delivery_state == DeliveryState.REFUSED else logging.INFO,
+            "webhook attempt failed: %s",
+            attempted.error,
+            extra={"delivery_id": lease.delivery_id, "attempt": lease.number, "error": attempted.detail},
+        )
     if recorded.stale:
         logger.warning(
             "webhook attempt was stale: its lease expired first; answer discarded",
@@ -414,23 +431,6 @@ def record(lease: attempt_sql.Lease, attempted: Attempted) -> attempt_sql.Record
             extra={"delivery_id": lease.delivery_id, "attempt": lease.number, "status_code": attempted.status_code},
         )
     return recorded
-
-
-def _alert_exhausted(delivery_id: int, endpoint_id: str, event_id: str, attempts: int, ladder_base: int) -> None:
-    """One alert per exhaustion (a resend that exhausts again is a new ladder, a new key).
-
-    Nothing here is broken, the receiver is; but vpay will never tell the merchant, so a
-    human must. The row (state = exhausted) is the record; the alert gets someone to look.
-    MUST run in the transaction that made the transition."""
-    raise_alert(
-        key=f"webhook_delivery_exhausted:{delivery_id}:{ladder_base}",
-        title=f"Webhook delivery {delivery_id} exhausted its retry ladder",
-        source="webhooks.delivery_exhausted",
-        severity=Severity.ERROR,
-        details={"delivery_id": delivery_id, "endpoint_id": endpoint_id, "event_id": event_id, "attempts": attempts},
-        link=admin_change_path("webhooks_webhookdelivery", delivery_id),
-        correlation_id=event_id,
-    )
 
 
 def _schedule() -> tuple[float, ...]:

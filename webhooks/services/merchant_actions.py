@@ -13,7 +13,6 @@ import logging
 from django.db import transaction
 
 from vpay.errors import InvalidState, NotFound
-from webhooks.delivery_wire import delivery_wire_id
 from webhooks.endpoint_wire import render_endpoint
 from webhooks.event_types import EventType
 from webhooks.events import emit
@@ -68,24 +67,26 @@ def webhook_endpoint_test(*, merchant_id: str, endpoint_id: str) -> int:
     return delivery_id
 
 
-def webhook_delivery_retry(*, merchant_id: str, endpoint_id: str, delivery_id: int) -> int:
+def webhook_delivery_retry(*, merchant_id: str, endpoint_id: str, public_id: str) -> int:
     """Send a finished delivery (``exhausted``, ``refused`` or ``succeeded``) again now with a
     fresh retry ladder, through the operators' resend (``resend_delivery``), whose
     compare-and-swap refuses a delivery that is pending or delivering, including one
-    retried meanwhile by another request. Returns the delivery id.
+    retried meanwhile by another request. ``public_id``: the delivery's wire id. Returns
+    the delivery's primary key.
 
     A delivery of another endpoint (even the merchant's own) is a ``NotFound``: the path
     names both."""
     with transaction.atomic():
         endpoint = _live_endpoint(merchant_id, endpoint_id)
-        if not WebhookDelivery.objects.filter(pk=delivery_id, endpoint_id=endpoint.pk).exists():
-            wire_id = delivery_wire_id(delivery_id)
-            raise NotFound("resource_missing", f"No such webhook_delivery: {wire_id!r}.", param="id")
+        found = WebhookDelivery.objects.filter(public_id=public_id, endpoint_id=endpoint.pk)
+        delivery_id = found.values_list("pk", flat=True).first()
+        if delivery_id is None:
+            raise NotFound("resource_missing", f"No such webhook_delivery: {public_id!r}.", param="id")
         _refuse_disabled(endpoint)
         if not resend_delivery(delivery_id, states=RETRYABLE, reason=RETRY_REASON):
             # The CAS found it in no finished state: read what it is now, for the message.
             now = WebhookDelivery.objects.filter(pk=delivery_id).values_list("state", flat=True).first()
-            raise _not_retryable(delivery_wire_id(delivery_id), now)
+            raise _not_retryable(public_id, now)
     return delivery_id
 
 
