@@ -324,8 +324,10 @@ if env.bool("VPAY_BEHIND_TLS_PROXY", default=False):
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
 # --- Webhooks ---------------------------------------------------------------------------
-# Signing secrets are sealed at rest with these Fernet keys (comma-separated; the first
-# seals, all open). Required in live mode; in development derived from SECRET_KEY.
+# Secrets at rest (webhook signing secrets, stored idempotent answers, the payer's
+# credentials) are sealed with these keys, each value bound to its row (vpay/sealing.py):
+# comma-separated, the first seals, all open. Required in live mode; in development derived
+# from SECRET_KEY.
 from vpay.sealing import derive_dev_key, parse_keys  # noqa: E402
 from webhooks.decisions import parse_schedule  # noqa: E402
 from webhooks.ssrf import parse_cidrs  # noqa: E402
@@ -335,6 +337,9 @@ if not VPAY_SECRETS_KEYS:
     if LIVE_MODE:
         raise ImproperlyConfigured("VPAY_SECRETS_KEY must be set in live mode (it seals webhook signing secrets)")
     VPAY_SECRETS_KEYS = [derive_dev_key(SECRET_KEY)]
+# Whether values sealed in the earlier, unbound format (Fernet) still open. Turn it off once
+# `manage.py reseal` has rewritten them: an unbound value then opens nowhere.
+VPAY_SEALED_READ_FERNET = env.bool("VPAY_SEALED_READ_FERNET", default=True)
 # Dev/test only: networks webhook deliveries may reach although the SSRF guard refuses
 # them (e.g. 127.0.0.1/32 for a local receiver). Refused in live mode.
 VPAY_WEBHOOK_ALLOW_CIDRS = parse_cidrs(env.str("VPAY_WEBHOOK_ALLOW_CIDRS", default=""))
