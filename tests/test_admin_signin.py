@@ -19,7 +19,7 @@ from django_otp.plugins.otp_totp.models import TOTPDevice
 pytestmark = pytest.mark.django_db
 
 LOGIN = "/admin/login/?next=/admin/"
-PASSWORD = "pw-ops-123"  # a test user's
+PASSWORD = "pw-ops-123"  # the test operator's password
 
 
 @pytest.fixture

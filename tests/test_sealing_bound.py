@@ -6,6 +6,7 @@ until ``manage.py reseal`` rewrites them."""
 from __future__ import annotations
 
 import io
+import ipaddress
 
 import pytest
 from cryptography.fernet import Fernet
@@ -17,8 +18,10 @@ from charges.models import Charge, CheckoutSession
 from charges.repository import read_for_poll
 from merchants.services import create_merchant
 from tests.charges_support import FAST_POLICY, Merchant, apply_policy, sql, use_rails
+from tests.test_webhook_fast_path import attempt, one_delivery
 from vpay import sealing
 from webhooks import sealing as webhook_sealing
+from webhooks.models import AttemptState
 from webhooks.repository import active_sealed_secrets
 from webhooks.services.endpoints import create_endpoint
 
@@ -165,3 +168,20 @@ def test_key_rotation_reseal_moves_every_value_to_the_new_key(acme, settings):
     assert "1 values open with no configured key" in err.getvalue()
     with pytest.raises(sealing.Unreadable):
         CheckoutSession.objects.get(pk=other).client_secret  # noqa: B018
+
+
+def test_a_webhook_secret_copied_to_another_endpoint_does_not_sign_there(receiver, settings):
+    settings.VPAY_WEBHOOK_ALLOW_CIDRS = (ipaddress.ip_network("127.0.0.1/32"),)
+    settings.VPAY_WEBHOOK_RETRY_SCHEDULE = (0.0, 0.0, 0.0)
+    settings.VPAY_WEBHOOK_TIMEOUT = 2.0
+    a, secret_a, _ = one_delivery(receiver, "/hooks/a?mode=status&status=500")
+    b, _, to_b = one_delivery(receiver, "/hooks/b?mode=status&status=500")
+    receiver.add_secrets(secret_a)
+    sql(
+        "UPDATE webhook_secrets SET sealed = (SELECT sealed FROM webhook_secrets WHERE endpoint_id = %s)"
+        " WHERE endpoint_id = %s",
+        [a.pk, b.pk],
+    )
+    attempted = attempt(to_b.pk)
+    assert attempted.attempt_state == AttemptState.FAILED and "no usable signing secret" in attempted.error
+    assert receiver.received("/hooks/b") == []  # never signed with another endpoint's secret
