@@ -1,4 +1,4 @@
-"""The console's app (its ``totp`` command) and Django Admin with :class:`ConsoleSite` as ``admin.site``."""
+"""The console's app (its ``totp`` and ``reseal`` commands) and Django Admin with :class:`ConsoleSite` as ``admin.site``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ class ConsoleConfig(AppConfig):
     default = True  # for "vpay.console"; the admin's config is named in INSTALLED_APPS
     name = "vpay.console"
     label = "console"
-    verbose_name = "Operator console sign-in"
+    verbose_name = "Operator console"
 
 
 class ConsoleAdminConfig(admin_apps.AdminConfig):
