@@ -227,8 +227,9 @@ class SealedTextField(models.TextField):
     it takes only a :func:`seal_for` value (or None); a plain string is refused. Sealing is
     randomized, so the column cannot be searched by value: every lookup but ``isnull`` is
     refused. Raw SQL that reads the column opens the token with :func:`open_text` and
-    :func:`binding_of`. A value sealed under a key that is no longer configured, or for
-    another row, raises :class:`Unreadable` when read.
+    :func:`binding_of`; so does whoever reads it through ``values()`` / ``values_list()``,
+    which hand out the :class:`Sealed` token (no instance, no row). A value sealed under a
+    key that is no longer configured, or for another row, raises :class:`Unreadable` when read.
     """
 
     descriptor_class = _SealedAttribute
