@@ -5,10 +5,11 @@ that corrects its body may reuse the key; a stored answer is replayed byte for b
 24 hours and a different request under the same key is a 409. Every age here is computed
 by Postgres (``now() - created_at``), never by this host's clock.
 
-Stored answers are sealed (Fernet, ``VPAY_SECRETS_KEY``), because some carry a secret that
-is shown once — a webhook endpoint's ``whsec_…``, a checkout session's client secret — and
-a replay must hand the retrying client the same answer without keeping that secret in
-plain text at rest.
+Stored answers are sealed (``vpay.sealing``, ``VPAY_SECRETS_KEY``), because some carry a
+secret that is shown once — a webhook endpoint's ``whsec_…``, a checkout session's client
+secret — and a replay must hand the retrying client the same answer without keeping that
+secret in plain text at rest. Each is bound to its record's merchant and key, so an answer
+copied into another merchant's record (or under another key) does not open there.
 """
 
 from __future__ import annotations
@@ -31,13 +32,18 @@ class AnswerUnreadable(Exception):
     """A stored answer no configured key opens (the key was rotated away)."""
 
 
-def _seal(body: bytes) -> bytes:
-    return sealing.seal_bytes(body)
+def _binding(merchant_id: str, key: str) -> sealing.Binding:
+    # A record's identity is its (merchant_id, key): ON CONFLICT reuses the row under them.
+    return sealing.bound("api_idempotency_records", "body", merchant_id, key)
 
 
-def _open(sealed: bytes) -> bytes:
+def _seal(merchant_id: str, key: str, body: bytes) -> bytes:
+    return sealing.seal_bytes(body, _binding(merchant_id, key))
+
+
+def _open(merchant_id: str, key: str, sealed: bytes) -> bytes:
     try:
-        return sealing.open_bytes(sealed)
+        return sealing.open_bytes(sealed, _binding(merchant_id, key))
     except sealing.Unreadable:
         raise AnswerUnreadable("a stored idempotent answer cannot be opened with the configured keys") from None
 
@@ -65,7 +71,7 @@ def lookup(merchant_id: str, key: str) -> Stored | None:
             [merchant_id, key],
         )
         row = cursor.fetchone()
-    return Stored(row[0], row[1], _open(bytes(row[2]))) if row else None
+    return Stored(row[0], row[1], _open(merchant_id, key, bytes(row[2]))) if row else None
 
 
 def store(merchant_id: str, key: str, hashed: str, status_code: int, body: bytes) -> bool:
@@ -83,7 +89,7 @@ def store(merchant_id: str, key: str, hashed: str, status_code: int, body: bytes
             " status_code = EXCLUDED.status_code, body = EXCLUDED.body, created_at = EXCLUDED.created_at"
             f" WHERE api_idempotency_records.created_at <= now() - {TTL_SQL}"
             " RETURNING 1",
-            [merchant_id, key, hashed, status_code, _seal(body)],
+            [merchant_id, key, hashed, status_code, _seal(merchant_id, key, body)],
         )
         return cursor.fetchone() is not None
 

@@ -108,7 +108,7 @@ def read_for_poll(charge_id: str) -> ChargeRow | None:
         amount=r[5],
         currency=r[6],
         status=ChargeStatus(r[7]),
-        pay_token=sealing.open_text(r[8]),  # sealed at rest (charges.models)
+        pay_token=sealing.open_text(r[8], sealing.binding_of(Charge, "pay_token", r[0])),  # sealed for its row
         not_found_count=r[9],
         age=r[10],
         not_found_age=r[11],
@@ -134,9 +134,9 @@ def mark_submitted(charge_id: str, *, pay_token: str | None, redirect_url: str |
     (it described a charge the rail did not have, and now it does)."""
     changes = {"status": ChargeStatus.SUBMITTED, "not_found_count": 0, "first_not_found_at": None}
     if pay_token:
-        changes["pay_token"] = pay_token
+        changes["pay_token"] = sealing.seal_for(Charge, "pay_token", charge_id, pay_token)
     if redirect_url:
-        changes["redirect_url"] = redirect_url
+        changes["redirect_url"] = sealing.seal_for(Charge, "redirect_url", charge_id, redirect_url)
     return _cas(Charge, charge_id, [ChargeStatus.SUBMITTING], **changes)
 
 

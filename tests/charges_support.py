@@ -87,7 +87,9 @@ def charge_of(intent_id: str) -> dict | None:
     if not rows:
         return None
     r = list(rows[0])
-    r[3], r[4] = sealing.open_text(r[3]), sealing.open_text(r[4])  # sealed at rest
+    # Sealed at rest, each for its row and column.
+    r[3] = sealing.open_text(r[3], sealing.bound("charges", "pay_token", r[0]))
+    r[4] = sealing.open_text(r[4], sealing.bound("charges", "redirect_url", r[0]))
     keys = (
         "id",
         "status",

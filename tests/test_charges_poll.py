@@ -185,7 +185,11 @@ def test_a_dead_order_check_that_loses_the_race_to_the_confirm_keeps_the_only_po
             time.sleep(0.02)
         confirm.execute(
             "UPDATE charges SET status = 'submitted', pay_token = %s, redirect_url = %s WHERE id = %s",
-            [sealing.seal_text("tok"), sealing.seal_text("https://psp.example/pay/x"), charge.id],
+            [
+                sealing.seal_text("tok", sealing.bound("charges", "pay_token", charge.id)),
+                sealing.seal_text("https://psp.example/pay/x", sealing.bound("charges", "redirect_url", charge.id)),
+                charge.id,
+            ],
         )
         confirm.commit()
         worker.join(15)

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.django_db
 def admin_client():
     User.objects.create_superuser("ops", "ops@example.com", "pw-ops-123")
     client = Client()
-    client.login(username="ops", password="pw-ops-123")
+    client.force_login(User.objects.get(username="ops"))  # the login page itself: tests/test_admin_signin.py
     return client
 
 
@@ -33,5 +33,7 @@ def test_customers_are_listed_read_only(admin_client):
     customer = Customer.objects.create(merchant=merchant, email="x@example.com")
     listing = admin_client.get("/admin/customers/customer/")
     assert listing.status_code == 200 and customer.id in listing.content.decode()
-    assert admin_client.post(f"/admin/customers/customer/{quote(customer.id)}/delete/", {"post": "yes"}).status_code == 403
+    assert (
+        admin_client.post(f"/admin/customers/customer/{quote(customer.id)}/delete/", {"post": "yes"}).status_code == 403
+    )
     assert Customer.objects.filter(id=customer.id).exists()

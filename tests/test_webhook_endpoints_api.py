@@ -47,7 +47,7 @@ def test_create_returns_the_secret_once_and_stores_it_sealed(acme):
         cursor.execute("SELECT count(*) FROM webhook_secrets WHERE sealed LIKE %s", [f"%{secret[6:20]}%"])
         assert cursor.fetchone()[0] == 0
     [sealed] = repository.active_sealed_secrets(created["id"])
-    assert sealing.open_sealed(sealed) == secret
+    assert sealing.open_sealed(sealed, created["id"]) == secret
 
 
 def test_reprs_redact_secrets_and_show_a_count(acme):
@@ -65,7 +65,7 @@ def test_rotation_keeps_the_old_secret_signing_for_the_overlap(acme):
     created = create(acme)
     rotated = acme.call("POST", f"/v1/webhook_endpoints/{created['id']}/rotate_secret").json()
     assert rotated["secret"] != created["secret"] and rotated["active_secrets"] == 2
-    opened = [sealing.open_sealed(s) for s in repository.active_sealed_secrets(created["id"])]
+    opened = [sealing.open_sealed(s, created["id"]) for s in repository.active_sealed_secrets(created["id"])]
     assert opened == [created["secret"], rotated["secret"]]  # configuration order: oldest first
     # The expiry was computed by the database: now() + 24 h by default.
     with connection.cursor() as cursor:
@@ -77,7 +77,9 @@ def test_rotation_keeps_the_old_secret_signing_for_the_overlap(acme):
         assert cursor.fetchall() == [(True, True), (None, False)]
     # A rotation with no overlap retires every older secret at once.
     third = acme.call("POST", f"/v1/webhook_endpoints/{created['id']}/rotate_secret", {"overlap_seconds": 0}).json()
-    assert [sealing.open_sealed(s) for s in repository.active_sealed_secrets(created["id"])] == [third["secret"]]
+    assert [sealing.open_sealed(s, created["id"]) for s in repository.active_sealed_secrets(created["id"])] == [
+        third["secret"]
+    ]
 
 
 def test_a_rotation_beyond_the_active_secret_cap_is_refused_and_changes_nothing(acme):
@@ -96,7 +98,7 @@ def test_a_rotation_beyond_the_active_secret_cap_is_refused_and_changes_nothing(
         assert answer.status_code == 200, answer.content
         handed_out.append(answer.json()["secret"])
     sealed_before = repository.active_sealed_secrets(created["id"])
-    assert [sealing.open_sealed(s) for s in sealed_before] == handed_out
+    assert [sealing.open_sealed(s, created["id"]) for s in sealed_before] == handed_out
 
     refused = acme.call("POST", rotate, {"overlap_seconds": 3600})
     assert refused.status_code == 409, refused.content
@@ -126,7 +128,7 @@ def test_a_rotation_with_no_overlap_is_allowed_at_the_cap_and_leaves_one_secret(
         endpoints.rotate_secret(WebhookEndpoint.objects.get(pk=created["id"]))
     answer = acme.call("POST", f"/v1/webhook_endpoints/{created['id']}/rotate_secret", {"overlap_seconds": 0})
     assert answer.status_code == 200 and answer.json()["active_secrets"] == 1
-    assert [sealing.open_sealed(s) for s in repository.active_sealed_secrets(created["id"])] == [
+    assert [sealing.open_sealed(s, created["id"]) for s in repository.active_sealed_secrets(created["id"])] == [
         answer.json()["secret"]
     ]
 

@@ -144,7 +144,7 @@ def _ensure_dev_webhook_endpoint() -> list[str]:
     secrets = []
     for sealed in repository.active_sealed_secrets(endpoint.pk):
         try:
-            secrets.append(sealing.open_sealed(sealed))
+            secrets.append(sealing.open_sealed(sealed, endpoint.pk))
         except sealing.SecretUnreadable:
             continue
     return secrets

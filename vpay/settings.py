@@ -6,6 +6,7 @@ from a file named by ``<NAME>_FILE`` (Docker/Kubernetes secrets).
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 import environ
@@ -44,7 +45,8 @@ if not SECRET_KEY:
 ALLOWED_HOSTS = env.list("VPAY_ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]", "testserver"])
 
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    # Django Admin whose site asks staff for a second factor in live mode (vpay/console).
+    "vpay.console.apps.ConsoleAdminConfig",
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -52,6 +54,10 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django_prometheus",
     "django_tasks",
+    "django_otp",
+    "django_otp.plugins.otp_totp",
+    "axes",
+    "vpay.console",
     "jobs",
     "api",
     "merchants",
@@ -68,9 +74,11 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django_otp.middleware.OTPMiddleware",  # request.user.is_verified(): the console's second factor
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_prometheus.middleware.PrometheusAfterMiddleware",
+    "axes.middleware.AxesMiddleware",  # a locked-out login answers 429 (last, as axes asks)
 ]
 
 ROOT_URLCONF = "vpay.urls"
@@ -317,6 +325,25 @@ LOGGING = {
 }
 
 ADMIN_URL = env.str("VPAY_ADMIN_URL", default="admin/")
+
+# --- The operator console's sign-in (docs/ops-console.md, "Signing in") ---------------
+# Failed logins are counted per account and per address (django-axes); either reaching the
+# limit locks that account, or that address, out until the cool-off ends. axes checks
+# before the password is: it comes first.
+AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
+AXES_FAILURE_LIMIT = env.int("VPAY_ADMIN_LOGIN_FAILURE_LIMIT", default=5)
+AXES_COOLOFF_TIME = timedelta(seconds=env.int("VPAY_ADMIN_LOGIN_COOLOFF_SECONDS", default=900))
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+AXES_RESET_ON_SUCCESS = True
+AXES_VERBOSE = False  # no banner on every manage.py command
+# The address is the socket's peer (REMOTE_ADDR: django-ipware is not installed), never a
+# forwarded header, which the client writes.
+if AXES_FAILURE_LIMIT < 1 or AXES_COOLOFF_TIME.total_seconds() < 1:
+    raise ImproperlyConfigured("VPAY_ADMIN_LOGIN_FAILURE_LIMIT and VPAY_ADMIN_LOGIN_COOLOFF_SECONDS must be at least 1")
+# Staff need a verified TOTP device (django-otp) to use the console: always in live mode;
+# in development only when asked, so `make run`'s admin/admin signs in with a password.
+VPAY_ADMIN_OTP = env.bool("VPAY_ADMIN_OTP", default=False)
+OTP_TOTP_ISSUER = env.str("VPAY_ADMIN_OTP_ISSUER", default="vpay")
 # Error reports (the VPAY_DEBUG technical 500 page) hide DATABASE_URL, ALERT_WEBHOOK_URL and
 # every string the log redaction would scrub (vpay/exception_filter.py).
 DEFAULT_EXCEPTION_REPORTER_FILTER = "vpay.exception_filter.SecretsExceptionReporterFilter"
@@ -330,8 +357,10 @@ if env.bool("VPAY_BEHIND_TLS_PROXY", default=False):
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
 # --- Webhooks ---------------------------------------------------------------------------
-# Signing secrets are sealed at rest with these Fernet keys (comma-separated; the first
-# seals, all open). Required in live mode; in development derived from SECRET_KEY.
+# Secrets at rest (webhook signing secrets, stored idempotent answers, the payer's
+# credentials) are sealed with these keys, each value bound to its row (vpay/sealing.py):
+# comma-separated, the first seals, all open. Required in live mode; in development derived
+# from SECRET_KEY.
 from vpay.sealing import derive_dev_key, parse_keys  # noqa: E402
 from webhooks.decisions import parse_schedule  # noqa: E402
 from webhooks.ssrf import parse_cidrs  # noqa: E402
@@ -341,6 +370,9 @@ if not VPAY_SECRETS_KEYS:
     if LIVE_MODE:
         raise ImproperlyConfigured("VPAY_SECRETS_KEY must be set in live mode (it seals webhook signing secrets)")
     VPAY_SECRETS_KEYS = [derive_dev_key(SECRET_KEY)]
+# Whether values sealed in the earlier, unbound format (Fernet) still open. Turn it off once
+# `manage.py reseal` has rewritten them: an unbound value then opens nowhere.
+VPAY_SEALED_READ_FERNET = env.bool("VPAY_SEALED_READ_FERNET", default=True)
 # Dev/test only: networks webhook deliveries may reach although the SSRF guard refuses
 # them (e.g. 127.0.0.1/32 for a local receiver). Refused in live mode.
 VPAY_WEBHOOK_ALLOW_CIDRS = parse_cidrs(env.str("VPAY_WEBHOOK_ALLOW_CIDRS", default=""))

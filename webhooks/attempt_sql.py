@@ -57,7 +57,7 @@ def load_delivery(delivery_id: int) -> Loaded | None:
     """One read of everything an attempt sends (hand-written and prepared: the ORM's compile
     of this join cost more CPU than the rest of an attempt). Served by the primary keys of
     the delivery, its endpoint and its event, and ``webhook_secrets_endpoint``. Sealed
-    secrets are Fernet tokens (URL-safe base64): a space never occurs in one."""
+    secrets are sealed tokens (a prefix, then URL-safe base64): a space never occurs in one."""
     row = execute_prepared(
         """
         SELECT d.id, d.event_id, d.endpoint_id, e.url, e.deleted_at IS NOT NULL,

@@ -141,7 +141,7 @@ class WebhookEndpoint(models.Model):
 
 
 class WebhookSecret(models.Model):
-    """One signing secret of an endpoint, sealed (Fernet, ``webhooks/sealing.py``).
+    """One signing secret of an endpoint, sealed for that endpoint (``webhooks/sealing.py``).
 
     ``expires_at`` NULL: current. Rotation sets it to ``now() + overlap`` in SQL; until then
     the old secret keeps signing alongside the new one (one ``v1`` each).

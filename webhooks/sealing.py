@@ -1,4 +1,10 @@
-"""Webhook signing secrets at rest: sealed with ``vpay.sealing`` (Fernet, ``VPAY_SECRETS_KEY``).
+"""Webhook signing secrets at rest: sealed with ``vpay.sealing`` (``VPAY_SECRETS_KEY``).
+
+Each is bound to its endpoint (``webhook_secrets.endpoint_id``): a sealed secret copied to
+another endpoint's row does not open there. The endpoint, not the secret row's own id,
+because the id is not known before the insert and deliveries read an endpoint's secrets
+together; moving a secret among one endpoint's rows hands out nothing the endpoint's
+merchant was not given.
 
 A changed ``SECRET_KEY`` in development (whose sealing key derives from it) makes old dev
 secrets unreadable: a failed attempt on delivery, never an unsigned send. Nothing here
@@ -13,11 +19,12 @@ import threading
 
 from django.conf import settings
 
-from vpay.sealing import Unreadable, derive_dev_key, open_bytes, parse_keys, reseal_bytes, seal_bytes
+from vpay.sealing import Binding, Unreadable, bound, derive_dev_key, open_bytes, parse_keys, reseal_bytes, seal_bytes
 
 __all__ = [
     "SECRET_PREFIX",
     "SecretUnreadable",
+    "binding",
     "derive_dev_key",
     "new_secret",
     "open_sealed",
@@ -42,31 +49,39 @@ def new_secret() -> str:
     return SECRET_PREFIX + "".join(_random.choice(_ALPHABET) for _ in range(43))
 
 
-def seal(secret: str) -> str:
-    """The secret encrypted and authenticated with the first configured key (text, for a column)."""
-    return seal_bytes(secret.encode("utf-8")).decode("ascii")
+def binding(endpoint_id: str) -> Binding:
+    """What an endpoint's sealed secrets are bound to."""
+    return bound("webhook_secrets", "sealed", endpoint_id)
 
 
-def open_sealed(token: str) -> str:
-    """The secret inside ``token``, or :class:`SecretUnreadable`."""
+def seal(secret: str, endpoint_id: str) -> str:
+    """The secret sealed for ``endpoint_id`` with the first configured key (text, for a column)."""
+    return seal_bytes(secret.encode("utf-8"), binding(endpoint_id)).decode("ascii")
+
+
+def open_sealed(token: str, endpoint_id: str) -> str:
+    """The secret inside ``token`` sealed for ``endpoint_id``, or :class:`SecretUnreadable`."""
     try:
-        return open_bytes(token.encode("ascii")).decode("utf-8")
+        return open_bytes(token.encode("ascii"), binding(endpoint_id)).decode("utf-8")
     except (UnicodeError, ValueError):
-        raise SecretUnreadable("a webhook secret could not be decrypted with any configured VPAY_SECRETS_KEY") from None
+        raise SecretUnreadable(
+            "a webhook secret could not be opened for its endpoint with any configured key"
+        ) from None
 
 
-def reseal(token: str) -> str:
-    """``token`` re-encrypted under the first (current) key, for key rotation."""
+def reseal(token: str, endpoint_id: str) -> str:
+    """``token`` sealed again under the first (current) key, bound to ``endpoint_id``."""
     try:
-        return reseal_bytes(token.encode("ascii")).decode("ascii")
+        return reseal_bytes(token.encode("ascii"), binding(endpoint_id)).decode("ascii")
     except (UnicodeError, ValueError):
         raise SecretUnreadable("a webhook secret could not be decrypted with any configured VPAY_SECRETS_KEY") from None
 
 
 class _OpenedSecrets:
     """Decrypted signing secrets by their sealed text, per process (otherwise every attempt
-    decrypts the same secret again: a Fernet HMAC check and an AES pass each time). Keyed by the sealed text and the configured
-    keys: a rotated secret is a new row with a new sealed text, and a changed key set
+    decrypts the same secret again). Keyed by the sealed text, the endpoint it is read for
+    and the configured keys: a sealed text copied to another endpoint is opened (and
+    refused) afresh, a rotated secret is a new row with a new sealed text, and a changed key set
     decrypts afresh, so nothing cached outlives what the database and settings say. Bounded;
     never logged (values are secrets)."""
 
@@ -74,15 +89,15 @@ class _OpenedSecrets:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._opened: dict[tuple[str, tuple[str, ...]], str] = {}
+        self._opened: dict[tuple[str, str, tuple[str, ...], bool], str] = {}
 
-    def open(self, sealed: str) -> str:
-        key = (sealed, tuple(settings.VPAY_SECRETS_KEYS))
+    def open(self, sealed: str, endpoint_id: str) -> str:
+        key = (sealed, endpoint_id, tuple(settings.VPAY_SECRETS_KEYS), settings.VPAY_SEALED_READ_FERNET)
         with self._lock:
             found = self._opened.get(key)
         if found is not None:
             return found
-        opened = open_sealed(sealed)  # SecretUnreadable is not cached: a key fix heals it
+        opened = open_sealed(sealed, endpoint_id)  # SecretUnreadable is not cached: a key fix heals it
         with self._lock:
             if len(self._opened) >= self.LIMIT:
                 self._opened.clear()
@@ -96,6 +111,6 @@ class _OpenedSecrets:
 _OPENED = _OpenedSecrets()
 
 
-def open_sealed_cached(token: str) -> str:
+def open_sealed_cached(token: str, endpoint_id: str) -> str:
     """:func:`open_sealed`, remembered per process (see :class:`_OpenedSecrets`)."""
-    return _OPENED.open(token)
+    return _OPENED.open(token, endpoint_id)

@@ -11,15 +11,20 @@ _COLUMNS = [("charges", "pay_token"), ("charges", "redirect_url"), ("checkout_se
 
 
 def _rewrite(schema_editor, transform, *, sealed: bool) -> None:
-    # A Fernet token starts with its version byte, base64 "gAAAAA": what is not one yet is
-    # plaintext from before this migration (or, backwards, a token to open).
-    test = "LIKE" if sealed else "NOT LIKE"
+    # A sealed value starts with "v2." (bound to its row) or, written before that format,
+    # with Fernet's "gAAAAA": what is neither is plaintext from before this migration (or,
+    # backwards, a token to open). Each is sealed for its own table, column and row.
+    test = "(%s LIKE 'v2.%%' OR %s LIKE 'gAAAAA%%')"
     with schema_editor.connection.cursor() as cursor:
         for table, column in _COLUMNS:
-            cursor.execute(f"SELECT id, {column} FROM {table} WHERE {column} IS NOT NULL AND {column} {test} 'gAAAAA%%'")
+            condition = test % (column, column) if sealed else f"NOT {test % (column, column)}"
+            # Every row of the table once (a migration: no index to choose).
+            cursor.execute(f"SELECT id, {column} FROM {table} WHERE {column} IS NOT NULL AND {condition}")
             rows = cursor.fetchall()
             for row_id, value in rows:
-                cursor.execute(f"UPDATE {table} SET {column} = %s WHERE id = %s", [transform(value), row_id])
+                binding = vpay.sealing.bound(table, column, row_id)
+                # One row by its primary key.
+                cursor.execute(f"UPDATE {table} SET {column} = %s WHERE id = %s", [transform(value, binding), row_id])
 
 
 def seal_existing(apps, schema_editor):

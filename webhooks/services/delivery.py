@@ -275,7 +275,7 @@ def perform(
     secrets = []
     for sealed in delivery.sealed_secrets:
         try:
-            secrets.append(sealing.open_sealed_cached(sealed))
+            secrets.append(sealing.open_sealed_cached(sealed, delivery.endpoint_id))
         except sealing.SecretUnreadable:
             logger.warning(
                 "a webhook secret is unreadable with the configured keys", extra={"endpoint": delivery.endpoint_id}

@@ -110,7 +110,7 @@ def create_endpoint(
         description=description,
     )
     secret = sealing.new_secret()
-    WebhookSecret.objects.create(endpoint=endpoint, sealed=sealing.seal(secret))
+    WebhookSecret.objects.create(endpoint=endpoint, sealed=sealing.seal(secret, endpoint.pk))
     endpoint.refresh_from_db(fields=["created_at"])
     return endpoint, secret
 
@@ -198,7 +198,7 @@ def rotate_secret(endpoint: WebhookEndpoint, *, overlap_seconds: float | None = 
             raise SecretsAtLimit(signing.aggregate(soonest=Min("expires_at"))["soonest"])
     repository.expire_current_secrets(endpoint.pk, overlap)
     secret = sealing.new_secret()
-    WebhookSecret.objects.create(endpoint=endpoint, sealed=sealing.seal(secret))
+    WebhookSecret.objects.create(endpoint=endpoint, sealed=sealing.seal(secret, endpoint.pk))
     return secret
 
 
