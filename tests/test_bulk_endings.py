@@ -172,3 +172,21 @@ def test_the_last_unit_dead_lettered_finishes_a_running_operation_and_its_replay
     assert BulkItem.objects.get(operation_id=op_id, item_id=item_id).state == BulkItemState.DONE
     assert len(effects("bulk-")) == 2
     assert rows("SELECT id FROM jobs WHERE kind = 'bulk_item'") == []
+
+
+def test_a_unit_cancelled_by_an_operator_is_skipped_and_the_operation_still_finishes(effects):
+    letters(2)
+    op_id = submit()
+    expand_once()
+    item_id = scalar("SELECT min(item_id) FROM bulk_items WHERE operation_id = %s", [op_id])
+    unit = scalar("SELECT job_id FROM jobs WHERE dedupe_key = %s", [f"bulk:{op_id}:{item_id}"])
+    letter_id = cancels.job_cancel(job_id=unit, actor="olga", reason="not this one").dead_letter_id
+    run_all()
+    op = envelope(op_id)
+    assert (op.state, op.done, op.failed, op.skipped) == (BulkOperationState.DONE, 1, 0, 1)
+    item = BulkItem.objects.get(operation_id=op_id, item_id=item_id)
+    assert (item.state, item.note) == (
+        BulkItemState.SKIPPED,
+        f"dead letter #{letter_id} (cancelled): cancelled by olga: not this one",
+    )
+    assert len(effects("bulk-")) == 1

@@ -8,9 +8,10 @@ from django.db import migrations, models
 # whatever the runner grows next) inserts a dead_letters row, so a trigger on that insert
 # is the one place none of them can miss, and it commits with the letter.
 #
-# * a bulk_item letter (any cause): its item pending -> failed, the note naming the letter,
-#   counted `failed`; the operation ends if that was its last unit. A second letter of the
-#   same item (its replay dead-lettered again) only re-points the note.
+# * a bulk_item letter: its item pending -> failed (counted `failed`: a replay of the letter
+#   acts again), or -> skipped when the letter is a cancel of the unit (never replayed), the
+#   note naming the letter; the operation ends if that was its last unit. The letter of a
+#   replayed `failed` item moves it the same way (from one counter to the other).
 # * a bulk_expand letter that is discarded (a cancel inserts it discarded; an operator may
 #   discard a pending one later): the operation stops expanding, `cancelling` while units
 #   it created are still to end, `cancelled` once none are. A pending bulk_expand letter
@@ -23,6 +24,7 @@ CREATE FUNCTION bulk_job_dead_lettered() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     op bigint := (NEW.payload ->> 'operation_id')::bigint;
     was text;
+    ended text;
 BEGIN
     IF NEW.kind = 'bulk_item' THEN
         SELECT state INTO was FROM bulk_items
@@ -30,21 +32,21 @@ BEGIN
         IF was IS NULL OR was NOT IN ('pending', 'failed') THEN
             RETURN NULL;
         END IF;
+        ended := CASE WHEN NEW.cause = 'cancelled' THEN 'skipped' ELSE 'failed' END;
         UPDATE bulk_items
-           SET state = 'failed', finished_at = now(),
+           SET state = ended, finished_at = now(),
                note = left('dead letter #' || NEW.id || ' (' || NEW.cause || '): ' || NEW.last_error, 2000)
          WHERE operation_id = op AND item_id = (NEW.payload ->> 'item_id')::bigint;
-        IF was = 'pending' THEN
-            UPDATE bulk_operations
-               SET failed = failed + 1,
-                   state = CASE WHEN done + refused + failed + skipped + 1 < created THEN state
-                                WHEN state = 'running' THEN 'done'
-                                WHEN state = 'cancelling' THEN 'cancelled'
-                                ELSE state END,
-                   finished_at = CASE WHEN done + refused + failed + skipped + 1 >= created
-                                       AND state IN ('running', 'cancelling') THEN now() ELSE finished_at END
-             WHERE id = op;
-        END IF;
+        UPDATE bulk_operations
+           SET failed = failed + (ended = 'failed')::int - (was = 'failed')::int,
+               skipped = skipped + (ended = 'skipped')::int,
+               state = CASE WHEN done + refused + failed + skipped + (was = 'pending')::int < created THEN state
+                            WHEN state = 'running' THEN 'done'
+                            WHEN state = 'cancelling' THEN 'cancelled'
+                            ELSE state END,
+               finished_at = CASE WHEN done + refused + failed + skipped + (was = 'pending')::int >= created
+                                   AND state IN ('running', 'cancelling') THEN now() ELSE finished_at END
+         WHERE id = op;
     ELSIF NEW.kind = 'bulk_expand' AND NEW.state = 'discarded' THEN
         UPDATE bulk_operations
            SET state = CASE WHEN done + refused + failed + skipped >= created THEN 'cancelled' ELSE 'cancelling' END,
