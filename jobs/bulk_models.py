@@ -59,7 +59,7 @@ class BulkOperation(models.Model):
     failed = models.IntegerField(
         db_default=0, help_text="Units dead-lettered (the letter on the item); a replay of the letter moves it."
     )
-    skipped = models.IntegerField(db_default=0, help_text="Units not run because the operation was cancelled.")
+    skipped = models.IntegerField(db_default=0, help_text="Units not run: the operation, or the unit, was cancelled.")
     # The keyset checkpoint: the last item id expanded, committed with its page.
     cursor = models.BigIntegerField(db_default=0)
     error = models.TextField(blank=True, db_default="")
@@ -103,7 +103,7 @@ class BulkItemState(models.TextChoices):
     FAILED = "failed"
     """Its unit was dead-lettered (the note names the letter); replaying the letter acts again."""
     SKIPPED = "skipped"
-    """The operation was cancelled before its unit ran."""
+    """The operation, or the unit itself, was cancelled before the unit ran."""
 
 
 class BulkItem(models.Model):

@@ -100,7 +100,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='bulkoperation',
             name='skipped',
-            field=models.IntegerField(db_default=0, help_text='Units not run because the operation was cancelled.'),
+            field=models.IntegerField(db_default=0, help_text='Units not run: the operation, or the unit, was cancelled.'),
         ),
         migrations.AlterField(
             model_name='bulkitem',
