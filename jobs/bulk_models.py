@@ -31,6 +31,14 @@ class BulkOperationState(models.TextChoices):
     """Every unit finished (each done or refused, with the reason on its item)."""
     FAILED = "failed", "Failed"
     """The expansion could not run at all (``error`` says why); nothing more will happen."""
+    CANCELLING = "cancelling", "Cancelling"
+    """An operator cancelled (or discarded) its expansion: no more units are created; those
+    created and not yet run are skipped, those in flight finish with their real outcome."""
+    CANCELLED = "cancelled", "Cancelled"
+    """Cancelled, and every unit it had created has ended (``error`` says who and why)."""
+
+
+FINISHED_STATES = (BulkOperationState.DONE, BulkOperationState.FAILED, BulkOperationState.CANCELLED)
 
 
 class BulkOperation(models.Model):
@@ -48,6 +56,10 @@ class BulkOperation(models.Model):
     created = models.IntegerField(db_default=0, help_text="Per-item units the expansion enqueued.")
     done = models.IntegerField(db_default=0, help_text="Units that finished with their effect.")
     refused = models.IntegerField(db_default=0, help_text="Units the single-item service refused (why: on the item).")
+    failed = models.IntegerField(
+        db_default=0, help_text="Units dead-lettered (the letter on the item); a replay of the letter moves it."
+    )
+    skipped = models.IntegerField(db_default=0, help_text="Units not run: the operation, or the unit, was cancelled.")
     # The keyset checkpoint: the last item id expanded, committed with its page.
     cursor = models.BigIntegerField(db_default=0)
     error = models.TextField(blank=True, db_default="")
@@ -68,7 +80,13 @@ class BulkOperation(models.Model):
                 condition=Q(state__in=BulkOperationState.values), name="bulk_operations_state_known"
             ),
             models.CheckConstraint(
-                condition=Q(done__gte=0, refused__gte=0, created__gte=models.F("done") + models.F("refused")),
+                condition=Q(
+                    done__gte=0,
+                    refused__gte=0,
+                    failed__gte=0,
+                    skipped__gte=0,
+                    created__gte=models.F("done") + models.F("refused") + models.F("failed") + models.F("skipped"),
+                ),
                 name="bulk_operations_counts_consistent",
             ),
             models.CheckConstraint(condition=~Q(requested_by=""), name="bulk_operations_requested_by_set"),
@@ -82,6 +100,10 @@ class BulkItemState(models.TextChoices):
     PENDING = "pending"
     DONE = "done"
     REFUSED = "refused"
+    FAILED = "failed"
+    """Its unit was dead-lettered (the note names the letter); replaying the letter acts again."""
+    SKIPPED = "skipped"
+    """The operation, or the unit itself, was cancelled before the unit ran."""
 
 
 class BulkItem(models.Model):

@@ -107,13 +107,14 @@ def expand_page(page_sql: str, params: dict, *, op: int, cursor: int, limit: int
     return seen, created, new_cursor
 
 
-# The last page: the expansion is over. `done` at once when every unit already finished
-# (or there were none), `running` otherwise; the last item to finish moves it to done.
+# The last page: the expansion is over. `done` at once when every unit already ended
+# (or there were none), `running` otherwise; the last unit to end moves it to done.
+# Primary key; a cancel that got there first (state no longer expanding) wins.
 _EXPANDED = """
 UPDATE bulk_operations
-   SET state = CASE WHEN done + refused >= created THEN 'done' ELSE 'running' END,
+   SET state = CASE WHEN done + refused + failed + skipped >= created THEN 'done' ELSE 'running' END,
        expanded_at = now(),
-       finished_at = CASE WHEN done + refused >= created THEN now() END
+       finished_at = CASE WHEN done + refused + failed + skipped >= created THEN now() END
  WHERE id = %s AND state = 'expanding'
 RETURNING state
 """
@@ -137,41 +138,62 @@ def mark_failed(operation_id: int, error: str) -> None:
         c.execute(_FAILED, [error[:2000], operation_id])
 
 
-# An item's outcome, compare-and-swap pending → done|refused (by bulk_items_operation_item):
-# a redelivered unit whose item already finished matches nothing and counts nothing.
+# An item's outcome, compare-and-swap from the state its unit found it in (`pending`, or
+# `failed` when an operator replayed its unit's dead letter) to done|refused|skipped, by
+# bulk_items_operation_item: a redelivered unit whose item already ended matches nothing.
 _FINISH_ITEM = """
 UPDATE bulk_items SET state = %(state)s, note = %(note)s, finished_at = now()
- WHERE operation_id = %(op)s AND item_id = %(item)s AND state = 'pending'
+ WHERE operation_id = %(op)s AND item_id = %(item)s AND state = %(was)s
 RETURNING id
 """
 
-# ...and the envelope's counters, in the item's transaction. The operation is done when its
-# expansion is over (running) and this was the last unit.
+# ...and the envelope's counters, in the item's transaction (primary key). A `failed` item
+# that ends again moves from one counter to another; a `pending` one is one more ended.
+# The operation ends with its last unit: `running` becomes done, `cancelling` cancelled.
 _COUNT_ITEM = """
 UPDATE bulk_operations
-   SET done = done + %(done)s, refused = refused + %(refused)s,
-       state = CASE WHEN state = 'running' AND done + refused + 1 >= created THEN 'done' ELSE state END,
-       finished_at = CASE WHEN state = 'running' AND done + refused + 1 >= created THEN now() ELSE finished_at END
+   SET done = done + %(done)s, refused = refused + %(refused)s, skipped = skipped + %(skipped)s,
+       failed = failed - %(was_failed)s,
+       state = CASE WHEN done + refused + failed + skipped + %(ended)s < created THEN state
+                    WHEN state = 'running' THEN 'done'
+                    WHEN state = 'cancelling' THEN 'cancelled'
+                    ELSE state END,
+       finished_at = CASE WHEN done + refused + failed + skipped + %(ended)s >= created
+                           AND state IN ('running', 'cancelling') THEN now() ELSE finished_at END
  WHERE id = %(op)s
 """
 
+# The states a unit acts on: its first run, or a replay of its dead letter.
+ACTIONABLE = ("pending", "failed")
 
-def item_pending(operation_id: int, item_id: int) -> bool:
-    """Whether the item still waits for its effect; takes its row lock (the unit's transaction)."""
+
+def item_state(operation_id: int, item_id: int) -> str | None:
+    """The item's state, its row locked (the unit's transaction); None if it does not exist
+    (the operation is gone). By bulk_items_operation_item."""
     with connection.cursor() as c:
         c.execute(
-            "SELECT 1 FROM bulk_items WHERE operation_id = %s AND item_id = %s AND state = 'pending' FOR UPDATE",
+            "SELECT state FROM bulk_items WHERE operation_id = %s AND item_id = %s FOR UPDATE",
             [operation_id, item_id],
         )
-        return c.fetchone() is not None
+        row = c.fetchone()
+    return row[0] if row else None
 
 
-def finish_item(operation_id: int, item_id: int, *, done: bool, note: str) -> bool:
-    """Record the item's outcome and count it; False when it was not pending (counted already)."""
-    params = {"op": operation_id, "item": item_id, "state": "done" if done else "refused", "note": note[:2000]}
+def finish_item(operation_id: int, item_id: int, *, state: str, was: str, note: str) -> bool:
+    """Record the item's outcome (``done``, ``refused`` or ``skipped``) and count it; False
+    when it was no longer ``was`` (counted already)."""
+    params = {"op": operation_id, "item": item_id, "state": state, "was": was, "note": note[:2000]}
     with connection.cursor() as c:
         c.execute(_FINISH_ITEM, params)
         if c.fetchone() is None:
             return False
-        c.execute(_COUNT_ITEM, {"op": operation_id, "done": int(done), "refused": int(not done)})
+        c.execute(
+            _COUNT_ITEM,
+            {
+                "op": operation_id,
+                **{k: int(state == k) for k in ("done", "refused", "skipped")},
+                "was_failed": int(was == "failed"),
+                "ended": int(was == "pending"),
+            },
+        )
     return True

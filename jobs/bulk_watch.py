@@ -15,8 +15,8 @@ REFUSALS_SHOWN = 20
 
 
 def watch(operation_id: int, stdout, *, timeout: float | None = None, poll: float = POLL_SECONDS) -> Progress:
-    """Print the operation's progress line whenever it changes, until it is done or failed
-    (or ``timeout`` seconds passed: CommandError)."""
+    """Print the operation's progress line whenever it changes, until it is done, failed or
+    cancelled (or ``timeout`` seconds passed: CommandError)."""
     deadline = None if timeout is None else time.monotonic() + timeout
     last = None
     while True:
@@ -35,13 +35,23 @@ def watch(operation_id: int, stdout, *, timeout: float | None = None, poll: floa
 
 
 def report(progress: Progress, stderr, verb: str) -> None:
-    """After the end: the refused items with why, and a non-zero exit if anything was refused."""
+    """After the end: the refused and dead-lettered items with why, and a non-zero exit if
+    anything was refused or dead-lettered, or the operation was cancelled."""
     if progress.state == BulkOperationState.FAILED:
         raise CommandError(f"bulk operation #{progress.id} failed: {progress.error}")
-    refused = BulkItem.objects.filter(operation_id=progress.id, state=BulkItemState.REFUSED).order_by("item_id")
-    for item_id, note in refused.values_list("item_id", "note")[:REFUSALS_SHOWN]:
+    unsuccessful = progress.refused + progress.failed
+    items = BulkItem.objects.filter(
+        operation_id=progress.id, state__in=[BulkItemState.REFUSED, BulkItemState.FAILED]
+    ).order_by("item_id")
+    for item_id, note in items.values_list("item_id", "note")[:REFUSALS_SHOWN]:
         stderr.write(f"#{item_id}: {note}")
-    if progress.refused > REFUSALS_SHOWN:
-        stderr.write(f"… and {progress.refused - REFUSALS_SHOWN} more (see the admin: Job queue, Bulk operations)")
+    if unsuccessful > REFUSALS_SHOWN:
+        stderr.write(f"… and {unsuccessful - REFUSALS_SHOWN} more (see the admin: Job queue, Bulk operations)")
+    if progress.state == BulkOperationState.CANCELLED:
+        raise CommandError(
+            f"bulk operation #{progress.id} was cancelled ({progress.skipped} skipped): {progress.error}"
+        )
+    if progress.failed:
+        raise CommandError(f"{verb}: {progress.refused} of {progress.matched} refused, {progress.failed} dead-lettered")
     if progress.refused:
         raise CommandError(f"{verb}: {progress.refused} of {progress.matched} refused")

@@ -27,7 +27,7 @@ from django.conf import settings
 from django.db import transaction
 
 from jobs import bulk_sql, registry
-from jobs.bulk_models import BulkOperationKind, BulkOperationState
+from jobs.bulk_models import BulkItemState, BulkOperationKind, BulkOperationState
 from jobs.context import JobContext
 from jobs.kinds import JobKind
 from jobs.outcome import Outcome
@@ -148,13 +148,19 @@ def expand(ctx: JobContext) -> Outcome:
 def act_on_item(ctx: JobContext) -> Outcome:
     """One item: the single-item service, its outcome and the counters, in the loop's transaction."""
     operation_id, item_id = ctx.payload["operation_id"], ctx.payload["item_id"]
-    if not bulk_sql.item_pending(operation_id, item_id):
-        return Outcome.done()  # counted already (a redelivery), or the operation is gone
+    was = bulk_sql.item_state(operation_id, item_id)
+    if was not in bulk_sql.ACTIONABLE:
+        return Outcome.done()  # ended already (a redelivery), or the operation is gone
     env = bulk_sql.envelope(operation_id)
+    if was == BulkItemState.PENDING and env.state in (BulkOperationState.CANCELLING, BulkOperationState.CANCELLED):
+        note = "the operation was cancelled before this item ran"
+        bulk_sql.finish_item(operation_id, item_id, state=BulkItemState.SKIPPED, was=was, note=note)
+        return Outcome.done()
     op = operation(env.operation)
     if op is None:
         outcome = ItemOutcome(False, f"bulk operation {env.operation!r} has no registered handler")
     else:
         outcome = op.apply(item_id, env)
-    bulk_sql.finish_item(operation_id, item_id, done=outcome.done, note=outcome.note)
+    state = BulkItemState.DONE if outcome.done else BulkItemState.REFUSED
+    bulk_sql.finish_item(operation_id, item_id, state=state, was=was, note=outcome.note)
     return Outcome.done()

@@ -22,7 +22,8 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from jobs import registry, repository, sweep_health
-from jobs.context import JobContext
+from jobs.context import JobContext, JobTimedOut, LeaseLost
+from jobs.current import JobCancelled
 from jobs.kinds import JobKind
 from jobs.maintenance import reap
 from jobs.outcome import Outcome
@@ -80,6 +81,7 @@ def register_sweep_step(name: str, step: SweepStep) -> None:
 
     A step owns its transactions (one per row or per statement, never one for the pass),
     so its failure rolls back only itself: the sweep logs it at WARN and runs the others.
+    What the heartbeat raises to stop the run (lease lost, cancel, timeout) stops the pass.
     A step answers ``more=True`` only when a full page made progress; the sweep then
     reschedules at once instead of an hour out, so a backlog drains in one run while a
     page that made no progress cannot become a hot loop. Call it from ``AppConfig.ready``.
@@ -115,6 +117,16 @@ def _expired_leases(ctx: JobContext) -> StepResult:
     return StepResult(released + buried)
 
 
+def _stops_the_run(exc: Exception, ctx: JobContext) -> bool:
+    """What the heartbeat raises to stop the whole run, not one step: the lease is gone
+    (another worker may already run this job), an operator cancelled it, or its timeout is
+    spent. A pass that went on would work without a lease. A ``JobCancelled`` a step raised
+    of its own accord names no job: that is a step failure (``jobs.current``)."""
+    if isinstance(exc, JobCancelled):
+        return exc.job_id == ctx.job_id
+    return isinstance(exc, (LeaseLost, JobTimedOut))
+
+
 _BUILT_IN: dict[str, SweepStep] = {"processed_jobs": _expired_fences, "leases": _expired_leases}
 
 
@@ -135,7 +147,10 @@ def sweep_expired(ctx: JobContext) -> Outcome:
     for name, step in steps.items():
         try:
             result = step(StepContext(ctx, name, cursors))  # type: ignore[arg-type]
-        except Exception as exc:  # noqa: BLE001 - one step's failure must not stop the others
+        except Exception as exc:  # one step's failure must not stop the others
+            if _stops_the_run(exc, ctx):
+                logger.info("sweep pass stopped", extra={"step": name, "error": error_chain(exc, 300)})
+                raise
             failed.append(exc)
             logger.warning("sweep step failed", extra={"step": name, "error": error_chain(exc, 300)})
             sweep_health.step_failed(name, error_chain(exc, 1000))

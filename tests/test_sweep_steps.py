@@ -3,15 +3,18 @@ only when a step reports that a full page made progress."""
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 from django.db import connection
 
-from jobs import housekeeping, queue
+from jobs import JobCancelled, current_job, housekeeping, queue
 from jobs.housekeeping import StepResult
 from jobs.kinds import JobKind
 from jobs.models import Alert
+from jobs.services import cancels
 from jobs.worker import Worker
-from tests.queue_support import make_due, rows
+from tests.queue_support import execute, make_due, rows
 
 pytestmark = pytest.mark.django_db
 
@@ -122,3 +125,88 @@ def test_a_step_that_skips_failing_rows_on_every_pass_alerts_too(steps):
         sweep_again()
     [alert] = Alert.objects.all()
     assert alert.details["step"] == "skips" and alert.details["error"] == "1 row(s) failed and were skipped"
+
+
+# --- what stops the run stops the pass ------------------------------------------------------------
+
+
+def run_sweep_on_a_live_worker() -> uuid.UUID:
+    """One pass through a worker with its ``workers`` row (so a cancel is a request)."""
+    job_id = queue.enqueue(JobKind.SWEEP_EXPIRED, {}, dedupe_key="singleton:sweep_expired")
+    worker = Worker(worker_id="w-sweep", concurrency=1)
+    worker.heartbeat()
+    assert worker.run_once() == 1
+    return job_id
+
+
+def stopping_pass(steps, stop) -> list[str]:
+    """Register a step that calls ``stop(ctx)`` and one after it; answer the steps that ran
+    after the stop."""
+    ran: list[str] = []
+    housekeeping.register_sweep_step("stops", stop)
+    housekeeping.register_sweep_step("after", lambda ctx: ran.append("after") or StepResult(0))
+    return ran
+
+
+def not_a_step_failure(caplog) -> None:
+    assert not [r for r in caplog.records if r.getMessage() == "sweep step failed"]
+    assert rows("SELECT step FROM sweep_step_streaks") == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_lease_lost_mid_step_stops_the_pass_instead_of_counting_as_a_step_failure(steps, caplog):
+    def taken_over(ctx):
+        # Another worker's reaper took the job: its lease token is no longer ours.
+        execute("UPDATE jobs SET lease_token = gen_random_uuid() WHERE job_id = %s", [str(ctx.job_id)])
+        ctx.heartbeat()
+        return StepResult(0)
+
+    ran = stopping_pass(steps, taken_over)
+    run_sweep_on_a_live_worker()
+    assert ran == []  # nothing more runs without the lease
+    not_a_step_failure(caplog)
+    assert any(r.getMessage() == "lease lost while the handler ran" for r in caplog.records)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_operators_cancel_mid_step_stops_the_pass_and_ends_the_job_cancelled(steps, caplog):
+    def cancelled(ctx):
+        cancels.job_cancel(job_id=ctx.job_id, actor="olga", reason="stop the sweep")
+        ctx.heartbeat()
+        return StepResult(0)
+
+    ran = stopping_pass(steps, cancelled)
+    job_id = run_sweep_on_a_live_worker()
+    assert ran == []
+    not_a_step_failure(caplog)
+    assert rows("SELECT cause, discarded_by FROM dead_letters WHERE job_id = %s", [str(job_id)]) == [
+        ("cancelled", "olga")
+    ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_pass_past_its_timeout_stops_at_the_next_heartbeat_instead_of_counting_as_a_step_failure(steps, caplog):
+    def overran(ctx):
+        current_job().started_monotonic -= 10_000  # the run's budget is spent
+        ctx.heartbeat()
+        return StepResult(0)
+
+    ran = stopping_pass(steps, overran)
+    job_id = run_sweep_on_a_live_worker()
+    assert ran == []
+    not_a_step_failure(caplog)
+    # An ordinary transient failure of the run: retried on the kind's backoff.
+    assert rows("SELECT attempts, last_error LIKE %s FROM jobs WHERE job_id = %s", ["%timeout%", str(job_id)]) == [
+        (1, True)
+    ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_job_cancelled_a_step_raises_of_its_own_accord_is_that_steps_failure(steps, caplog):
+    def refuses(ctx):
+        raise JobCancelled()  # names no job: not the heartbeat's
+
+    ran = stopping_pass(steps, refuses)
+    run_sweep_on_a_live_worker()
+    assert ran == ["after"]
+    assert [r.step for r in caplog.records if r.getMessage() == "sweep step failed"] == ["stops"]

@@ -175,8 +175,9 @@ class DeliveryState(models.TextChoices):
     REFUSED = "refused"
     """The SSRF guard refused the address: permanent, recorded."""
     CANCELLED = "cancelled"
-    """Its endpoint was deleted before it was delivered: ended without alerting (the
-    merchant chose this), ``cancel_reason`` says why. Not resendable: there is nowhere to send."""
+    """Its endpoint was deleted before it was delivered (the merchant chose this), or an
+    operator cancelled its deliver job: ended without alerting, ``cancel_reason`` says why.
+    Not resendable: there is nowhere to send, or someone entitled to said stop."""
 
 
 FINISHED_STATES = [

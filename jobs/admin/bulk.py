@@ -13,11 +13,10 @@ from django.urls import reverse
 from django.utils.text import Truncator
 
 from jobs.admin.base import EXCERPT, ReadOnlyAdmin
-from jobs.bulk_models import BulkItem, BulkItemState, BulkOperation, BulkOperationState
+from jobs.bulk_models import FINISHED_STATES, BulkItem, BulkItemState, BulkOperation
 
 REFRESH_SECONDS = 2
 REFUSALS_SHOWN = 20
-FINISHED = (BulkOperationState.DONE, BulkOperationState.FAILED)
 
 
 @admin.register(BulkOperation)
@@ -30,6 +29,8 @@ class BulkOperationAdmin(ReadOnlyAdmin):
         "created",
         "done",
         "refused",
+        "failed",
+        "skipped",
         "requested_by",
         "reason_excerpt",
         "created_at",
@@ -49,6 +50,8 @@ class BulkOperationAdmin(ReadOnlyAdmin):
         "created",
         "done",
         "refused",
+        "failed",
+        "skipped",
         "cursor",
         "error",
         "created_at",
@@ -69,21 +72,28 @@ class BulkOperationAdmin(ReadOnlyAdmin):
 
 
 def progress_context(op: BulkOperation) -> dict:
-    """The progress panel: where the operation is, the share finished, the first refusals."""
-    finished = op.done + op.refused
-    refused = list(
-        BulkItem.objects.filter(operation_id=op.pk, state=BulkItemState.REFUSED)
-        .order_by("item_id")
-        .values_list("item_id", "note")[:REFUSALS_SHOWN]
-    )
+    """The progress panel: where the operation is, the share finished, the first refusals
+    and the first dead-lettered units."""
+    finished = op.done + op.refused + op.failed + op.skipped
+    ended = op.state in FINISHED_STATES
     return {
         "progress": {
-            "finished": op.state in FINISHED,
+            "finished": ended,
             "refresh_seconds": REFRESH_SECONDS,
-            "percent": 100 if op.state in FINISHED else (100 * finished // op.created if op.created else 0),
+            "percent": 100 if ended else (100 * finished // op.created if op.created else 0),
             "pending": op.created - finished,
-            "refusals": refused,
-            "more_refusals": max(op.refused - len(refused), 0),
+            "refusals": _first(op, BulkItemState.REFUSED),
+            "more_refusals": max(op.refused - REFUSALS_SHOWN, 0),
+            "failures": _first(op, BulkItemState.FAILED),
+            "more_failures": max(op.failed - REFUSALS_SHOWN, 0),
             "list_url": reverse("admin:jobs_bulkoperation_changelist"),
         }
     }
+
+
+def _first(op: BulkOperation, state: str) -> list[tuple[int, str]]:
+    return list(
+        BulkItem.objects.filter(operation_id=op.pk, state=state)
+        .order_by("item_id")
+        .values_list("item_id", "note")[:REFUSALS_SHOWN]
+    )

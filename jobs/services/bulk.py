@@ -12,7 +12,7 @@ from django.conf import settings
 from django.db import transaction
 
 from jobs import bulk_sql, expansion, queue
-from jobs.bulk_models import BulkOperation, BulkOperationState
+from jobs.bulk_models import FINISHED_STATES, BulkOperation
 from jobs.expansion import BulkRefused
 from jobs.kinds import JobKind
 
@@ -74,23 +74,28 @@ class Progress:
     done: int
     refused: int
     error: str
+    failed: int = 0
+    skipped: int = 0
 
     @property
     def finished(self) -> bool:
-        return self.state in (BulkOperationState.DONE, BulkOperationState.FAILED)
+        return self.state in FINISHED_STATES
 
     def line(self) -> str:
         text = (
             f"bulk operation #{self.id} {self.operation}: {self.state}; matched {self.matched}, "
             f"created {self.created}, done {self.done}, refused {self.refused}"
         )
+        # Only when there are any: the line an operator knows stays the same otherwise.
+        text += f", failed {self.failed}" if self.failed else ""
+        text += f", skipped {self.skipped}" if self.skipped else ""
         return text + (f"; error: {self.error}" if self.error else "")
 
 
 def bulk_operation_progress(operation_id: int) -> Progress | None:
     row = (
         BulkOperation.objects.filter(pk=operation_id)
-        .values_list("id", "operation", "state", "matched", "created", "done", "refused", "error")
+        .values_list("id", "operation", "state", "matched", "created", "done", "refused", "error", "failed", "skipped")
         .first()
     )
     return Progress(*row) if row else None
