@@ -182,7 +182,7 @@ def reopen_delivery(delivery_id: int, states: list[str]) -> str | None:
 
 
 CANCELLED_ENDPOINT_DELETED = "the endpoint was deleted before this delivery was made; nothing more is sent"
-# An operator cancelled the delivery's job (webhooks/migrations/0012_operator_cancel.py
+# An operator cancelled the delivery's job (webhooks/migrations/0014_operator_cancel.py
 # writes it). The merchant reads this text (GET .../deliveries): who and why stay on the
 # job's dead letter, for operators.
 CANCELLED_BY_OPERATOR = "cancelled by an operator before it was delivered; nothing more is sent"

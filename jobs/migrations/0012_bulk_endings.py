@@ -76,7 +76,7 @@ DROP FUNCTION bulk_job_dead_lettered();
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('jobs', '0009_retention_indexes'),
+        ('jobs', '0011_unrunnable_since'),
     ]
 
     operations = [

@@ -50,7 +50,7 @@ DROP FUNCTION webhook_deliver_cancelled();
 class Migration(migrations.Migration):
     dependencies = [
         ("jobs", "0009_retention_indexes"),
-        ("webhooks", "0011_events_pending_failed_before"),
+        ("webhooks", "0013_drop_host_only_breakers"),
     ]
 
     operations = [
