@@ -92,6 +92,7 @@ def run_job(
         job, spec.timeout_seconds, loop_fenced=spec.fenced, worker_concurrency=concurrency, worker_id=worker_id
     )
     ctx_holder.append(ctx)
+    own = connection.connection  # whose failure is an outage, not the handler's (database_went_away)
     try:
         if not spec.fenced:
             return Ran(settle_outcome(_call(spec, ctx), job_state))
@@ -129,7 +130,7 @@ def run_job(
             return Ran(Settle(Disposition.CANCELLED))
         return Ran(settle_for_exception(spec, job, job_state, cancelled))
     except Exception as exc:  # noqa: BLE001 - any handler failure is classified, never fatal to the worker
-        if database_went_away(exc):
+        if database_went_away(exc, own):
             # Not the job's failure: the connection under it is gone. Hand it back at once,
             # attempt refunded (jobs.settling keeps the lease if the database is still away).
             logger.warning(
@@ -172,11 +173,19 @@ def _unrunnable(job: ClaimedJob, reason: str, window: float) -> Settle:
     return settle
 
 
-def database_went_away(exc: BaseException) -> bool:
-    """Whether the handler's connection itself failed (see :func:`connection_lost`), judged
-    with the state Django and psycopg keep of this thread's connection."""
-    raw = connection.connection
-    return connection_lost(exc, closed=raw is None or raw.closed or raw.broken)
+def database_went_away(exc: BaseException, own: object | None) -> bool:
+    """Whether the job's own connection failed under the handler: a database error, and the
+    connection this thread held when the handler started (``own``: the one the claim and the
+    settle use) closed or broken since (Django may already have replaced it after a failed
+    rollback). A connection error from any other connection (a second database the task
+    uses, a client of its own) is the handler's ordinary failure, retried on its backoff with
+    the attempt spent: refunding it would loop forever at zero attempts while that database
+    is down. Without a connection at the start, the error's SQLSTATE decides
+    (:func:`connection_lost`)."""
+    if own is None:
+        raw = connection.connection
+        return connection_lost(exc, closed=raw is not None and (raw.closed or raw.broken))
+    return (own.closed or own.broken) and connection_lost(exc, closed=True)
 
 
 def _call(spec: registry.KindSpec, ctx: JobContext) -> Outcome:

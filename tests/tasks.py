@@ -47,6 +47,31 @@ def record_slowly_once(label: str, seconds: float, marker: str) -> None:
 
 
 @task
+def use_a_database_that_is_down(port: int) -> None:
+    """A task whose second database (not the job's own) refuses connections."""
+    import psycopg
+
+    psycopg.connect(f"postgresql://nobody@127.0.0.1:{port}/elsewhere", connect_timeout=2)
+
+
+@task
+def lose_own_connection() -> None:
+    """The job's own connection is terminated by the server under the handler (as at a
+    failover), from another connection."""
+    from django.db import connection as own
+    from django.db import connections
+
+    pid = own.connection.info.backend_pid
+    other = connections.create_connection("default")  # a second connection, as an operator's
+    try:
+        with other.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+    finally:
+        other.close()
+    _record("never")
+
+
+@task
 def record_then_sleep(label: str, seconds: float) -> None:
     """Records its start (the effect row's ``at`` is the insert's clock), then takes its time."""
     _record(label)

@@ -41,3 +41,36 @@ def wrapped(cause: BaseException) -> OperationalError:
 )
 def test_only_a_failed_connection_counts_as_the_database_going_away(exc, closed, lost):
     assert connection_lost(exc, closed=closed) is lost
+
+
+# --- whose connection: only the job's own (jobs.invoke.database_went_away) -------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_second_database_that_is_down_is_the_handlers_failure_not_an_outage():
+    from jobs.worker import Worker
+    from tests import tasks
+    from tests.owned_postgres import free_port
+    from tests.queue_support import one
+
+    result = tasks.use_a_database_that_is_down.enqueue(free_port())
+    worker = Worker(concurrency=1)
+    assert worker.run_once() == 1
+    attempts, last_error = one("SELECT attempts, last_error FROM jobs WHERE job_id = %s", [result.id])
+    # Retried on its backoff with the attempt spent (a refund would loop at zero attempts).
+    assert attempts == 1
+    assert "OperationalError" in last_error
+    assert (worker.report().retried, worker.report().released) == (1, 0)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_jobs_own_connection_terminated_under_the_handler_is_an_outage():
+    from jobs.worker import Worker
+    from tests import tasks
+    from tests.queue_support import one
+
+    result = tasks.lose_own_connection.enqueue()
+    worker = Worker(concurrency=1)
+    assert worker.run_once() == 1
+    assert worker.report().released == 1  # handed back, attempt refunded
+    assert one("SELECT attempts FROM jobs WHERE job_id = %s", [result.id]) == (0,)
