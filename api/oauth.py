@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 
 from django.conf import settings
-from django.core.exceptions import RequestDataTooBig
+from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
@@ -95,6 +95,8 @@ def token(request: HttpRequest) -> JsonResponse:
         )
     except RequestDataTooBig:
         return _refusal("invalid_request", f"The request body is larger than {settings.VPAY_API_MAX_BODY_BYTES} bytes.")
+    except TooManyFieldsSent:  # Django parses at most DATA_UPLOAD_MAX_NUMBER_FIELDS
+        return _refusal("invalid_request", f"At most {settings.DATA_UPLOAD_MAX_NUMBER_FIELDS} fields may be sent.")
     except GrantRefused as exc:
         logger.info("oauth token refused", extra={"error": exc.code, "description": exc.message})
         return _refusal(exc.code, exc.message)
