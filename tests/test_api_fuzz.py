@@ -31,7 +31,9 @@ def served(live_server, settings, tmp_path, sandbox_rail):  # noqa: F811 - the f
 
     use_rails(settings, tmp_path, sandbox_rail.rails())
     settings.VPAY_PUBLIC_URL = live_server.url
-    settings.VPAY_API_RATE_LIMIT = 0  # fuzzing is a burst; 429 is documented (test_openapi)
+    # Fuzzing is a burst; 429 is documented (test_openapi).
+    settings.VPAY_API_RATE_LIMIT = settings.VPAY_WEBHOOK_TEST_RATE_LIMIT = 0
+    settings.VPAY_OAUTH_TOKEN_ADDRESS_RATE_LIMIT = settings.VPAY_OAUTH_TOKEN_RATE_LIMIT = 0
     acme = RefundingMerchant("Acme")
     customer = acme.call("POST", "/v1/customers", {"email": "a@example.com", "metadata": {"k": "v"}}).json()
     paid = acme.paid_intent()
