@@ -12,6 +12,7 @@ import environ
 from django.core.exceptions import ImproperlyConfigured
 
 from vpay.db_pooler import POOLER_MODES, startup_options
+from vpay.public_urls import public_https_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -383,6 +384,16 @@ try:
     VPAY_METRICS_ALLOW_CIDRS = parse_cidrs(env.str("VPAY_METRICS_ALLOW_CIDRS", default=""))
 except ValueError as exc:
     raise ImproperlyConfigured(f"VPAY_METRICS_ALLOW_CIDRS: {exc}") from None
+
+# --- Live mode: the addresses payers and clients are given ---------------------------------
+# A session's url (VPAY_CHECKOUT_BASE_URL) goes to payers; VPAY_PUBLIC_URL is the token
+# endpoint's aud and the alerts' admin links. Their development defaults (http://127.0.0.1)
+# would hand payers a link to their own machine: live mode wants https and a host that is
+# not this machine's (loopback, localhost, 0.0.0.0).
+if LIVE_MODE:
+    for _name, _url in (("VPAY_PUBLIC_URL", VPAY_PUBLIC_URL), ("VPAY_CHECKOUT_BASE_URL", VPAY_CHECKOUT_BASE_URL)):
+        if not public_https_url(_url):
+            raise ImproperlyConfigured(f"{_name} must be an https:// URL with a public host in live mode")
 
 # --- Merchant API authentication and rate limits (merchants.credentials, api.ratelimit) ---
 # Requests a merchant may make per window, counted across every web process in PostgreSQL
