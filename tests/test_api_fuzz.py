@@ -11,7 +11,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.fuzz_support import fuzz
+from tests.fuzz_support import fuzz, hostile
 from tests.rail_support import sandbox_rail  # noqa: F401 - fixture
 from tests.refund_support import RefundingMerchant
 from webhooks.models import Event
@@ -67,6 +67,11 @@ def test_schemathesis_finds_nothing_within_the_ci_budget(served):
     url, key, ids = served
     assert httpx.get(url + "/v1/openapi.json").status_code == 200
     _assert_clean(fuzz(url, key, examples=CI_EXAMPLES, real_ids=ids))
+
+
+def test_inputs_that_once_answered_500_answer_a_listed_4xx_on_every_operation(served):
+    url, key, ids = served
+    _assert_clean(hostile(url, key, real_ids=ids))
 
 
 @pytest.mark.rehearse

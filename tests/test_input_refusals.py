@@ -16,6 +16,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
+from charges.rails import forget_configured_rails
 from merchants.models import ApiKey
 from merchants.services import merchant_create
 from tests.charges_support import Merchant, scalar, use_rails
@@ -46,6 +47,8 @@ def client():
 @pytest.fixture
 def rails(settings, tmp_path):
     use_rails(settings, tmp_path, RAILS)
+    yield
+    forget_configured_rails()  # the next test reads its own rails file
 
 
 def test_more_query_parameters_than_django_parses_is_a_400_on_an_authenticated_get(client, caplog):
@@ -109,8 +112,7 @@ def test_a_key_roll_overlap_that_is_not_ascii_digits_is_refused_by_the_form(over
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_customer_deleted_while_an_intent_is_created_for_it_is_a_400(settings, tmp_path, caplog):
-    use_rails(settings, tmp_path, RAILS)
+def test_a_customer_deleted_while_an_intent_is_created_for_it_is_a_400(rails, caplog):
     acme = Merchant("Acme")
     acme.client = Client(raise_request_exception=False)
     customer = acme.call("POST", "/v1/customers", {"name": "Pat"}).json()["id"]
@@ -155,4 +157,24 @@ def test_a_customer_deleted_while_an_intent_is_created_for_it_is_a_400(settings,
         "param": "customer",
     }
     assert scalar("SELECT count(*) FROM payment_intents") == 0
+    no_traceback(caplog)
+
+
+@pytest.mark.parametrize("depth", [400, 600, 900])
+def test_a_deeply_nested_body_field_on_v1_is_a_400(client, caplog, depth):
+    _, key = merchant_create(name="Acme")
+    body = '{"name": "x", "metadata": ' + '{"a": ' * depth + "1" + "}" * depth + "}"
+    with caplog.at_level(logging.INFO):
+        response = client.post(
+            "/v1/customers", body, content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {key}"
+        )
+    assert response.status_code == 400, response.content
+    no_traceback(caplog)
+
+
+def test_a_deeply_nested_callback_reference_is_a_quiet_200(client, rails, caplog):
+    body = '{"reference": ' * 700 + "1" + "}" * 700  # parses; only a string names a charge
+    with caplog.at_level(logging.INFO):
+        response = client.post("/rails/momo/callback", body, content_type="application/json")
+    assert response.status_code == 200, response.content
     no_traceback(caplog)
