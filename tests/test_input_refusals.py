@@ -178,3 +178,52 @@ def test_a_deeply_nested_callback_reference_is_a_quiet_200(client, rails, caplog
         response = client.post("/rails/momo/callback", body, content_type="application/json")
     assert response.status_code == 200, response.content
     no_traceback(caplog)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_customer_deleted_while_an_intent_for_it_commits_is_deleted_and_the_intent_kept(caplog):
+    """The other order of the race above: the delete comes second and wins cleanly, because
+    the foreign key is ON DELETE SET NULL in the database (charges migration 0002)."""
+    acme = Merchant("Acme")
+    acme.client = Client(raise_request_exception=False)
+    customer = acme.call("POST", "/v1/customers", {"name": "Pat"}).json()["id"]
+    # An intent being created for the customer, as create_intent writes it: the customer
+    # touched (its row locked), the intent inserted, not yet committed.
+    creator = psycopg.connect(database_url(), autocommit=False)
+    creator.execute("UPDATE customers SET last_used_at = now() WHERE id = %s", [customer])
+    creator.execute(
+        "INSERT INTO payment_intents (id, merchant_id, customer_id, amount, currency, rail, metadata)"
+        " VALUES ('pi_racing', %s, %s, 100, 'usd', 'momo', '{}')",
+        [acme.merchant.id, customer],
+    )
+    answer: dict = {}
+
+    def delete() -> None:
+        from django.db import connection
+
+        try:
+            answer["response"] = acme.call("DELETE", f"/v1/customers/{customer}")
+        finally:
+            connection.close()
+
+    with caplog.at_level(logging.INFO):
+        thread = threading.Thread(target=delete)
+        thread.start()
+        try:
+            wait_for(
+                lambda: scalar(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND wait_event_type = 'Lock'"
+                ),
+                10,
+                message="the delete waiting on the intent's lock",
+            )
+        finally:
+            creator.commit()
+            creator.close()
+            thread.join(timeout=20)
+    response = answer["response"]
+    assert response.status_code == 200, response.content
+    assert scalar("SELECT customer_id FROM payment_intents WHERE id = 'pi_racing'") is None
+    assert scalar("SELECT count(*) FROM customers") == 0
+    no_traceback(caplog)
