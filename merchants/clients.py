@@ -28,6 +28,7 @@ from django.db import connection, transaction
 from django.db.models.functions import Now
 
 from api.ratelimit import rate_limit_key
+from api.storable import storable
 from merchants import credentials
 from merchants.credentials import Kind
 from merchants.models import AccessToken, Merchant, OAuthClient
@@ -124,8 +125,11 @@ def oauth_client_revoke(*, client_id: str, reason: str, actor=None) -> OAuthClie
 
 def _numeric(value) -> bool:
     # Finite too: JSON as Python reads it has NaN and Infinity, and NaN compares false with
-    # every bound (it would pass them all).
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+    # every bound (it would pass them all). An int is finite however long (and too long
+    # for math.isfinite, which converts it to a float).
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return False
+    return isinstance(value, numbers.Integral) or math.isfinite(value)
 
 
 def assertion_time_refusal(
@@ -164,9 +168,10 @@ def _verified_claims(assertion: str, audience: str) -> tuple[OAuthClient, dict]:
     if alg not in ACCEPTED_ALGORITHMS:
         raise _invalid_client(f"alg {str(alg)[:20]!r} is not accepted: sign with RS256, PS256, ES256 or EdDSA.")
     issuer = unverified.get("iss")
-    client = (
-        OAuthClient.objects.select_related("merchant").filter(id=issuer).first() if isinstance(issuer, str) else None
-    )
+    # Text the database cannot hold (a NUL, a lone surrogate: JSON escapes carry both) names
+    # no client; asked about, it would be a database error, before any signature is checked.
+    known = isinstance(issuer, str) and storable(issuer)
+    client = OAuthClient.objects.select_related("merchant").filter(id=issuer).first() if known else None
     if client is None:
         raise _invalid_client("Unknown client: iss must be your client id (cli_…).")
     if client.revoked_at is not None:
@@ -200,8 +205,10 @@ def _verified_claims(assertion: str, audience: str) -> tuple[OAuthClient, dict]:
     if claims.get("sub") != client.id:
         raise _invalid_client("sub must equal iss, the client id.")
     jti = claims.get("jti")
-    if not isinstance(jti, str) or not jti or len(jti) > JTI_MAX:
-        raise _invalid_client(f"jti must be a string of 1 to {JTI_MAX} characters.")
+    if not isinstance(jti, str) or not jti or len(jti) > JTI_MAX or not storable(jti):
+        raise _invalid_client(
+            f"jti must be a string of 1 to {JTI_MAX} characters, none of them NUL or a lone surrogate."
+        )
     return client, claims
 
 

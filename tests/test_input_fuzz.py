@@ -18,7 +18,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from django.test import Client
-from hypothesis import HealthCheck, given
+from hypothesis import HealthCheck, example, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
@@ -87,6 +87,7 @@ def test_the_rail_callback_answers_every_body_without_a_5xx(rails):
 
 TIME = st.one_of(
     st.integers(),
+    st.integers(min_value=10**300, max_value=10**500) | st.integers(min_value=-(10**500), max_value=-(10**300)),
     st.floats(allow_nan=True, allow_infinity=True),
     st.just(float("nan")),
     ANY_TEXT,
@@ -138,7 +139,14 @@ def test_the_token_endpoint_answers_every_form_and_signed_assertion_without_a_5x
         else:
             assert set(answer) == {"error", "error_description"}
 
+    now = int(time.time())
+    base = {"iss": registered.id, "sub": registered.id, "aud": audience, "exp": now + 60, "jti": "j"}
+
     @EXAMPLES
+    @example(claims={**base, "iss": "cli_\x00"}, header={})  # each once answered 500
+    @example(claims={**base, "jti": "j\ud800"}, header={})
+    @example(claims={**base, "exp": float("nan")}, header={})
+    @example(claims={**base, "exp": 10**400}, header={})
     @given(claims=_claims(registered.id, audience), header=st.fixed_dictionaries({}, optional={"kid": ANY_TEXT}))
     def signed(claims: dict, header: dict) -> None:
         payload = json.dumps(claims, allow_nan=True).encode()

@@ -130,6 +130,12 @@ BAD_ASSERTIONS = {
     "HS256 keyed with the public key": lambda api: _hs256_with_public_key(api),
     "alg of another key type": lambda api: api.assertion(key=rsa.generate_private_key(65537, 2048), alg="RS256"),
     "not a JWT": lambda api: "not-a-jwt",
+    # Text the database cannot hold, in the claims it is asked about: iss before any
+    # signature is checked, jti once it is.
+    "iss with a NUL": lambda api: api.assertion(iss="cli_\x00"),
+    "iss with a lone surrogate": lambda api: api.assertion(iss="cli_\ud800"),
+    "jti with a NUL": lambda api: api.assertion(jti="j\x00"),
+    "jti with a lone surrogate": lambda api: api.assertion(jti="j\ud800"),
 }
 
 
@@ -297,6 +303,9 @@ NOW = 1_800_000_000
         (float("-inf"), None, None, "NumericDate"),
         (NOW + 60, float("nan"), None, "nbf must be"),
         (NOW + 60, None, float("-inf"), "iat must be"),
+        (10**400, None, None, "ahead"),  # an int past any float: compared, not converted
+        (-(10**400), None, None, "expired"),
+        (NOW + 60, 10**400, None, "nbf is in the future"),
     ],
 )
 def test_the_assertion_time_table(exp, nbf, iat, refused):
