@@ -15,7 +15,7 @@ from functools import wraps
 from typing import Any
 
 from django.conf import settings
-from django.core.exceptions import RequestDataTooBig
+from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent
 from django.db import transaction
 from django.db.models import Model, QuerySet
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -80,6 +80,11 @@ def error_response(
     """The one error body every ``/v1`` 4xx and 5xx answers with."""
     body = {"error": {"type": type, "code": code, "message": message, "param": param}}
     return JsonResponse(body, status=status)
+
+
+def too_many_parameters() -> ApiError:
+    limit = settings.DATA_UPLOAD_MAX_NUMBER_FIELDS
+    return ApiError(400, "too_many_parameters", f"At most {limit} parameters may be sent.")
 
 
 def not_found(what: str, object_id: str) -> ApiError:
@@ -279,6 +284,10 @@ def route(*methods: Any, atomic: bool = True) -> Callable:
                 return exc.response()
             except DomainError as exc:
                 return ApiError.of(exc).response()
+            except TooManyFieldsSent:
+                # Django refuses to parse more than DATA_UPLOAD_MAX_NUMBER_FIELDS query
+                # parameters the first time anything reads request.GET.
+                return too_many_parameters().response()
             except Exception as exc:  # noqa: BLE001 - one error format for every 5xx
                 if connection_lost(exc, closed=False) and writing and "Idempotency-Key" not in request.headers:
                     # The link died while a write ran: its transaction rolled back, unless it

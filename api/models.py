@@ -54,3 +54,22 @@ class RateLimitWindow(models.Model):
 
     def __repr__(self) -> str:
         return f"<RateLimitWindow {self.merchant_id} {self.count}>"
+
+
+class RateLimitKey(models.Model):
+    """A keyed request count in the current fixed window (``api.ratelimit.rate_limit_key``):
+    the token endpoint per client and per source address, webhook test events per merchant.
+    UNLOGGED like :class:`RateLimitWindow`; the hourly sweep deletes keys long idle."""
+
+    key = models.CharField(max_length=200, primary_key=True)
+    window_start = models.DateTimeField()
+    count = models.IntegerField()
+
+    class Meta:
+        db_table = "api_rate_limit_keys"
+
+    def __str__(self) -> str:
+        return f"rate limit window of {self.key}"
+
+    def __repr__(self) -> str:
+        return f"<RateLimitKey {self.key} {self.count}>"

@@ -15,15 +15,15 @@ from __future__ import annotations
 import logging
 
 from django.conf import settings
-from django.core.exceptions import RequestDataTooBig
+from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from api import schemas
+from api import ratelimit, schemas
 from api.framework import Body, Field
 from api.operations import Answer, Operation, describe
 from merchants.clients import ASSERTION_MAX, ASSERTION_TYPE, access_token_issue
-from vpay.errors import GrantRefused, error_chain
+from vpay.errors import GrantRefused, RateLimited, error_chain
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +70,12 @@ def _refusal(error: str, description: str) -> JsonResponse:
             200: Answer("The token, never cached.", schemas.OAUTH_TOKEN, headers=_NO_STORE),
             400: Answer("invalid_request or unsupported_grant_type (RFC 6749 §5.2).", schemas.ref("oauth_error")),
             401: Answer("invalid_client: every refusal of the assertion or the client.", schemas.ref("oauth_error")),
+            429: Answer(
+                "rate_limited (per source address, per client) or too_many_tokens (the client's live tokens);"
+                " wait Retry-After seconds.",
+                schemas.ref("oauth_error"),
+                headers={**_NO_STORE, "Retry-After": {"type": "integer"}},
+            ),
             500: Answer("server_error.", schemas.ref("oauth_error")),
         },
     )
@@ -81,9 +87,16 @@ def token(request: HttpRequest) -> JsonResponse:
         response.status_code = 405
         response["Allow"] = "POST"
         return response
-    if request.content_type != FORM:
-        return _refusal("invalid_request", f"Send the parameters as {FORM}.")
     try:
+        # Every request from the address counts, before anything is parsed or verified.
+        ratelimit.rate_limit_key(
+            key=f"oauth_token_address:{request.META.get('REMOTE_ADDR', '')}",
+            limit=settings.VPAY_OAUTH_TOKEN_ADDRESS_RATE_LIMIT,
+            window=settings.VPAY_OAUTH_TOKEN_RATE_LIMIT_WINDOW_SECONDS,
+            what="from an address",
+        )
+        if request.content_type != FORM:
+            return _refusal("invalid_request", f"Send the parameters as {FORM}.")
         if len(request.body) > settings.VPAY_API_MAX_BODY_BYTES:
             raise RequestDataTooBig
         form = request.POST
@@ -95,6 +108,13 @@ def token(request: HttpRequest) -> JsonResponse:
         )
     except RequestDataTooBig:
         return _refusal("invalid_request", f"The request body is larger than {settings.VPAY_API_MAX_BODY_BYTES} bytes.")
+    except TooManyFieldsSent:  # Django parses at most DATA_UPLOAD_MAX_NUMBER_FIELDS
+        return _refusal("invalid_request", f"At most {settings.DATA_UPLOAD_MAX_NUMBER_FIELDS} fields may be sent.")
+    except RateLimited as exc:
+        logger.info("oauth token rate limited", extra={"error": exc.code, "description": exc.message})
+        response = _answer({"error": exc.code, "error_description": exc.message}, 429)
+        response["Retry-After"] = str(exc.retry_after)
+        return response
     except GrantRefused as exc:
         logger.info("oauth token refused", extra={"error": exc.code, "description": exc.message})
         return _refusal(exc.code, exc.message)

@@ -29,7 +29,9 @@ _PATH_PARAMETER = {"type": "string", "minLength": 1, "pattern": "^[^/]+$"}  # Dj
 
 # What ``route`` answers for every operation, whatever its view does: status -> codes.
 _EVERY_ROUTE = {
-    400: ("invalid_request",),  # a Content-Length that is not a number, a Host not allowed
+    # A Content-Length that is not a number, a Host not allowed; more query parameters than
+    # DATA_UPLOAD_MAX_NUMBER_FIELDS.
+    400: ("invalid_request", "too_many_parameters"),
     401: credentials.REFUSAL_CODES,
     413: ("body_too_large",),
     429: ("rate_limited",),

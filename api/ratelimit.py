@@ -12,6 +12,10 @@ read-compute-write.
 
 Settings: ``VPAY_API_RATE_LIMIT`` requests per ``VPAY_API_RATE_LIMIT_WINDOW_SECONDS``
 (0 switches the limit off).
+
+:func:`rate_limit_key` is the same window for anything else that must be bounded (the
+token endpoint per client and per source address, a merchant's webhook test events): one
+row per key in ``api_rate_limit_keys``, which the hourly sweep empties of windows long over.
 """
 
 from __future__ import annotations
@@ -21,7 +25,13 @@ import math
 from django.conf import settings
 from django.db import connection
 
+from jobs.context import JobContext
+from jobs.housekeeping import StepResult
 from vpay.errors import RateLimited
+
+KEY_MAX = 200  # api_rate_limit_keys.key
+SWEEP_PAGE = 1000
+MAX_SWEEP_PAGES = 50
 
 
 def rate_limit_charge(*, merchant_id: str) -> None:
@@ -54,3 +64,53 @@ def rate_limit_charge(*, merchant_id: str) -> None:
             f"Too many requests: at most {limit} per {window} s for a merchant. Retry after the Retry-After seconds.",
             retry_after=max(1, math.ceil(float(seconds_left))),
         )
+
+
+def rate_limit_key(*, key: str, limit: int, window: int, what: str) -> None:
+    """Count one use of ``key`` (``"<purpose>:<subject>"``, at most :data:`KEY_MAX`
+    characters); :class:`RateLimited` once it is over ``limit`` per ``window`` seconds.
+    ``what`` ends the refusal's message ("for a client"). ``limit`` 0: no limit."""
+    if limit <= 0:
+        return
+    with connection.cursor() as cursor:
+        # The same upsert as rate_limit_charge's, on api_rate_limit_keys' primary key (key).
+        cursor.execute(
+            "INSERT INTO api_rate_limit_keys AS w (key, window_start, count)"
+            " VALUES (%s, date_bin(make_interval(secs => %s), now(), timestamptz 'epoch'), 1)"
+            " ON CONFLICT (key) DO UPDATE SET"
+            " count = CASE WHEN w.window_start = EXCLUDED.window_start THEN w.count + 1 ELSE 1 END,"
+            " window_start = EXCLUDED.window_start"
+            " RETURNING count, extract(epoch FROM w.window_start + make_interval(secs => %s) - now())",
+            [key[:KEY_MAX], window, window],
+        )
+        count, seconds_left = cursor.fetchone()
+    if count > limit:
+        raise RateLimited(
+            "rate_limited",
+            f"Too many requests: at most {limit} per {window} s {what}. Retry after the Retry-After seconds.",
+            retry_after=max(1, math.ceil(float(seconds_left))),
+        )
+
+
+def sweep_stale_windows(ctx: JobContext) -> StepResult:
+    """Sweep step: keys whose last window began more than an hour ago (every window is at
+    most an hour: settings), so a source address seen once does not stay a row for ever."""
+    total = 0
+    for _ in range(MAX_SWEEP_PAGES):
+        with connection.cursor() as cursor:
+            # A page of stale keys. No index on window_start, on purpose: it changes every
+            # window, and an index on it would make each request's update non-HOT; the
+            # table holds one row per key seen within about an hour, so the hourly scan is
+            # short. The age is repeated outside: a key counted again meanwhile stays.
+            cursor.execute(
+                "DELETE FROM api_rate_limit_keys WHERE key IN (SELECT key FROM api_rate_limit_keys"
+                " WHERE window_start < now() - interval '1 hour' LIMIT %s)"
+                " AND window_start < now() - interval '1 hour'",
+                [SWEEP_PAGE],
+            )
+            deleted = cursor.rowcount
+        total += deleted
+        if deleted < SWEEP_PAGE:
+            return StepResult(total)
+        ctx.heartbeat()
+    return StepResult(total, more=True)

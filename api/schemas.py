@@ -243,7 +243,15 @@ OAUTH_ERROR = _obj(
     {
         "error": {
             "type": "string",
-            "enum": ["invalid_request", "invalid_client", "invalid_grant", "unsupported_grant_type", "server_error"],
+            "enum": [
+                "invalid_request",
+                "invalid_client",
+                "invalid_grant",
+                "unsupported_grant_type",
+                "server_error",
+                "rate_limited",
+                "too_many_tokens",
+            ],
         },
         "error_description": STRING,
     },

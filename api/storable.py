@@ -7,19 +7,31 @@ from __future__ import annotations
 from typing import Any
 
 
+def _storable_text(text: str) -> bool:
+    if "\x00" in text:
+        return False
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def storable(value: Any) -> bool:
     """Whether every string in ``value`` (keys too) is text PostgreSQL can store: no NUL,
-    no unpaired surrogate (JSON's escapes let a client send both)."""
-    if isinstance(value, str):
-        if "\x00" in value:
-            return False
-        try:
-            value.encode()
-        except UnicodeEncodeError:
-            return False
-        return True
-    if isinstance(value, dict):
-        return all(storable(key) and storable(item) for key, item in value.items())
-    if isinstance(value, list):
-        return all(storable(item) for item in value)
+    no unpaired surrogate (JSON's escapes let a client send both).
+
+    Walked with a list, not by recursion: a body nested as deep as the JSON parser allows
+    would otherwise end in a RecursionError here (a 500)."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            if not _storable_text(item):
+                return False
+        elif isinstance(item, dict):
+            pending.extend(item.keys())
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
     return True

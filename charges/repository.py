@@ -203,11 +203,15 @@ def cancel_intent(intent_id: str, reason: str | None) -> bool:
     )
 
 
-def touch_customer(customer_id: str | None) -> None:
-    """``last_used_at = now()`` on the database clock (what the retention sweep reads)."""
-    if customer_id:
-        with connection.cursor() as cursor:
-            cursor.execute("UPDATE customers SET last_used_at = now() WHERE id = %s", [customer_id])
+def touch_customer(customer_id: str | None) -> bool:
+    """``last_used_at = now()`` on the database clock (what the retention sweep reads);
+    ``False`` when there is no such customer. Holds the row's lock until the transaction ends."""
+    if not customer_id:
+        return False
+    with connection.cursor() as cursor:
+        # By primary key (customers_pkey).
+        cursor.execute("UPDATE customers SET last_used_at = now() WHERE id = %s", [customer_id])
+        return cursor.rowcount == 1
 
 
 # --- the backstop ---------------------------------------------------------------------------

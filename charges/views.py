@@ -15,6 +15,7 @@ from api.lists import paginate
 from api.operations import Operation
 from api.params import LIST, Param, takes_query
 from api.schemas import list_of, ref
+from api.storable import storable
 from charges import repository
 from charges.models import Charge, CheckoutSession, PaymentIntent
 from charges.rails import get_rail
@@ -158,14 +159,29 @@ def rail_callback(request: HttpRequest, code: str) -> HttpResponse:
     Unknown references get the same quiet 200 as known ones (no oracle for guessing ids)."""
     if get_rail(code) is None:
         return error_response(404, "rail_unknown", "No rail by this name is configured.")
-    raw = request.body[: CALLBACK_MAX_BYTES + 1]
+    too_big = error_response(413, "body_too_large", f"A callback body may be at most {CALLBACK_MAX_BYTES} bytes.")
+    try:
+        if int(request.META.get("CONTENT_LENGTH") or 0) > CALLBACK_MAX_BYTES:
+            return too_big
+    except ValueError:
+        return error_response(400, "invalid_request", "Content-Length is not a number.")
+    # One byte past the cap from the stream, never request.body: that would buffer the
+    # whole body (up to DATA_UPLOAD_MAX_MEMORY_SIZE) before the cap could refuse it.
+    raw = request.read(CALLBACK_MAX_BYTES + 1)
     if len(raw) > CALLBACK_MAX_BYTES:
-        return error_response(413, "body_too_large", f"A callback body may be at most {CALLBACK_MAX_BYTES} bytes.")
+        return too_big
     try:
         body = json.loads(raw or b"{}")
-    except ValueError:
-        body = None
+    except (ValueError, RecursionError):  # RecursionError: nesting deeper than the parser goes
+        return error_response(400, "invalid_json", "The callback body is not valid JSON.")
     reference = body.get("reference") if isinstance(body, dict) else None
+    if not storable(reference):
+        return error_response(
+            400,
+            "parameter_invalid",
+            "reference may not contain NUL characters or unpaired surrogates.",
+            param="reference",
+        )
     if (
         isinstance(reference, str)
         and 0 < len(reference) <= ID_MAX_LENGTH

@@ -9,6 +9,8 @@ gated by its own permission, and done by the services (``merchants.services``,
 
 from __future__ import annotations
 
+import re
+
 from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
@@ -19,6 +21,9 @@ from merchants.models import ApiKey, Merchant, OAuthClient
 from vpay.errors import DomainError
 
 REASON_FORM = "admin/merchants/reason_form.html"
+# ASCII digits only: str.isdigit also takes "²" (which int() refuses) and other scripts'
+# digits; ten digits keep int() cheap, and the service bounds the value.
+_SECONDS = re.compile(r"[0-9]{1,10}")
 
 
 def _with_reason(model_admin, request, queryset, *, action, title, explanation, act, describe, overlap_field=False):
@@ -30,7 +35,7 @@ def _with_reason(model_admin, request, queryset, *, action, title, explanation, 
     if request.POST.get("post") == "yes":
         if not reason.strip():
             error = "A reason is required: it is recorded with the change."
-        elif overlap_field and not overlap.isdigit():
+        elif overlap_field and not _SECONDS.fullmatch(overlap):
             error = "The overlap is a whole number of seconds."
         else:
             results = []

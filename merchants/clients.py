@@ -16,6 +16,7 @@ by digest, and expires on the database clock.
 from __future__ import annotations
 
 import logging
+import math
 import numbers
 from datetime import timedelta
 
@@ -26,12 +27,14 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models.functions import Now
 
+from api.ratelimit import rate_limit_key
+from api.storable import storable
 from merchants import credentials
 from merchants.credentials import Kind
 from merchants.models import AccessToken, Merchant, OAuthClient
 from merchants.services import clean_reason
 from vpay.admin_log import log_change
-from vpay.errors import GrantRefused, InvalidInput, InvalidState, NotFound
+from vpay.errors import GrantRefused, InvalidInput, InvalidState, NotFound, RateLimited
 from vpay.tokens import new_token
 
 logger = logging.getLogger(__name__)
@@ -121,7 +124,12 @@ def oauth_client_revoke(*, client_id: str, reason: str, actor=None) -> OAuthClie
 
 
 def _numeric(value) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+    # Finite too: JSON as Python reads it has NaN and Infinity, and NaN compares false with
+    # every bound (it would pass them all). An int is finite however long (and too long
+    # for math.isfinite, which converts it to a float).
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return False
+    return isinstance(value, numbers.Integral) or math.isfinite(value)
 
 
 def assertion_time_refusal(
@@ -160,9 +168,10 @@ def _verified_claims(assertion: str, audience: str) -> tuple[OAuthClient, dict]:
     if alg not in ACCEPTED_ALGORITHMS:
         raise _invalid_client(f"alg {str(alg)[:20]!r} is not accepted: sign with RS256, PS256, ES256 or EdDSA.")
     issuer = unverified.get("iss")
-    client = (
-        OAuthClient.objects.select_related("merchant").filter(id=issuer).first() if isinstance(issuer, str) else None
-    )
+    # Text the database cannot hold (a NUL, a lone surrogate: JSON escapes carry both) names
+    # no client; asked about, it would be a database error, before any signature is checked.
+    known = isinstance(issuer, str) and storable(issuer)
+    client = OAuthClient.objects.select_related("merchant").filter(id=issuer).first() if known else None
     if client is None:
         raise _invalid_client("Unknown client: iss must be your client id (cli_…).")
     if client.revoked_at is not None:
@@ -196,8 +205,10 @@ def _verified_claims(assertion: str, audience: str) -> tuple[OAuthClient, dict]:
     if claims.get("sub") != client.id:
         raise _invalid_client("sub must equal iss, the client id.")
     jti = claims.get("jti")
-    if not isinstance(jti, str) or not jti or len(jti) > JTI_MAX:
-        raise _invalid_client(f"jti must be a string of 1 to {JTI_MAX} characters.")
+    if not isinstance(jti, str) or not jti or len(jti) > JTI_MAX or not storable(jti):
+        raise _invalid_client(
+            f"jti must be a string of 1 to {JTI_MAX} characters, none of them NUL or a lone surrogate."
+        )
     return client, claims
 
 
@@ -226,6 +237,27 @@ def _record_jti(client_id: str, jti: str, exp: float) -> bool:
         return cursor.fetchone() is not None
 
 
+def _refuse_past_the_cap(client_id: str) -> None:
+    """:class:`RateLimited` when the client already holds ``VPAY_OAUTH_MAX_LIVE_TOKENS``
+    unexpired tokens, with Retry-After the seconds until the first of them expires."""
+    cap = settings.VPAY_OAUTH_MAX_LIVE_TOKENS
+    with connection.cursor() as cursor:
+        # The client's unexpired tokens (oauth_access_tokens' client_id foreign-key index);
+        # expired ones are not counted, whether the hourly sweep has deleted them yet or not.
+        cursor.execute(
+            "SELECT count(*), extract(epoch FROM min(expires_at) - now()) FROM oauth_access_tokens"
+            " WHERE client_id = %s AND expires_at > now()",
+            [client_id],
+        )
+        live, first_expiry = cursor.fetchone()
+    if live >= cap:
+        raise RateLimited(
+            "too_many_tokens",
+            f"This client holds {cap} unexpired tokens, the most it may: reuse one until it expires.",
+            retry_after=max(1, math.ceil(float(first_expiry))),
+        )
+
+
 def access_token_issue(
     *, grant_type: str, client_assertion_type: str, client_assertion: str, audience: str, client_id: str = ""
 ) -> tuple[str, int, OAuthClient]:
@@ -243,6 +275,13 @@ def access_token_issue(
     client, claims = _verified_claims(client_assertion, audience)
     if client_id and client_id != client.id:
         raise _invalid_client("client_id does not match the assertion's iss.")
+    # Counted once the signature verified: only the key's holder spends the client's window.
+    rate_limit_key(
+        key=f"oauth_token_client:{client.id}",
+        limit=settings.VPAY_OAUTH_TOKEN_RATE_LIMIT,
+        window=settings.VPAY_OAUTH_TOKEN_RATE_LIMIT_WINDOW_SECONDS,
+        what="for a client",
+    )
     refusal = assertion_time_refusal(now=_db_now(), exp=claims["exp"], nbf=claims.get("nbf"), iat=claims.get("iat"))
     if refusal:
         raise _invalid_client(refusal)
@@ -254,6 +293,7 @@ def access_token_issue(
         client_row = OAuthClient.objects.select_for_update().filter(pk=client.pk, revoked_at__isnull=True).first()
         if client_row is None:  # revoked while we verified
             raise _invalid_client(f"Client {client.id} is revoked.")
+        _refuse_past_the_cap(client.id)  # under the client's lock: two requests cannot both pass
         AccessToken.objects.create(
             digest=credentials.digest(token), client=client_row, expires_at=Now() + timedelta(seconds=ttl)
         )

@@ -11,7 +11,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.fuzz_support import fuzz
+from tests.fuzz_support import fuzz, hostile
 from tests.rail_support import sandbox_rail  # noqa: F401 - fixture
 from tests.refund_support import RefundingMerchant
 from webhooks.models import Event
@@ -31,7 +31,9 @@ def served(live_server, settings, tmp_path, sandbox_rail):  # noqa: F811 - the f
 
     use_rails(settings, tmp_path, sandbox_rail.rails())
     settings.VPAY_PUBLIC_URL = live_server.url
-    settings.VPAY_API_RATE_LIMIT = 0  # fuzzing is a burst; 429 is documented (test_openapi)
+    # Fuzzing is a burst; 429 is documented (test_openapi).
+    settings.VPAY_API_RATE_LIMIT = settings.VPAY_WEBHOOK_TEST_RATE_LIMIT = 0
+    settings.VPAY_OAUTH_TOKEN_ADDRESS_RATE_LIMIT = settings.VPAY_OAUTH_TOKEN_RATE_LIMIT = 0
     acme = RefundingMerchant("Acme")
     customer = acme.call("POST", "/v1/customers", {"email": "a@example.com", "metadata": {"k": "v"}}).json()
     paid = acme.paid_intent()
@@ -65,6 +67,11 @@ def test_schemathesis_finds_nothing_within_the_ci_budget(served):
     url, key, ids = served
     assert httpx.get(url + "/v1/openapi.json").status_code == 200
     _assert_clean(fuzz(url, key, examples=CI_EXAMPLES, real_ids=ids))
+
+
+def test_inputs_that_once_answered_500_answer_a_listed_4xx_on_every_operation(served):
+    url, key, ids = served
+    _assert_clean(hostile(url, key, real_ids=ids))
 
 
 @pytest.mark.rehearse

@@ -333,9 +333,11 @@ def test_a_callback_leaves_a_near_poll_alone(acme, rails, settings):
 
 
 def test_a_callback_for_an_unknown_reference_is_a_quiet_200_and_an_unknown_rail_a_404(acme):
-    for body in ({"reference": "ch_nobody"}, {"nothing": True}, "not json"):
+    for body in ({"reference": "ch_nobody"}, {"nothing": True}, ["a list"]):
         response = acme.client.post("/rails/sandbox_push/callback", body, content_type="application/json")
         assert response.status_code == 200 and response.json() == {"received": True}
+    not_json = acme.client.post("/rails/sandbox_push/callback", "not json", content_type="application/json")
+    assert not_json.status_code == 400 and error_of(not_json)["code"] == "invalid_json"
     assert acme.client.post("/rails/nope/callback", {}, content_type="application/json").status_code == 404
     assert acme.client.get("/rails/sandbox_push/callback").status_code == 405
 

@@ -108,3 +108,49 @@ def test_the_embedded_server_is_a_development_dependency_only():
     # The image installs the production requirements, never the development ones.
     installs = [line for line in (ROOT / "Dockerfile").read_text().splitlines() if "pip install" in line]
     assert installs and all("requirements/base.txt" in line and "dev.txt" not in line for line in installs)
+
+
+LIVE_URLS = {
+    "VPAY_PUBLIC_URL": "https://pay.example.com",
+    "VPAY_CHECKOUT_BASE_URL": "https://pay.example.com/checkout/",
+}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("name", list(LIVE_URLS))
+@pytest.mark.parametrize(
+    "value",
+    [None, "http://127.0.0.1:8000/", "http://pay.example.com/", "https://localhost/", "https://[::1]/", "https://"],
+    ids=["the default", "loopback", "plain http", "localhost", "loopback v6", "no host"],
+)
+def test_live_mode_refuses_a_public_address_payers_or_clients_cannot_reach_and_names_it(tmp_path, name, value):
+    from tests.conftest import database_url
+
+    urls = {**LIVE_URLS, name: value}
+    result = run(
+        ENTRY_POINTS["manage.py check"],
+        tmp_path / "pgdata",
+        VPAY_LIVE_MODE="true",
+        DATABASE_URL=database_url(),
+        VPAY_SECRETS_KEY=FERNET_KEY,
+        **{k: v for k, v in urls.items() if v is not None},
+    )
+    assert result.returncode != 0
+    assert f"{name} must be an https:// URL with a public host in live mode" in result.stderr, result.stderr[-2000:]
+
+
+@pytest.mark.django_db
+def test_live_mode_starts_with_public_https_addresses(tmp_path):
+    from tests.conftest import database_url
+
+    code = "import vpay.wsgi; from django.conf import settings; print(settings.VPAY_CHECKOUT_BASE_URL)"
+    result = run(
+        ["-c", code],
+        tmp_path / "pgdata",
+        VPAY_LIVE_MODE="true",
+        DATABASE_URL=database_url(),
+        VPAY_SECRETS_KEY=FERNET_KEY,
+        **LIVE_URLS,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == LIVE_URLS["VPAY_CHECKOUT_BASE_URL"]

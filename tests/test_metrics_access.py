@@ -143,6 +143,8 @@ def test_a_live_gunicorn_answers_metrics_only_as_configured(tmp_path, token):
         VPAY_RAILS_FILE=str(rails),
         VPAY_SECURE_SSL_REDIRECT="false",
         VPAY_METRICS_TOKEN=token,
+        VPAY_PUBLIC_URL="https://pay.example.com",
+        VPAY_CHECKOUT_BASE_URL="https://pay.example.com/checkout/",
     )
     gunicorn = Path(sys.executable).with_name("gunicorn")
     log = (tmp_path / "gunicorn.log").open("wb")

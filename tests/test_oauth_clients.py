@@ -130,6 +130,12 @@ BAD_ASSERTIONS = {
     "HS256 keyed with the public key": lambda api: _hs256_with_public_key(api),
     "alg of another key type": lambda api: api.assertion(key=rsa.generate_private_key(65537, 2048), alg="RS256"),
     "not a JWT": lambda api: "not-a-jwt",
+    # Text the database cannot hold, in the claims it is asked about: iss before any
+    # signature is checked, jti once it is.
+    "iss with a NUL": lambda api: api.assertion(iss="cli_\x00"),
+    "iss with a lone surrogate": lambda api: api.assertion(iss="cli_\ud800"),
+    "jti with a NUL": lambda api: api.assertion(jti="j\x00"),
+    "jti with a lone surrogate": lambda api: api.assertion(jti="j\ud800"),
 }
 
 
@@ -292,8 +298,73 @@ NOW = 1_800_000_000
         (NOW + 60, None, NOW + 31, "iat is in the future"),
         (NOW + 60, None, "x", "iat must be"),
         (NOW + 60, NOW - 10, NOW - 10, None),
+        (float("nan"), None, None, "NumericDate"),
+        (float("inf"), None, None, "NumericDate"),
+        (float("-inf"), None, None, "NumericDate"),
+        (NOW + 60, float("nan"), None, "nbf must be"),
+        (NOW + 60, None, float("-inf"), "iat must be"),
+        (10**400, None, None, "ahead"),  # an int past any float: compared, not converted
+        (-(10**400), None, None, "expired"),
+        (NOW + 60, 10**400, None, "nbf is in the future"),
     ],
 )
 def test_the_assertion_time_table(exp, nbf, iat, refused):
     got = assertion_time_refusal(now=NOW, exp=exp, nbf=nbf, iat=iat)
     assert (got is None) if refused is None else (got is not None and refused in got)
+
+
+# --- abuse: non-finite times, rate limits, the live-token cap (issue 23 item 9) -------------
+
+
+@pytest.mark.parametrize("claim", ["exp", "nbf", "iat"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")], ids=["NaN", "Infinity", "-Infinity"])
+def test_a_non_finite_time_is_invalid_client_not_a_500(api, claim, value, caplog):
+    with caplog.at_level(logging.INFO):
+        response = api.token(api.assertion(**{claim: value}))
+    assert (response.status_code, _refusal(response)) == (401, "invalid_client"), response.text
+    assert AccessToken.objects.count() == 0 and AssertionJti.objects.count() == 0
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def _limited(response: httpx.Response, error: str) -> int:
+    assert (response.status_code, _refusal(response)) == (429, error), response.text
+    assert response.headers["Cache-Control"] == "no-store"
+    return int(response.headers["Retry-After"])
+
+
+def test_the_token_endpoint_is_rate_limited_per_client(api, live_server, settings):
+    settings.VPAY_OAUTH_TOKEN_RATE_LIMIT, settings.VPAY_OAUTH_TOKEN_RATE_LIMIT_WINDOW_SECONDS = 2, 60
+    settings.VPAY_OAUTH_TOKEN_ADDRESS_RATE_LIMIT = 0
+    other = Api(live_server.url)  # another merchant's client, from the same address
+    assert [api.token().status_code for _ in range(2)] == [200, 200]
+    assert 1 <= _limited(api.token(), "rate_limited") <= 60
+    assert AccessToken.objects.count() == 2
+    assert other.token().status_code == 200  # the window is the client's own
+    # An assertion that does not verify names no client: it cannot spend a client's window.
+    forged = api.assertion(key=ec.generate_private_key(ec.SECP256R1()))
+    assert other.token(forged).status_code == 401
+
+
+def test_the_token_endpoint_is_rate_limited_per_source_address(api, live_server, settings):
+    settings.VPAY_OAUTH_TOKEN_ADDRESS_RATE_LIMIT, settings.VPAY_OAUTH_TOKEN_RATE_LIMIT_WINDOW_SECONDS = 3, 60
+    settings.VPAY_OAUTH_TOKEN_RATE_LIMIT = 0
+    # Refusals count too: garbage from one address is bounded before any key is touched.
+    assert [api.token("not-a-jwt").status_code for _ in range(3)] == [401, 401, 401]
+    _limited(api.token(), "rate_limited")
+    assert AccessToken.objects.count() == 0
+
+
+def test_a_client_holds_at_most_the_cap_of_live_tokens(api, settings):
+    settings.VPAY_OAUTH_MAX_LIVE_TOKENS = 2
+    settings.VPAY_OAUTH_TOKEN_RATE_LIMIT = settings.VPAY_OAUTH_TOKEN_ADDRESS_RATE_LIMIT = 0
+    first = api.token().json()["access_token"]
+    assert api.token().status_code == 200
+    assert 1 <= _limited(api.token(), "too_many_tokens") <= settings.VPAY_OAUTH_TOKEN_TTL_SECONDS
+    assert AccessToken.objects.count() == 2 and api.get("/v1/customers", first).status_code == 200
+    # A refused assertion left its jti unused: the same one is accepted once a token expires.
+    assertion = api.assertion()
+    assert api.token(assertion).status_code == 429
+    sql(
+        "UPDATE oauth_access_tokens SET expires_at = now() - interval '1 second' WHERE id = (SELECT min(id) FROM oauth_access_tokens)"
+    )
+    assert api.token(assertion).status_code == 200

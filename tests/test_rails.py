@@ -105,6 +105,9 @@ def _manage_check(tmp_path, rails: dict, *, live: bool) -> subprocess.CompletedP
         "DJANGO_SECRET_KEY": "x" * 50,
         # Live mode also requires the key that seals webhook secrets (webhooks/sealing.py).
         "VPAY_SECRETS_KEY": "uK3mJ1tq0J0Xx9m1Yv7yqk0pP2o2b5m8y4r6t8w0z2c=",
+        # And addresses payers and clients can reach (vpay/settings.py).
+        "VPAY_PUBLIC_URL": "https://pay.example.com",
+        "VPAY_CHECKOUT_BASE_URL": "https://pay.example.com/checkout/",
     }
     return subprocess.run(
         [sys.executable, "manage.py", "runworker", "--burst"],

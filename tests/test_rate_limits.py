@@ -65,3 +65,38 @@ def test_the_count_is_shared_across_connections_and_a_new_window_admits_again(li
     assert (first, second, third.status_code) == (200, 200, 429)
     time.sleep(int(third.headers["Retry-After"]))
     assert over_http().status_code == 200
+
+
+def test_a_keyed_window_refuses_past_its_limit_and_the_sweep_deletes_keys_idle_for_an_hour():
+    from api.ratelimit import rate_limit_key, sweep_stale_windows
+    from tests.charges_support import scalar, sql
+    from vpay.errors import RateLimited
+
+    for _ in range(2):
+        rate_limit_key(key="probe:a", limit=2, window=60, what="for a probe")
+    with pytest.raises(RateLimited) as refused:
+        rate_limit_key(key="probe:a", limit=2, window=60, what="for a probe")
+    assert refused.value.message.endswith("at most 2 per 60 s for a probe. Retry after the Retry-After seconds.")
+    rate_limit_key(key="probe:b", limit=2, window=60, what="for a probe")  # its own window
+    sql("UPDATE api_rate_limit_keys SET window_start = now() - interval '61 minutes' WHERE key = 'probe:b'")
+    ctx = type("Ctx", (), {"heartbeat": lambda self: None})()
+    assert sweep_stale_windows(ctx).count == 1
+    assert scalar("SELECT array_agg(key) FROM api_rate_limit_keys") == ["probe:a"]
+
+
+def test_webhook_test_events_are_rate_limited_per_merchant(settings):
+    from tests.api_support import MerchantClient
+    from tests.charges_support import scalar
+
+    settings.VPAY_WEBHOOK_TEST_RATE_LIMIT, settings.VPAY_WEBHOOK_TEST_RATE_LIMIT_WINDOW_SECONDS = 2, 60
+    acme, globex = MerchantClient("Acme"), MerchantClient("Globex")
+    endpoint = {"url": "https://hooks.example.com/vpay", "enabled_events": ["*"]}
+    acme_test = f"/v1/webhook_endpoints/{acme.call('POST', '/v1/webhook_endpoints', endpoint).json()['id']}/test"
+    globex_test = f"/v1/webhook_endpoints/{globex.call('POST', '/v1/webhook_endpoints', endpoint).json()['id']}/test"
+    assert [acme.call("POST", acme_test).status_code for _ in range(2)] == [200, 200]
+    refused = acme.call("POST", acme_test)
+    assert refused.status_code == 429 and refused.json()["error"]["code"] == "rate_limited"
+    assert "for a merchant's webhook test events" in refused.json()["error"]["message"]
+    assert 1 <= int(refused["Retry-After"]) <= 60
+    assert scalar("SELECT count(*) FROM webhook_deliveries") == 2  # the refused call made none
+    assert globex.call("POST", globex_test).status_code == 200  # its own window

@@ -13,6 +13,7 @@ import environ
 from django.core.exceptions import ImproperlyConfigured
 
 from vpay.db_pooler import POOLER_MODES, startup_options
+from vpay.public_urls import public_https_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -428,6 +429,16 @@ try:
 except ValueError as exc:
     raise ImproperlyConfigured(f"VPAY_METRICS_ALLOW_CIDRS: {exc}") from None
 
+# --- Live mode: the addresses payers and clients are given ---------------------------------
+# A session's url (VPAY_CHECKOUT_BASE_URL) goes to payers; VPAY_PUBLIC_URL is the token
+# endpoint's aud and the alerts' admin links. Their development defaults (http://127.0.0.1)
+# would hand payers a link to their own machine: live mode wants https and a host that is
+# not this machine's (loopback, localhost, 0.0.0.0).
+if LIVE_MODE:
+    for _name, _url in (("VPAY_PUBLIC_URL", VPAY_PUBLIC_URL), ("VPAY_CHECKOUT_BASE_URL", VPAY_CHECKOUT_BASE_URL)):
+        if not public_https_url(_url):
+            raise ImproperlyConfigured(f"{_name} must be an https:// URL with a public host in live mode")
+
 # --- Merchant API authentication and rate limits (merchants.credentials, api.ratelimit) ---
 # Requests a merchant may make per window, counted across every web process in PostgreSQL
 # (a fixed window on the database clock); over it, 429 with Retry-After. 0: no limit.
@@ -435,12 +446,36 @@ VPAY_API_RATE_LIMIT = env.int("VPAY_API_RATE_LIMIT", default=100)
 VPAY_API_RATE_LIMIT_WINDOW_SECONDS = env.int("VPAY_API_RATE_LIMIT_WINDOW_SECONDS", default=1)
 if VPAY_API_RATE_LIMIT < 0 or not 1 <= VPAY_API_RATE_LIMIT_WINDOW_SECONDS <= 3600:
     raise ImproperlyConfigured("VPAY_API_RATE_LIMIT must be 0 or more and VPAY_API_RATE_LIMIT_WINDOW_SECONDS 1 to 3600")
+# POST /v1/webhook_endpoints/{id}/test makes a delivery per call: a merchant may make this
+# many per window (429 rate_limited past it). 0: no limit.
+VPAY_WEBHOOK_TEST_RATE_LIMIT = env.int("VPAY_WEBHOOK_TEST_RATE_LIMIT", default=10)
+VPAY_WEBHOOK_TEST_RATE_LIMIT_WINDOW_SECONDS = env.int("VPAY_WEBHOOK_TEST_RATE_LIMIT_WINDOW_SECONDS", default=60)
+if VPAY_WEBHOOK_TEST_RATE_LIMIT < 0 or not 1 <= VPAY_WEBHOOK_TEST_RATE_LIMIT_WINDOW_SECONDS <= 3600:
+    raise ImproperlyConfigured(
+        "VPAY_WEBHOOK_TEST_RATE_LIMIT must be 0 or more and VPAY_WEBHOOK_TEST_RATE_LIMIT_WINDOW_SECONDS 1 to 3600"
+    )
 # How long a rolled secret key keeps working beside its successor (apikeys roll, the admin).
 VPAY_API_KEY_ROLL_OVERLAP_SECONDS = env.int("VPAY_API_KEY_ROLL_OVERLAP_SECONDS", default=24 * 3600)
 # Lifetime of a bearer token from POST /v1/oauth/token.
 VPAY_OAUTH_TOKEN_TTL_SECONDS = env.int("VPAY_OAUTH_TOKEN_TTL_SECONDS", default=900)
 if not 60 <= VPAY_OAUTH_TOKEN_TTL_SECONDS <= 86400:
     raise ImproperlyConfigured("VPAY_OAUTH_TOKEN_TTL_SECONDS must be 60 to 86400")
+# POST /v1/oauth/token's own limits (api.ratelimit.rate_limit_key, 429 with Retry-After):
+# requests per source address (REMOTE_ADDR as the web process sees it: behind a proxy that
+# is the proxy's, so raise it or set 0 there), counted before anything is parsed; requests
+# per client, counted once its assertion's signature verifies; both per window. 0: no limit.
+VPAY_OAUTH_TOKEN_ADDRESS_RATE_LIMIT = env.int("VPAY_OAUTH_TOKEN_ADDRESS_RATE_LIMIT", default=60)
+VPAY_OAUTH_TOKEN_RATE_LIMIT = env.int("VPAY_OAUTH_TOKEN_RATE_LIMIT", default=20)
+VPAY_OAUTH_TOKEN_RATE_LIMIT_WINDOW_SECONDS = env.int("VPAY_OAUTH_TOKEN_RATE_LIMIT_WINDOW_SECONDS", default=60)
+# Unexpired tokens a client may hold; past it the endpoint answers 429 too_many_tokens
+# until one expires (a client reuses its token for its lifetime).
+VPAY_OAUTH_MAX_LIVE_TOKENS = env.int("VPAY_OAUTH_MAX_LIVE_TOKENS", default=100)
+if min(VPAY_OAUTH_TOKEN_ADDRESS_RATE_LIMIT, VPAY_OAUTH_TOKEN_RATE_LIMIT) < 0 or VPAY_OAUTH_MAX_LIVE_TOKENS < 1:
+    raise ImproperlyConfigured(
+        "The token endpoint's rate limits must be 0 or more and VPAY_OAUTH_MAX_LIVE_TOKENS 1 or more"
+    )
+if not 1 <= VPAY_OAUTH_TOKEN_RATE_LIMIT_WINDOW_SECONDS <= 3600:
+    raise ImproperlyConfigured("VPAY_OAUTH_TOKEN_RATE_LIMIT_WINDOW_SECONDS must be 1 to 3600")
 # The token endpoint's URL as clients reach it: the only `aud` a client assertion may carry.
 # Default: VPAY_PUBLIC_URL + /v1/oauth/token (never the request's Host header, which the
 # sender chooses).

@@ -1,12 +1,14 @@
 """``/v1/events`` (the outbox, readable by the merchant it belongs to), ``/v1/event_types`` and
 ``/v1/webhook_endpoints`` (with their test events, deliveries and a delivery's retry)."""
 
+from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 
 from api.framework import ApiError, Body, Field, not_found, owned, respond, route
 from api.lists import paginate
 from api.operations import Operation
 from api.params import LIST, Param, Query, takes_query
+from api.ratelimit import rate_limit_key
 from api.schemas import list_of, ref
 from webhooks.delivery_wire import deliveries_for_wire, delivery_lookup, render_delivery
 from webhooks.endpoint_wire import render_endpoint
@@ -208,6 +210,15 @@ def _delivery(delivery_id: int) -> HttpResponse:
 def send_test_event(request: HttpRequest, endpoint_id: str) -> HttpResponse:
     """Send a ``webhook_endpoint.test`` event to this endpoint only; answers its delivery."""
     Body().parse(request)
+    # Each call is a delivery the workers must make: bounded per merchant. Counted inside
+    # the view's transaction: a refused call (over the limit, a disabled endpoint) is not
+    # counted, and one merchant's test calls queue on its row lock, not on anyone else's.
+    rate_limit_key(
+        key=f"webhook_test:{request.merchant.pk}",
+        limit=settings.VPAY_WEBHOOK_TEST_RATE_LIMIT,
+        window=settings.VPAY_WEBHOOK_TEST_RATE_LIMIT_WINDOW_SECONDS,
+        what="for a merchant's webhook test events",
+    )
     return _delivery(webhook_endpoint_test(merchant_id=request.merchant.pk, endpoint_id=endpoint_id))
 
 

@@ -76,6 +76,11 @@ def create_intent(merchant: Merchant, fields: dict) -> PaymentIntent:
     """A ``requires_confirmation`` intent; the customer's ``last_used_at`` moves (SQL clock)."""
     customer = validate_payment(merchant, fields)
     with transaction.atomic():
+        # Touched first: the UPDATE takes the customer's row lock before the intent names it.
+        # A delete that committed since validate_payment left no row (refused here, not a
+        # foreign-key violation at commit); one that starts now waits for this commit.
+        if customer is not None and not repository.touch_customer(customer.id):
+            raise InvalidInput("resource_missing", f"No such customer: {customer.id!r}.", param="customer")
         intent = PaymentIntent.objects.create(
             merchant=merchant,
             customer=customer,
@@ -84,7 +89,6 @@ def create_intent(merchant: Merchant, fields: dict) -> PaymentIntent:
             rail=fields["rail"],
             metadata=fields.get("metadata", {}),
         )
-        repository.touch_customer(customer.id if customer else None)
     intent.refresh_from_db()
     return intent
 
