@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from django.db import connection
 
 from jobs import sql
-from jobs.repository import bounded
+from jobs.repository import NOTIFY_CHANNEL, bounded
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +79,9 @@ _UNRUNNABLE_FOR = "extract(epoch FROM now() - j.unrunnable_since)::float8"
 
 # Fair claim, one statement. `tenants` walks the distinct tenants that have claimable work
 # (a skip-scan over jobs_job_claimable_idx: one index probe per tenant), starting after the
-# caller's rotating cursor and wrapping, at most %(max_tenants)s of them. Each tenant then
+# caller's rotating cursor and, past the last tenant, wrapping once to the first and on up to
+# the cursor, at most %(max_tenants)s of them (without the wrap a claim after the cursor came
+# up short while the tenants before it had work). Each tenant then
 # contributes its oldest rows by (priority, run_at), an even share of the batch, locked with
 # SKIP LOCKED; the batch interleaves them by rank within tenant, then by walk position, and
 # the cursor moves past the furthest tenant served (round-robin even at batch size 1). A tenant with a 300k
@@ -94,23 +96,30 @@ _UNRUNNABLE_FOR = "extract(epoch FROM now() - j.unrunnable_since)::float8"
 # The lease expiry is written from now(): any reaper, on any host, honours the claimant's
 # lease as Postgres measures it.
 CLAIM = f"""
-WITH RECURSIVE tenants(tenant, n) AS (
-    (SELECT t.tenant, 1 FROM (
-        (SELECT j.tenant FROM jobs j
+WITH RECURSIVE tenants(tenant, n, wrapped) AS (
+    (SELECT t.tenant, 1, t.wrapped FROM (
+        (SELECT j.tenant, false AS wrapped FROM jobs j
           WHERE j.locked_at IS NULL AND j.run_at <= now() AND j.queue = ANY(%(queues)s) AND j.kind = ANY(%(kinds)s)
             AND j.tenant > %(after)s
           ORDER BY j.tenant LIMIT 1)
         UNION ALL
-        (SELECT j.tenant FROM jobs j
+        (SELECT j.tenant, true FROM jobs j
           WHERE j.locked_at IS NULL AND j.run_at <= now() AND j.queue = ANY(%(queues)s) AND j.kind = ANY(%(kinds)s)
           ORDER BY j.tenant LIMIT 1)
      ) t LIMIT 1)
   UNION ALL
-    SELECT nxt.tenant, tenants.n + 1 FROM tenants, LATERAL (
-        SELECT j.tenant FROM jobs j
-         WHERE j.locked_at IS NULL AND j.run_at <= now() AND j.queue = ANY(%(queues)s) AND j.kind = ANY(%(kinds)s)
-           AND j.tenant > tenants.tenant
-         ORDER BY j.tenant LIMIT 1) nxt
+    SELECT nxt.tenant, tenants.n + 1, nxt.wrapped FROM tenants, LATERAL (
+        (SELECT j.tenant, tenants.wrapped AS wrapped FROM jobs j
+          WHERE j.locked_at IS NULL AND j.run_at <= now() AND j.queue = ANY(%(queues)s) AND j.kind = ANY(%(kinds)s)
+            AND j.tenant > tenants.tenant AND (NOT tenants.wrapped OR j.tenant <= %(after)s)
+          ORDER BY j.tenant LIMIT 1)
+        UNION ALL
+        -- past the last tenant: wrap once to the first, up to where this walk began
+        (SELECT j.tenant, true FROM jobs j
+          WHERE j.locked_at IS NULL AND j.run_at <= now() AND j.queue = ANY(%(queues)s) AND j.kind = ANY(%(kinds)s)
+            AND NOT tenants.wrapped AND j.tenant <= %(after)s
+          ORDER BY j.tenant LIMIT 1)
+        LIMIT 1) nxt
      WHERE tenants.n < %(max_tenants)s
 ),
 share AS (SELECT ceil(%(batch)s::numeric / count(*))::int AS k FROM tenants),
@@ -377,16 +386,23 @@ def heartbeat(job_id: int, token: uuid.UUID, lease_seconds: float, checkpoint: o
 
 # --- hand-backs -----------------------------------------------------------------------
 
-# Give leases back, due at once. `refund` undoes the claim's attempt for jobs that never
-# started, or whose attempt ended for a reason not theirs (the database went away).
-_RELEASE = """
-UPDATE jobs j
-   SET locked_by = NULL, lease_token = NULL, locked_at = NULL, lease_expires_at = NULL,
-       heartbeat_at = NULL, run_at = least(j.run_at, now()),
-       attempts = CASE WHEN %s THEN greatest(j.attempts - 1, 0) ELSE j.attempts END,
-       last_error = CASE WHEN %s = '' THEN j.last_error ELSE %s END
-  FROM unnest(%s::bigint[], %s::uuid[]) AS s(id, token)
- WHERE j.id = s.id AND j.lease_token = s.token
+# Give leases back, due at once (primary key), and wake the idle workers of their queues
+# (delivered at commit): handed-back work must not wait out another worker's idle poll.
+# `refund` undoes the claim's attempt for jobs that never started, or whose attempt ended
+# for a reason not theirs (the database went away).
+_RELEASE = f"""
+WITH freed AS (
+    UPDATE jobs j
+       SET locked_by = NULL, lease_token = NULL, locked_at = NULL, lease_expires_at = NULL,
+           heartbeat_at = NULL, run_at = least(j.run_at, now()),
+           attempts = CASE WHEN %s THEN greatest(j.attempts - 1, 0) ELSE j.attempts END,
+           last_error = CASE WHEN %s = '' THEN j.last_error ELSE %s END
+      FROM unnest(%s::bigint[], %s::uuid[]) AS s(id, token)
+     WHERE j.id = s.id AND j.lease_token = s.token
+    RETURNING j.queue
+)
+SELECT count(*), (SELECT count(pg_notify('{NOTIFY_CHANNEL}', q)) FROM (SELECT DISTINCT queue AS q FROM freed) n)
+  FROM freed
 """
 
 
@@ -396,7 +412,8 @@ def release(leases: Iterable[tuple[int, uuid.UUID]], *, refund: bool, error: str
     if not leases:
         return 0
     error = bounded(error)
-    return sql.bookkeeping(_RELEASE, [refund, error, error, [i for i, _ in leases], [t for _, t in leases]])
+    rows = sql.bookkeeping(_RELEASE, [refund, error, error, [i for i, _ in leases], [t for _, t in leases]])
+    return int(rows[0][0])
 
 
 # The reaper (REAP, reap_expired_leases) is in jobs/reaper.py.

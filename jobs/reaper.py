@@ -23,6 +23,7 @@ from jobs.repository import (
     DEAD_LETTER_COLUMNS,
     LETTER_RETURNING,
     NOTIFY_ALERT_JOBS,
+    NOTIFY_CHANNEL,
     alert_job_params,
 )
 
@@ -102,11 +103,13 @@ freed AS (
            heartbeat_at = NULL
       FROM held h
      WHERE j.id = h.id AND NOT (h.stalled OR (h.together = 1 AND h.last_attempt))
-    RETURNING j.id, h.together > 1 AS suspect
+    RETURNING j.id, j.queue, h.together > 1 AS suspect
 )
 SELECT (SELECT count(*) FROM freed), (SELECT count(*) FROM buried),
        (SELECT count(*) FROM buried WHERE kind = 'send_alert'), (SELECT count(*) FROM freed WHERE suspect),
-       {NOTIFY_ALERT_JOBS}
+       {NOTIFY_ALERT_JOBS},
+       -- the rescued are due now: wake the idle workers of their queues (at commit)
+       (SELECT count(pg_notify('{NOTIFY_CHANNEL}', q)) FROM (SELECT DISTINCT queue AS q FROM freed) n)
 """
 
 
@@ -128,5 +131,5 @@ def reap_expired_leases(reaper: str | None = None) -> Reaped:
     id when it beats (it then judges nobody until it has beaten on time for a lease); None
     for a caller that does not beat. Durable: it writes dead letters."""
     rows = sql.durable(REAP, {**alert_job_params(), "recovery_cap": recovery_cap(), "reaper": reaper})
-    freed, buried, unalerted, suspects, _ = rows[0]
+    freed, buried, unalerted, suspects, _, _ = rows[0]
     return Reaped(freed, buried, unalerted, suspects)

@@ -8,6 +8,7 @@ import pytest
 from django.db import connection, transaction
 
 from jobs import leases, queue, registry
+from jobs.kinds import JobKind
 from jobs.queue import JobRequest
 from jobs.worker import Worker
 from tests.conftest import wait_for
@@ -129,3 +130,13 @@ def test_housekeeping_and_alerts_are_claimed_among_the_first_starts_behind_merch
     # One system job per round of the walk, like any merchant: two within the first 42 starts.
     assert sum(1 for s in starts[:21] if not s.startswith("mer_")) == 1, starts[:21]
     assert sum(1 for s in starts if not s.startswith("mer_")) == 2, starts
+
+
+@pytest.mark.django_db
+def test_the_tenant_walk_wraps_past_the_last_tenant_to_the_ones_before_the_cursor():
+    for tenant in "abc":
+        queue.enqueue(JobKind.TASK, task_payload(), tenant=tenant)
+    # Starting after 'b': 'c', then round to 'a' and 'b'; without the wrap only 'c' is served.
+    got = claim("worker-a", batch=3, after="b").jobs
+    assert sorted(j.tenant for j in got) == ["a", "b", "c"]
+    assert claim("worker-a", batch=3, after="b").jobs == []  # and none twice
