@@ -414,9 +414,10 @@ class Worker:
     def _release_everything_held(self) -> None:
         """Grace ran out: hand back every lease this process still holds (guarded).
 
-        Finished jobs whose delete was still buffered are deleted; jobs whose handler is
-        still running go back with their attempt counted (they started); jobs never
-        started go back with it refunded.
+        Finished jobs whose delete was still buffered are deleted; every other job goes back
+        due now with its attempt refunded, started or not: a shutdown is not the job's
+        failure, and counting it would spend an attempt of every job longer than ``--grace``
+        at every deploy (its last one a dead letter).
         """
         self.settler.finish(self._completer.take_unflushed())
         self.dispatcher.unstarted()
@@ -425,7 +426,11 @@ class Worker:
         started = [(r.job.id, r.job.lease_token) for r in held if r.ctx is not None]
         unstarted = [(r.job.id, r.job.lease_token) for r in held if r.ctx is None]
         self._release(unstarted, refund=True, error="")
-        self._release(started, refund=False, error=f"released at shutdown: grace elapsed (worker {self.worker_id})")
+        self._release(
+            started,
+            refund=True,
+            error=f"released at shutdown: grace elapsed (worker {self.worker_id}); attempt refunded",
+        )
         logger.warning(
             "grace elapsed; released held leases",
             extra={"worker_id": self.worker_id, "in_flight": len(started), "unstarted": len(unstarted)},

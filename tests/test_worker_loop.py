@@ -523,10 +523,10 @@ def test_grace_expiry_finishes_acked_jobs_and_releases_the_rest_with_the_right_a
     worker._completer.add(done)  # finished, its delete still buffered
     worker._running[started.id].ctx_holder.append(claimed_context(started))  # its handler still running
     worker._release_everything_held()
-    # The finished one is deleted; the running one goes back with its attempt counted;
-    # the one never started goes back with its attempt refunded.
+    # The finished one is deleted; the running one and the one never started go back with
+    # their attempt refunded (a shutdown is not their failure).
     assert count("jobs", "job_id = %s", [done.job_id]) == 0
-    assert job_row(started.job_id)["attempts"] == 1
+    assert job_row(started.job_id)["attempts"] == 0
     assert job_row(started.job_id)["locked_by"] is None
     assert "grace elapsed" in job_row(started.job_id)["last_error"]
     assert (job_row(unstarted.job_id)["attempts"], job_row(unstarted.job_id)["locked_by"]) == (0, None)
