@@ -9,8 +9,9 @@ An executor with nothing to claim waits for a wake: a ``NOTIFY`` (the listener),
 freeing (a suspect may then run), or the idle poll. A failed claim backs off (1 s doubling
 to 10 s); the worker does not exit on a database blip.
 
-No claim while a suspect runs alone, nor while one waits to (the claims stop until what
-runs has finished, then an executor claims the suspect alone).
+No claim while a suspect runs alone, nor while one waits to run on this worker: one worker
+at a time stops claiming until what it runs has finished, then claims the suspect alone
+(:meth:`Dispatcher.check_suspects`); the others claim on.
 """
 
 from __future__ import annotations
@@ -39,6 +40,10 @@ CLAIM_BACKOFF_CAP = 10.0
 # that its window, VPAY_JOB_UNRUNNABLE_WINDOW_SECONDS, runs out when no worker can run it),
 # and at most this many are remembered.
 CANNOT_RUN_SECONDS = 60.0
+# How long a worker draining for a suspect may take to become idle before it gives the
+# role up (a hung handler), and how long it then leaves the role to other workers.
+SUSPECT_DRAIN_SECONDS = 30.0
+SUSPECT_DRAIN_PAUSE_SECONDS = 60.0
 CANNOT_RUN_MEMORY = 1000
 
 
@@ -51,6 +56,8 @@ class Dispatcher:
         self.tenant_after = ""  # where the next claim's tenant walk starts (round-robin)
         self.claim_failures = 0
         self.suspect_waiting = False  # set by the maintenance thread (check_suspects)
+        self._draining_since = 0.0  # monotonic: when this worker began to drain for a suspect
+        self._drain_again_after = 0.0  # monotonic: no drain before this (it gave the role up)
         self._generation = 0  # wakes so far, under worker._cv
         self._claiming = threading.Lock()  # one executor claims at a time
         self._handed: queue.SimpleQueue = queue.SimpleQueue()  # claimed for an idle executor
@@ -133,7 +140,7 @@ class Dispatcher:
                 if suspect is not None:
                     jobs = [suspect]
                 else:
-                    self.suspect_waiting = False
+                    self._stop_draining()
             if not jobs:
                 result = leases.claim(
                     worker=w.worker_id,
@@ -199,7 +206,39 @@ class Dispatcher:
             w._cv.wait_for(lambda: self._generation != generation or w._stopping.is_set(), timeout)
 
     def check_suspects(self) -> None:
-        """Maintenance: note whether a suspect waits, for the next claim."""
-        if leases.suspect_waiting(self.worker.queues, self.worker.kinds):
+        """Maintenance (every beat period): whether this worker should stop claiming so that a
+        waiting suspect can run alone on it.
+
+        One worker at a time does (``leases.take_drain``), not every worker: a crash that
+        held several jobs would otherwise drain the whole fleet to zero. The flag follows the
+        truth at every check (a suspect another worker took clears it), and a worker that is
+        not idle within :data:`SUSPECT_DRAIN_SECONDS` (a hung handler) gives the role up and
+        claims again, leaving the suspect to another worker for a while."""
+        w = self.worker
+        now = time.monotonic()
+        if not leases.suspect_waiting(w.queues, w.kinds):
+            self._stop_draining()
+            return
+        if not w._heartbeating:  # the step methods: no workers row, no fleet to share with
             self.suspect_waiting = True
             self.wake()
+            return
+        if self.suspect_waiting and now - self._draining_since > SUSPECT_DRAIN_SECONDS:
+            self._stop_draining()
+            self._drain_again_after = now + SUSPECT_DRAIN_PAUSE_SECONDS
+            logger.info("not idle in time for a suspect; claiming again and leaving it to another worker")
+            return
+        if now < self._drain_again_after:
+            return
+        if leases.take_drain(w.worker_id, SUSPECT_DRAIN_SECONDS + w.heartbeat_seconds):
+            if not self.suspect_waiting:
+                self._draining_since = now
+            self.suspect_waiting = True
+            self.wake()
+        else:
+            self.suspect_waiting = False
+
+    def _stop_draining(self) -> None:
+        if self.suspect_waiting and self.worker._heartbeating:
+            leases.drop_drain(self.worker.worker_id)
+        self.suspect_waiting = False

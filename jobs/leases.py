@@ -269,6 +269,35 @@ def suspect_waiting(queues: Sequence[str], kinds: Sequence[str]) -> bool:
         return bool(cursor.fetchone()[0])
 
 
+# --- the suspect drain ------------------------------------------------------------------
+
+# Take (or keep) the role of the one worker that stops claiming until it is idle, so that a
+# suspect can run alone on it: granted unless another worker that still beats holds it.
+# Two workers deciding at the same instant may both get it (READ COMMITTED): two drain
+# instead of one, never the whole fleet. `workers` is small: a sequential scan.
+_TAKE_DRAIN = """
+UPDATE workers w SET drains_until = now() + make_interval(secs => %(seconds)s)
+ WHERE w.id = %(worker)s
+   AND NOT EXISTS (SELECT 1 FROM workers o
+                    WHERE o.id <> w.id AND o.drains_until > now()
+                      AND o.heartbeat_at > now() - make_interval(secs => o.lease_seconds))
+RETURNING 1
+"""
+_DROP_DRAIN = "UPDATE workers SET drains_until = NULL WHERE id = %s AND drains_until IS NOT NULL"
+
+
+def take_drain(worker: str, seconds: float) -> bool:
+    """Whether ``worker`` is (still) the one draining for suspects, for ``seconds`` more."""
+    with connection.cursor() as cursor:
+        cursor.execute(_TAKE_DRAIN, {"worker": worker, "seconds": seconds})
+        return cursor.fetchone() is not None
+
+
+def drop_drain(worker: str) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(_DROP_DRAIN, [worker])
+
+
 # --- heartbeats -----------------------------------------------------------------------
 
 # The worker's heartbeat: its `workers` row (created if missing: a row pruned during a long

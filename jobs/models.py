@@ -231,6 +231,9 @@ class WorkerProcess(models.Model):
     # (an outage, a stall, a fresh start) resets it. Its reaper judges nobody until it has
     # beaten on time for a whole lease, so that the others had time to beat too.
     alive_since = models.DateTimeField(db_default=Now())
+    # Until when this worker is the one that stops claiming so that a suspect can run alone
+    # on it (jobs.dispatch): one worker at a time drains for suspects, not the whole fleet.
+    drains_until = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "workers"

@@ -1,0 +1,70 @@
+"""After a crash that held several jobs, suspects wait to run alone: one worker at a time stops
+claiming for them, not every worker; the flag follows the truth at every check; and a worker
+with a handler that does not finish gives the role up instead of never claiming again."""
+
+from __future__ import annotations
+
+import pytest
+
+from jobs import dispatch, queue
+from jobs.kinds import JobKind
+from jobs.worker import Worker
+from tests.queue_support import claim, execute, task_payload
+
+
+def beating_worker(name: str) -> Worker:
+    """A worker as runworker runs it (a workers row, heartbeating), driven by its steps."""
+    worker = Worker(worker_id=name, concurrency=2)
+    worker._heartbeating = True
+    worker.heartbeat()
+    return worker
+
+
+def a_suspect_waits() -> None:
+    job_id = queue.enqueue(JobKind.TASK, task_payload(), tenant="s")
+    execute("UPDATE jobs SET crashes = 1 WHERE job_id = %s", [job_id])
+
+
+@pytest.mark.django_db
+def test_only_one_worker_stops_claiming_for_a_suspect():
+    a_suspect_waits()
+    workers = [beating_worker(f"w-{i}") for i in range(3)]
+    for worker in workers:
+        worker.check_suspects()
+    assert [w.dispatcher.suspect_waiting for w in workers] == [True, False, False]
+    # The others keep claiming ordinary work meanwhile.
+    queue.enqueue(JobKind.TASK, task_payload(), tenant="t")
+    workers[1].register([claim("w-1").jobs[0]])  # something runs on w-1
+    assert workers[1].dispatcher._may_claim()
+
+
+@pytest.mark.django_db
+def test_the_flag_follows_the_truth_when_another_worker_took_the_suspect():
+    a_suspect_waits()
+    worker = beating_worker("w-0")
+    worker.check_suspects()
+    assert worker.dispatcher.suspect_waiting
+    execute("UPDATE jobs SET crashes = 0")  # settled elsewhere (or by an operator)
+    worker.check_suspects()
+    assert not worker.dispatcher.suspect_waiting
+    assert beating_worker("w-1").dispatcher.suspect_waiting is False  # and the role is free
+    other = beating_worker("w-1")
+    a_suspect_waits()
+    other.check_suspects()
+    assert other.dispatcher.suspect_waiting
+
+
+@pytest.mark.django_db
+def test_a_worker_that_is_not_idle_in_time_gives_the_role_up_and_claims_again():
+    a_suspect_waits()
+    hung = beating_worker("hung")
+    hung.check_suspects()
+    assert hung.dispatcher.suspect_waiting
+    hung.dispatcher._draining_since -= dispatch.SUSPECT_DRAIN_SECONDS + 1  # a handler that never returns
+    hung.check_suspects()
+    assert not hung.dispatcher.suspect_waiting  # claims again
+    hung.check_suspects()
+    assert not hung.dispatcher.suspect_waiting  # and leaves the role to others for a while
+    other = beating_worker("other")
+    other.check_suspects()
+    assert other.dispatcher.suspect_waiting
