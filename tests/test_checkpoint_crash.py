@@ -9,6 +9,8 @@ pages after the cursor's last move.
 
 from __future__ import annotations
 
+import time
+
 import psycopg
 import pytest
 
@@ -108,6 +110,10 @@ def test_a_sweep_whose_workers_keep_dying_at_the_same_row_becomes_a_no_progress_
         assert cause == "no_progress" and attempts == 2  # buried by the reaper, never handed to the third
         assert "2 times since its checkpoint last moved (recovery cap 1)" in error and customers[99] in error
         assert scalar("SELECT count(*) FROM jobs WHERE job_id = %s", [job_id]) == 0
+        # Not seeded again while its letter waits for an operator: a fresh row would start at
+        # the row that kills workers, and the cap would never stop it.
+        time.sleep(3)  # several of the third worker's beats, each of which seeds what is missing
+        assert scalar(f"SELECT count(*) FROM jobs WHERE kind = '{KIND}'") == 0
         assert third.proc.poll() is None
     finally:
         blocker.rollback()
