@@ -64,6 +64,8 @@ IDLE_SLEEP = 1.0  # an idle dispatcher waits this long for a NOTIFY before claim
 HEARTBEAT_SECONDS = 5.0
 LEASE_BEATS = 2.0
 LEASE_MARGIN_SECONDS = 2.0
+# How long a drain waits for the completer to acknowledge what it holds before doing it itself.
+COMPLETER_DRAIN_SECONDS = 5.0
 
 
 def default_worker_id() -> str:
@@ -262,7 +264,12 @@ class Worker:
                 break
             time.sleep(0.02)
         self._completer.close()
-        self._completer.drain(timeout=5.0)
+        if not self._completer.drain(timeout=COMPLETER_DRAIN_SECONDS):
+            # The completer is gone or stuck: acknowledge what it holds here, or a clean exit
+            # would leave finished jobs leased by a worker whose row is about to go, for the
+            # reaper to rescue as if it had crashed (attempts spent, the last a dead letter).
+            self.settler.finish(self._completer.take_unflushed())
+            self._release_pending_settles()
         if abandoned and not self._exit_now.is_set():
             self._release_everything_held()
         else:
@@ -401,6 +408,13 @@ class Worker:
                     period = min(1.0, self.heartbeat_seconds)
                 if self._beat_stop.wait(max(0.0, period - (time.monotonic() - started))):
                     return
+        finally:
+            connection.close()
+
+    def _release_pending_settles(self) -> None:
+        """Hand back the leases whose settle write failed, once more before exiting."""
+        try:
+            self.settler.hand_back_pending()
         finally:
             connection.close()
 

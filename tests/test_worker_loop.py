@@ -569,3 +569,20 @@ def test_a_worker_leaves_a_job_it_could_not_run_to_the_others_for_a_while():
     assert older.run_once() == 0
     newer = Worker(concurrency=1)
     assert newer.run_once() == 1  # (here it cannot run it either; a newer release would)
+
+
+@pytest.mark.django_db(transaction=True)  # the drain closes its connection afterwards
+def test_a_clean_exit_acknowledges_what_the_completer_never_flushed(monkeypatch):
+    from jobs import worker as worker_module
+
+    monkeypatch.setattr(worker_module, "COMPLETER_DRAIN_SECONDS", 0.1)
+    job_id = queue.enqueue(JobKind.TASK, task_payload("tests.tasks.noop"))
+    worker = Worker(concurrency=1)
+    (done,) = worker._claim(1, alone=True)
+    worker._running.pop(done.id)
+    worker._completer.add(done)  # finished, but its completer thread died before flushing
+    worker._stopping.set()
+    assert worker._wait_and_drain() is False
+    # Acknowledged, not left leased for a reaper to take for a crash.
+    assert count("jobs", "job_id = %s", [job_id]) == 0
+    assert worker.report().finished == 1
