@@ -6,6 +6,8 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from django.db import connection
+
 from jobs import cancels, checkpoints, fence, leases, registry
 from jobs.current import JobCancelled
 from jobs.leases import ClaimedJob
@@ -84,9 +86,10 @@ class JobContext:
         job, and :class:`LeaseLost` if the lease was taken. A running worker's own
         heartbeat keeps every lease it holds alive; this one also extends the job's lease
         when the handler owns its transactions (a step-method test has no worker
-        heartbeat). A loop-fenced handler's job row must not be written from inside its
-        transaction (the worker's heartbeat would wait on that row lock), so there it
-        only reads the cancel flag (one primary-key SELECT).
+        heartbeat). Inside a transaction (a loop-fenced handler's, or one the handler opened)
+        the job row must not be written (its lock would be held until the commit, and
+        cancels, hand-backs and the reaper would wait on it), so there it only reads the
+        cancel flag (one primary-key SELECT).
         """
         if self.remaining() < 0:
             raise JobTimedOut(
@@ -94,7 +97,10 @@ class JobContext:
             )
         if rowless(self.job):  # an in-process job has no row: no lease to extend, no request to read
             return
-        if self.loop_fenced:
+        if self.loop_fenced or connection.in_atomic_block:
+            # Inside a transaction (the loop's, or one the handler opened) an UPDATE of the job
+            # row would hold its lock until that commits: cancels, hand-backs and the reaper
+            # would wait on it. The worker's beat keeps the lease; read the cancel flag only.
             cancel_requested = cancels.requested(self.job.id, self.job.lease_token)
         else:
             cancel_requested = leases.heartbeat(self.job.id, self.job.lease_token, self.job.lease_seconds)

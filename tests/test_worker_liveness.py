@@ -163,3 +163,20 @@ def test_the_beat_never_waits_on_a_row_another_transaction_holds():
     thread.join(timeout=10)
     assert held_while_beating, "the beat waited for a row another transaction held"
     assert scalar("SELECT lease_expires_at > now() + interval '10 seconds' FROM jobs WHERE job_id = %s", [ids[1]])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_heartbeat_inside_the_handlers_own_transaction_holds_no_lock_on_the_job_row():
+    from django.db import transaction
+
+    from tests.queue_support import claimed_context
+
+    queue.enqueue(JobKind.TASK, task_payload())
+    (job,) = claim("worker-a", lease_seconds=30).jobs
+    ctx = claimed_context(job)
+    ctx.loop_fenced = False  # a handler that owns its transactions
+    with transaction.atomic():
+        ctx.heartbeat()
+        with psycopg.connect(database_url(), autocommit=True) as other:
+            # An operator's cancel or the reaper takes the row at once, not after the commit.
+            other.execute("SELECT 1 FROM jobs WHERE id = %s FOR UPDATE NOWAIT", [job.id])
