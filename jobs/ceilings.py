@@ -96,6 +96,15 @@ class Scope:
 _CONTRIBUTIONS: dict[str, Callable[[Scope], list[Ceiling]]] = {}
 
 
+def reserved_executors(concurrency: int) -> int:
+    """Executors of a worker kept for the reserved (money) kinds (registry ``reserved``):
+    ``VPAY_WORKER_RESERVED_EXECUTORS``, or a quarter of ``concurrency`` (at least 1); never
+    all of them (the other kinds need one)."""
+    configured = settings.VPAY_WORKER_RESERVED_EXECUTORS
+    wanted = max(1, concurrency // 4) if configured < 0 else configured
+    return max(0, min(wanted, concurrency - 1))
+
+
 def register_ceilings(name: str, contribute: Callable[[Scope], list[Ceiling]]) -> None:
     """An app's ceilings (rails, webhook endpoints), registered in its ``AppConfig.ready()``:
     ``jobs`` imports no app, so the apps bring their numbers to it."""
@@ -119,6 +128,13 @@ def collect(
     found = [
         Ceiling("worker.concurrency", concurrency, src.get("concurrency", arg)),
         Ceiling("worker.prefetch", 0, "fixed: the runner claims only for idle executors"),
+        Ceiling(
+            "worker.reserved_executors",
+            reserved_executors(concurrency),
+            "env VPAY_WORKER_RESERVED_EXECUTORS"
+            if settings.VPAY_WORKER_RESERVED_EXECUTORS >= 0
+            else "derived: a quarter of the concurrency, at least 1, never all",
+        ),
         Ceiling("worker.queues", queues_text, src.get("queues", arg)),
         Ceiling("claim.max_tenants_per_claim", max_tenants, src.get("max_tenants", "default")),
         Ceiling("worker.heartbeat_seconds", heartbeat_seconds, src.get("heartbeat", arg)),

@@ -45,6 +45,9 @@ class JobContext:
     started_monotonic: float = field(default_factory=time.monotonic)
     # The persisted cursor, read on first use (jobs.checkpoints); _UNREAD until then.
     _cursor: object = field(default=_UNREAD, repr=False)
+    # Whether a transaction was already open when the job started (a test's, an embedding
+    # caller's): only one opened after that is the handler's own (see heartbeat).
+    _outer_atomic: bool = field(default_factory=lambda: connection.in_atomic_block, repr=False)
 
     @property
     def job_id(self) -> uuid.UUID:
@@ -97,7 +100,7 @@ class JobContext:
             )
         if rowless(self.job):  # an in-process job has no row: no lease to extend, no request to read
             return
-        if self.loop_fenced or connection.in_atomic_block:
+        if self.loop_fenced or (connection.in_atomic_block and not self._outer_atomic):
             # Inside a transaction (the loop's, or one the handler opened) an UPDATE of the job
             # row would hold its lock until that commits: cancels, hand-backs and the reaper
             # would wait on it. The worker's beat keeps the lease; read the cancel flag only.

@@ -83,13 +83,17 @@ class Dispatcher:
                         continue
                     free = w.concurrency - len(w._running)
                     alone = not w._running
-                jobs = self.claim(free, alone)
+                    # The unreserved kinds may fill all but the reserved executors; those
+                    # claim only the money kinds (registry reserved=True).
+                    room = w.unreserved_room()
+                    kinds, asked = (None, min(free, room)) if room > 0 else (w.reserved_kinds, free)
+                jobs = self.claim(asked, alone, kinds)
             finally:
                 self._claiming.release()
             if jobs:
                 for job in jobs[1:]:
                     self._handed.put(job)
-                if len(jobs) > 1 or len(jobs) == free:
+                if len(jobs) > 1 or len(jobs) == asked:
                     # The idle executors these were claimed for; and, when the claim took all
                     # it asked for (more may be due), any executor that wanted its turn at
                     # the lock meanwhile. A claim that came up short wakes nobody: the queue
@@ -121,9 +125,10 @@ class Dispatcher:
         w = self.worker
         return not w._solo and len(w._running) < w.concurrency and not (self.suspect_waiting and w._running)
 
-    def claim(self, free: int, alone: bool) -> list[ClaimedJob] | None:
-        """Claim up to ``free`` jobs (a suspect, alone, when nothing runs), registered as
-        running before this returns. None when the claim failed."""
+    def claim(self, free: int, alone: bool, kinds: list[str] | None = None) -> list[ClaimedJob] | None:
+        """Claim up to ``free`` jobs of ``kinds`` (all the worker's by default; a suspect,
+        alone, when nothing runs), registered as running before this returns. None when
+        the claim failed."""
         w = self.worker
         lease = w.lease_seconds if w._heartbeating else None
         try:
@@ -145,7 +150,7 @@ class Dispatcher:
                 result = leases.claim(
                     worker=w.worker_id,
                     queues=w.queues,
-                    kinds=w.kinds,
+                    kinds=w.kinds if kinds is None else kinds,
                     batch=free,
                     lease_seconds=lease,
                     kind_leases=w._kind_leases,

@@ -57,6 +57,10 @@ class KindSpec:
     # Why an operator may not cancel this kind's jobs (jobs.services.cancels), or None when
     # they may: the refusal quotes it, so it says what to do instead.
     not_cancellable: str | None = None
+    # Money moves on it (a charge's or a refund's poll): every worker keeps a share of its
+    # executors for the reserved kinds (VPAY_WORKER_RESERVED_EXECUTORS), so no other work,
+    # however slow (one merchant's webhook endpoints), can hold them all.
+    reserved: bool = False
 
     @property
     def cancellable(self) -> bool:
@@ -83,6 +87,7 @@ def register(
     subject: Callable[[dict], str] | None = None,
     cancellable: bool = True,
     not_cancellable_reason: str = "",
+    reserved: bool = False,
 ) -> Callable[[Callable[[JobContext], Outcome]], Callable[[JobContext], Outcome]]:
     """Register the decorated function as the handler of ``kind``.
 
@@ -98,7 +103,7 @@ def register(
         if kind.value in _REGISTRY:
             raise RuntimeError(f"kind {kind.value!r} is already registered")
         spec = KindSpec(
-            kind, handler, schema, timeout_seconds, retry, max_deferrals, singleton, fenced, subject, refusal
+            kind, handler, schema, timeout_seconds, retry, max_deferrals, singleton, fenced, subject, refusal, reserved
         )  # type: ignore[arg-type]
         _REGISTRY[kind.value] = spec
         return handler

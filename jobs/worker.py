@@ -129,6 +129,9 @@ class Worker:
         # What this release can run: the claim takes nothing else (a rolling deploy's newer
         # kinds wait for newer workers, no attempt spent).
         self.kinds = sorted(self._kind_leases)
+        # Kept for the kinds that move money: the others may hold at most the rest.
+        self.reserved_kinds = sorted(s.kind.value for s in specs if s.reserved)
+        self.reserved_executors = ceilings.reserved_executors(concurrency) if self.reserved_kinds else 0
         self._default_lease = max(self._kind_leases.values(), default=60.0)
         self._heartbeating = False
 
@@ -376,6 +379,12 @@ class Worker:
     def running_count(self) -> int:
         with self._cv:
             return len(self._running)
+
+    def unreserved_room(self) -> int:
+        """Under ``_cv``: how many more jobs of the unreserved kinds may start now."""
+        reserved = self.reserved_kinds
+        others = sum(1 for r in self._running.values() if r.job.kind not in reserved)
+        return self.concurrency - self.reserved_executors - others
 
     def running_snapshot(self) -> list[Running]:
         with self._cv:

@@ -104,6 +104,7 @@ class DeliveryRow:
     payload_sha256: str | None
     endpoint_deleted: bool
     endpoint_disabled: bool = False
+    merchant_id: str = ""
 
 
 def lock_delivery(delivery_id: int) -> DeliveryRow | None:
@@ -116,7 +117,7 @@ def lock_delivery(delivery_id: int) -> DeliveryRow | None:
                EXTRACT(EPOCH FROM d.next_attempt_at - now())::float8,
                EXTRACT(EPOCH FROM d.lease_expires_at - now())::float8,
                d.lease_token, d.payload_sha256,
-               e.deleted_at IS NOT NULL, e.disabled_at IS NOT NULL
+               e.deleted_at IS NOT NULL, e.disabled_at IS NOT NULL, e.merchant_id
           FROM webhook_deliveries d JOIN webhook_endpoints e ON e.id = d.endpoint_id
          WHERE d.id = %s::bigint FOR UPDATE OF d
         """,
@@ -124,7 +125,7 @@ def lock_delivery(delivery_id: int) -> DeliveryRow | None:
     )
     if row is None:
         return None
-    did, endpoint_id, event_id, state, attempts, base, due_in, lease_left, token, digest, deleted, disabled = row
+    did, endpoint_id, event_id, state, attempts, base, due_in, lease_left, token, digest, deleted, disabled, merchant = row
     return DeliveryRow(
         int(did),
         endpoint_id,
@@ -138,6 +139,7 @@ def lock_delivery(delivery_id: int) -> DeliveryRow | None:
         digest,
         _bool(deleted),
         _bool(disabled),
+        merchant,
     )
 
 

@@ -70,6 +70,7 @@ def worker_share(concurrency: int | None) -> int | None:
 
 
 SHARES = EndpointShares()
+MERCHANT_SHARE_PREFIX = "merchant:"  # a merchant's share is kept beside its endpoints' in SHARES
 
 
 class Begin(enum.Enum):
@@ -107,9 +108,10 @@ def at_cap_wait(earliest_lease_left: float | None) -> float:
 def begin_attempt(delivery_id: int, *, share: int | None = None) -> BeginResult:
     """Step 1: claim the next attempt of ``delivery_id`` (see the module docstring).
 
-    ``share``: the most attempts this process may have in flight to one endpoint (the
-    deliver job passes :func:`worker_share` of its worker); a CLAIMED result then holds a
-    slot of :data:`SHARES` until :func:`release`."""
+    ``share``: the most attempts this process may have in flight to one endpoint, and to
+    one merchant's endpoints together (the deliver job passes :func:`worker_share` of its
+    worker); a CLAIMED result then holds a slot of each in :data:`SHARES` until
+    :func:`release`."""
     with transaction.atomic():
         row = attempt_sql.lock_delivery(delivery_id)
         if row is None or row.state not in (DeliveryState.PENDING, DeliveryState.DELIVERING):
@@ -134,21 +136,26 @@ def begin_attempt(delivery_id: int, *, share: int | None = None) -> BeginResult:
             return BeginResult(Begin.HELD, endpoint_id=row.endpoint_id)
         elif row.due_in > 0:
             return BeginResult(Begin.NOT_DUE, wait=row.due_in)
+        # The endpoint's share of this worker, then its merchant's (all its endpoints together:
+        # one merchant with many slow endpoints leaves the other half to every other merchant).
+        merchant_key = MERCHANT_SHARE_PREFIX + row.merchant_id
         held = share is not None and SHARES.acquire(row.endpoint_id, share)
+        merchant_held = held and SHARES.acquire(merchant_key, share)
+        keys = [row.endpoint_id, merchant_key][: int(held) + int(merchant_held)]
         try:
             in_flight, earliest = attempt_sql.in_flight_for_endpoint(row.endpoint_id)
-            if (share is not None and not held) or in_flight >= settings.VPAY_WEBHOOK_MAX_IN_FLIGHT:
-                if held:
-                    SHARES.release(row.endpoint_id)
+            if (share is not None and not merchant_held) or in_flight >= settings.VPAY_WEBHOOK_MAX_IN_FLIGHT:
+                for key in keys:
+                    SHARES.release(key)
                 metrics.AT_CAP.inc()
                 return BeginResult(Begin.AT_CAP, wait=at_cap_wait(earliest), endpoint_id=row.endpoint_id)
             lease = attempt_sql.start_attempt(delivery_id, settings.VPAY_WEBHOOK_LEASE_SECONDS)
         except BaseException:
-            if held:
-                SHARES.release(row.endpoint_id)
+            for key in keys:
+                SHARES.release(key)
             raise
-        if held:
-            SHARES.bind(lease.token, row.endpoint_id)
+        if keys:
+            SHARES.bind(lease.token, *keys)
         return BeginResult(Begin.CLAIMED, lease=lease, endpoint_id=row.endpoint_id)
 
 

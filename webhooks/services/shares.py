@@ -1,6 +1,7 @@
-"""The per-worker share of one endpoint: how many of this process's executors hold an
-attempt to it right now (the global cap is counted in the database, under the endpoint's
-row lock; this keeps one slow endpoint from holding more than its share of one worker)."""
+"""The per-worker shares: how many of this process's executors hold an attempt to one
+endpoint, and to one merchant's endpoints, right now (the global per-endpoint cap is
+counted in the database, under the endpoint's row lock; these keep one slow endpoint, and
+one merchant with many slow endpoints, from holding more than their share of one worker)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ class EndpointShares:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._held: Counter[str] = Counter()
-        self._leases: dict[object, str] = {}  # lease token -> endpoint, for release_lease()
+        self._leases: dict[object, tuple[str, ...]] = {}  # lease token -> its keys, for release_lease()
 
     def acquire(self, endpoint_id: str, share: int) -> bool:
         with self._lock:
@@ -30,17 +31,18 @@ class EndpointShares:
             if self._held[endpoint_id] <= 0:
                 del self._held[endpoint_id]
 
-    def bind(self, token: object, endpoint_id: str) -> None:
-        """The slot just acquired for ``endpoint_id`` is held by the attempt with ``token``."""
+    def bind(self, token: object, *keys: str) -> None:
+        """The slots just acquired for ``keys`` (an endpoint, its merchant) are held by the
+        attempt with ``token``."""
         with self._lock:
-            self._leases[token] = endpoint_id
+            self._leases[token] = keys
 
     def release_lease(self, token: object) -> None:
-        """Give back the slot held by the attempt with ``token``; a no-op the second time."""
+        """Give back the slots held by the attempt with ``token``; a no-op the second time."""
         with self._lock:
-            endpoint_id = self._leases.pop(token, None)
-        if endpoint_id is not None:
-            self.release(endpoint_id)
+            keys = self._leases.pop(token, ())
+        for key in keys:
+            self.release(key)
 
     def held(self, endpoint_id: str) -> int:
         with self._lock:
