@@ -16,11 +16,13 @@ $(VENV)/.deps: requirements/base.txt requirements/dev.txt
 run: $(VENV)/.deps
 	$(PY) -m vpay.devstack
 
-## The whole test suite: lint, migrations in sync, every test but the heavy `rehearse`
+## The whole test suite: lint, migrations in sync, the system checks (live mode's
+## `check --deploy` is tests/test_system_checks.py), every test but the heavy `rehearse`
 ## ones (pyproject.toml deselects them; a fast case of each rehearsal still runs here).
 test: $(VENV)/.deps browser pgbouncer postgres
 	$(PY) -m ruff check .
 	$(PY) manage.py makemigrations --check --dry-run
+	$(PY) manage.py check --fail-level WARNING
 	$(PY) -m pytest
 
 ## The heavy failure rehearsals only: every test marked `rehearse` (docs/rehearsals.md).
