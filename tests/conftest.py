@@ -24,6 +24,15 @@ def pytest_configure(config):
     ensure_running_if_used()
 
 
+def pytest_collection_modifyitems(config, items):
+    # Under xdist (`make test`), each worker would build its own owned cluster (initdb and
+    # migrations, tests/owned_postgres.py) for the tests that use one: they all go to one
+    # worker instead (`--dist loadgroup`), which builds it once.
+    for item in items:
+        if "owned_postgres" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("owned_postgres"))
+
+
 def database_url() -> str:
     """A URL for the database the tests are using (the test database), for subprocesses."""
     s = connection.settings_dict
