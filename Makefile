@@ -16,12 +16,16 @@ $(VENV)/.deps: requirements/base.txt requirements/dev.txt
 run: $(VENV)/.deps
 	$(PY) -m vpay.devstack
 
-## The whole test suite: lint, migrations in sync, every test but the heavy `rehearse`
+## The whole test suite: lint, migrations in sync, the system checks (live mode's
+## `check --deploy` is tests/test_system_checks.py), every test but the heavy `rehearse`
 ## ones (pyproject.toml deselects them; a fast case of each rehearsal still runs here).
+## TEST_WORKERS: pytest-xdist workers for the suite (docs/testing.md); 0 runs it in one process.
+TEST_WORKERS ?= 0
 test: $(VENV)/.deps browser pgbouncer postgres
 	$(PY) -m ruff check .
 	$(PY) manage.py makemigrations --check --dry-run
-	$(PY) -m pytest
+	$(PY) manage.py check --fail-level WARNING
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup
 
 ## The heavy failure rehearsals only: every test marked `rehearse` (docs/rehearsals.md).
 rehearse: $(VENV)/.deps postgres

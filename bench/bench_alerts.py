@@ -35,12 +35,20 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-DB = "bench_alerts"
-URL = f"postgresql://root@127.0.0.1:5432/{DB}"
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+from bench import target  # noqa: E402
+
+DB = target.name("bench_alerts")
+URL = target.url(DB)
 
 
 def setup_django() -> None:
-    subprocess.run(["createdb", "-h", "127.0.0.1", "-U", "root", DB], capture_output=True, check=False)
+    import psycopg
+
+    with psycopg.connect(target.url("postgres"), autocommit=True) as conn:
+        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [DB]).fetchone():
+            conn.execute(f'CREATE DATABASE "{DB}"')
     os.environ["DATABASE_URL"] = URL
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "vpay.settings")
     sys.path.insert(0, str(ROOT))
@@ -188,8 +196,8 @@ def main() -> None:
         "alerts_per_s_incl_start": round(endpoint.count / wall, 1),
     }
     print(json.dumps(result, indent=2))
-    out = HERE / "out"
-    out.mkdir(exist_ok=True)
+    out = target.OUT
+    out.mkdir(parents=True, exist_ok=True)
     with open(out / "alerts.jsonl", "a") as handle:
         handle.write(json.dumps({"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **result}) + "\n")
 

@@ -43,11 +43,12 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
+from bench import target  # noqa: E402
 from bench.receivers import NginxReceiver, free_port  # noqa: E402
 from bench.sandbox_rails import sandbox_rails_file  # noqa: E402
 
-DB = "bench_api"
-DATABASE_URL = f"postgresql://root@127.0.0.1:5432/{DB}"
+DB = target.name("bench_api")
+DATABASE_URL = target.url(DB)
 RAIL_PORT = free_port()
 RAILS_FILE = sandbox_rails_file(RAIL_PORT)
 os.environ.update(
@@ -64,15 +65,15 @@ os.environ.update(
         "VPAY_API_RATE_LIMIT": os.environ.get("VPAY_API_RATE_LIMIT", "0"),
     }
 )
-OUT = Path(os.environ.get("VPAY_BENCH_OUT", str(HERE / "out")))
+OUT = target.OUT
 
 import psycopg  # noqa: E402
 
 
 def fresh_database() -> None:
-    with psycopg.connect("postgresql://root@127.0.0.1:5432/postgres", autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)")
-        conn.execute(f"CREATE DATABASE {DB}")
+    with psycopg.connect(target.url("postgres"), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{DB}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{DB}"')
     subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, check=True)
 
 

@@ -52,9 +52,14 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-OUT = Path(os.environ.get("VPAY_BENCH_OUT", str(HERE / "out")))
-DB = os.environ.get("VPAY_BENCH_DB", "bench_charges")  # another name keeps parallel checkouts apart
-DATABASE_URL = f"postgresql://root@127.0.0.1:5432/{DB}"
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+from bench import target  # noqa: E402
+
+OUT = target.OUT
+# VPAY_BENCH_DB (another name) keeps parallel checkouts apart, as VPAY_BENCH_DB_PREFIX does.
+DB = target.name(os.environ.get("VPAY_BENCH_DB", "bench_charges"))
+DATABASE_URL = target.url(DB)
 
 
 if str(ROOT) not in sys.path:
@@ -82,9 +87,9 @@ import psycopg  # noqa: E402
 
 def ensure_database() -> None:
     """A fresh database each run: it holds nothing but this benchmark's rows."""
-    with psycopg.connect("postgresql://root@127.0.0.1:5432/postgres", autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)")
-        conn.execute(f"CREATE DATABASE {DB}")
+    with psycopg.connect(target.url("postgres"), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{DB}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{DB}"')
     subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, check=True)
 
 

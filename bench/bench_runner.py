@@ -34,9 +34,11 @@ import psycopg
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-OUT = Path(os.environ.get("VPAY_BENCH_OUT", ROOT / "bench" / "out"))
-DB = "bench_vpay"
-DATABASE_URL = f"postgresql://root@127.0.0.1:5432/{DB}"
+from bench import target  # noqa: E402
+
+OUT = target.OUT
+DB = target.name("bench_vpay")
+DATABASE_URL = target.url(DB)
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "vpay.settings")
 os.environ["DATABASE_URL"] = DATABASE_URL
 

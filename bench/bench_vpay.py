@@ -41,9 +41,13 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-OUT = Path(os.environ.get("VPAY_BENCH_OUT", str(HERE / "out")))
-PGHOST, PGUSER, DB = "127.0.0.1", "root", "bench_vpay"
-DATABASE_URL = f"postgresql://{PGUSER}@{PGHOST}:5432/{DB}"
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+from bench import target  # noqa: E402
+
+OUT = target.OUT
+DB = target.name("bench_vpay")
+DATABASE_URL = target.url(DB)
 LIB = "vpay"
 NOOP_PATH = "tests.tasks.noop"
 
@@ -64,7 +68,7 @@ TABLES = ["jobs", "processed_jobs", "dead_letters"]
 
 # ---------- database helpers (as bench-peers/common.py) ----------
 def dsn(db: str = DB) -> str:
-    return f"host={PGHOST} port=5432 user={PGUSER} dbname={db}"
+    return target.url(db)
 
 
 def ensure_db(fresh: bool = True) -> None:
@@ -326,7 +330,7 @@ def drain(n: int, concurrency: int, rep: int, poll: float) -> dict:
 
 
 # ---------- idle latency ----------
-def latency(n: int, rep: int, concurrency: int, spacing: float = 0.2) -> dict:
+def latency(n: int, rep: int, concurrency: int, spacing: float = 0.2, idle: float = 4.0) -> dict:
     from django.db import connection
 
     from bench.bench_tasks import record_start
@@ -337,10 +341,10 @@ def latency(n: int, rep: int, concurrency: int, spacing: float = 0.2) -> dict:
     before: dict[int, float] = {}
     w = WorkerProc(["--concurrency", str(concurrency)], f"{LIB}_latency_c{concurrency}_r{rep}.log")
     try:
-        time.sleep(4.0)  # worker up and idle, queue empty (the singleton sweep has run)
+        time.sleep(idle)  # worker up and idle, queue empty (the singleton sweep has run)
         assert w.alive()
         record_start.enqueue(run="warmup", seq=-1, enq=time.time())  # this process's connection; not counted
-        time.sleep(1.0)
+        time.sleep(idle / 4)
         for i in range(n):
             t = time.time()
             record_start.enqueue(run=run, seq=i, enq=t)  # autocommit: returns after the commit
@@ -454,14 +458,14 @@ def explain(n: int) -> dict:
     done = 0
     while done < n // 2:
         res = claim_batch()
-        leases = [(j.id, j.lease_token) for j in res.jobs]
+        held = [(j.id, j.lease_token) for j in res.jobs]
         if hasattr(repository, "fence_and_finish"):  # as the worker settles a fenced group
             with transaction.atomic():
                 repository.fence_and_finish(
-                    fences=[(j.job_id, j.kind, NOOP_PATH) for j in res.jobs], leases=leases, ttl_seconds=3600.0
+                    fences=[(j.job_id, j.kind, NOOP_PATH) for j in res.jobs], leases=held, ttl_seconds=3600.0
                 )
         else:
-            repository.finish_many(leases)
+            repository.finish_many(held)
         done += len(res.jobs)
     texts.append(
         _explain(
@@ -473,27 +477,27 @@ def explain(n: int) -> dict:
     timings["claim_half_drained"] = _exec_ms(texts[-1])
     # The settle statements of one claimed batch, for comparison.
     res = claim_batch()
-    leases = [(j.id, j.lease_token) for j in res.jobs]
+    held = [(j.id, j.lease_token) for j in res.jobs]
     texts.append(
         _explain(
-            f"finish_many (DELETE of one batch of {len(leases)})",
+            f"finish_many (DELETE of one batch of {len(held)})",
             repository._FINISH_MANY,
-            [[i for i, _ in leases], [t for _, t in leases]],
+            [[i for i, _ in held], [t for _, t in held]],
         )
     )
     timings["finish_many"] = _exec_ms(texts[-1])
     if hasattr(repository, "_FENCE_AND_FINISH"):
         texts.append(
             _explain(
-                f"fence_and_finish (fence INSERT + DELETE of one batch of {len(leases)})",
+                f"fence_and_finish (fence INSERT + DELETE of one batch of {len(held)})",
                 repository._FENCE_AND_FINISH,
                 {
                     "ttl": 3600.0,
                     "job_ids": [j.job_id for j in res.jobs],
                     "kinds": [j.kind for j in res.jobs],
                     "subjects": [NOOP_PATH for _ in res.jobs],
-                    "ids": [i for i, _ in leases],
-                    "tokens": [t for _, t in leases],
+                    "ids": [i for i, _ in held],
+                    "tokens": [t for _, t in held],
                 },
             )
         )
@@ -543,6 +547,7 @@ def main() -> None:
     ap.add_argument("--lat-concurrency", default="4,1", help="idle-latency worker concurrencies (4 = default)")
     ap.add_argument("--poll", type=float, default=0.02, help="drain completion poll interval, seconds")
     ap.add_argument("--only", default="enq,drain,lat,explain")
+    ap.add_argument("--lat-idle", type=float, default=4.0, help="seconds the latency worker idles before the first job")
     a = ap.parse_args()
     only = a.only.split(",")
     setup()
@@ -601,7 +606,7 @@ def main() -> None:
                         "kind": "latency",
                         "variant": f"runworker --concurrency {conc} (LISTEN/NOTIFY)",
                         "rep": rep,
-                        **latency(a.n_lat, rep, conc),
+                        **latency(a.n_lat, rep, conc, idle=a.lat_idle),
                     }
                 )
     if "explain" in only:

@@ -37,9 +37,13 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-OUT = Path(os.environ.get("VPAY_BENCH_OUT", str(HERE / "out")))
-DB = "bench_webhooks"
-DATABASE_URL = f"postgresql://root@127.0.0.1:5432/{DB}"
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+from bench import target  # noqa: E402
+
+OUT = target.OUT
+DB = target.name("bench_webhooks")
+DATABASE_URL = target.url(DB)
 
 os.environ["DATABASE_URL"] = DATABASE_URL
 os.environ["DJANGO_SETTINGS_MODULE"] = "vpay.settings"
@@ -63,9 +67,9 @@ os.environ["VPAY_DB_APPLICATION_NAME"] = "bench"  # this process's own connectio
 
 
 def ensure_database() -> None:
-    with psycopg.connect("postgresql://root@127.0.0.1:5432/postgres", autocommit=True) as conn:
+    with psycopg.connect(target.url("postgres"), autocommit=True) as conn:
         if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [DB]).fetchone():
-            conn.execute(f"CREATE DATABASE {DB}")
+            conn.execute(f'CREATE DATABASE "{DB}"')
     subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, check=True)
 
 

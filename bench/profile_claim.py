@@ -22,7 +22,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-os.environ["DATABASE_URL"] = "postgresql://root@127.0.0.1:5432/bench_vpay"
+from bench import target  # noqa: E402
+
+os.environ["DATABASE_URL"] = target.url(target.name("bench_vpay"))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "vpay.settings")
 
 

@@ -31,7 +31,11 @@ import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-os.environ.setdefault("DATABASE_URL", "postgresql://root@127.0.0.1:5432/bench_vpay")
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+from bench import target  # noqa: E402
+
+os.environ.setdefault("DATABASE_URL", target.url(target.name("bench_vpay")))
 os.environ["DJANGO_SETTINGS_MODULE"] = "vpay.settings"
 os.environ.setdefault("VPAY_LOG_LEVEL", "WARNING")
 if str(ROOT) not in sys.path:

@@ -195,6 +195,11 @@ def phase(name: str, minutes: float, rate: int, concurrency: int, extra: dict | 
     return rec
 
 
+def ratio(a: float | None, b: float | None) -> float | None:
+    """``a / b`` rounded, or None when a phase measured nothing (a short run on a busy machine)."""
+    return round(a / b, 3) if a is not None and b else None
+
+
 def emit(rec: dict) -> None:
     OUT.parent.mkdir(parents=True, exist_ok=True)
     with open(OUT, "a") as f:
@@ -238,8 +243,8 @@ def main() -> None:
         "after": table_stats(),
     }
     held["vs_baseline"] = {
-        "throughput": round(held["finished_per_s"] / base["finished_per_s"], 3),
-        "claim_p50": round(held["claim_ms_p50"] / base["claim_ms_p50"], 3),
+        "throughput": ratio(held["finished_per_s"], base["finished_per_s"]),
+        "claim_p50": ratio(held["claim_ms_p50"], base["claim_ms_p50"]),
     }
     emit(held)
 
@@ -258,8 +263,8 @@ def main() -> None:
         "delayed", args.minutes, args.rate, args.concurrency, {"delayed_jobs": args.delayed, "write_s": write_s}
     )
     delayed["vs_baseline"] = {
-        "throughput": round(delayed["finished_per_s"] / base["finished_per_s"], 3),
-        "claim_p50": round(delayed["claim_ms_p50"] / base["claim_ms_p50"], 3),
+        "throughput": ratio(delayed["finished_per_s"], base["finished_per_s"]),
+        "claim_p50": ratio(delayed["claim_ms_p50"], base["claim_ms_p50"]),
     }
     emit(delayed)
 

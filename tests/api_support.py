@@ -6,14 +6,16 @@ import json
 
 from django.test import Client
 
-from merchants.services import api_key_issue, create_merchant
+from merchants.services import api_key_issue
+from tests.factories import MerchantFactory
 
 
 class MerchantClient:
     """A new merchant and its key; ``call`` sends JSON with ``Authorization: Bearer``."""
 
     def __init__(self, name: str) -> None:
-        self.merchant, self.key = create_merchant(name)
+        self.merchant = MerchantFactory(name=name)
+        self.key = self.merchant.key
         self.client = Client()
 
     def go_live(self, settings) -> None:
@@ -29,3 +31,10 @@ class MerchantClient:
         return self.client.generic(
             method, path, data, content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {self.key}", **headers
         )
+
+
+def error_of(response) -> dict:
+    """The body of a refusal, checked to be the common error format; its ``error`` object."""
+    body = response.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"type", "code", "message", "param"}
+    return body["error"]

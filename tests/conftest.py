@@ -24,6 +24,15 @@ def pytest_configure(config):
     ensure_running_if_used()
 
 
+def pytest_collection_modifyitems(config, items):
+    # Under xdist (`make test`), each worker would build its own owned cluster (initdb and
+    # migrations, tests/owned_postgres.py) for the tests that use one: they all go to one
+    # worker instead (`--dist loadgroup`), which builds it once.
+    for item in items:
+        if "owned_postgres" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("owned_postgres"))
+
+
 def database_url() -> str:
     """A URL for the database the tests are using (the test database), for subprocesses."""
     s = connection.settings_dict
@@ -151,8 +160,35 @@ def receiver():
     r.stop()
 
 
+@pytest.fixture
+def acme():
+    """A merchant and its API client (tests.api_support); a module may define its own."""
+    from tests.api_support import MerchantClient
+
+    return MerchantClient("Acme")
+
+
+@pytest.fixture
+def globex():
+    """A second merchant, for what one merchant must not see of another's."""
+    from tests.api_support import MerchantClient
+
+    return MerchantClient("Globex")
+
+
 # The sandbox rail (a real HTTP subprocess, one per session) for the charges tests.
 from tests.rail_support import sandbox_rail  # noqa: E402, F401
+
+
+@pytest.fixture
+def rails(settings, tmp_path, sandbox_rail):  # noqa: F811
+    """The sandbox rail configured for this test, with the fast recovery policy (and a confirm
+    grace long enough that no poll races the test's own confirm)."""
+    from tests.charges_support import FAST_POLICY, apply_policy, use_rails
+
+    apply_policy(settings, {**FAST_POLICY, "VPAY_CHARGE_CONFIRM_GRACE_SECONDS": 30.0})
+    use_rails(settings, tmp_path, sandbox_rail.rails())
+    return sandbox_rail
 
 
 @pytest.fixture(scope="session")

@@ -22,6 +22,12 @@ from tests.alert_endpoint import TOKEN, AlertEndpoint
 from tests.conftest import wait_for
 from tests.queue_support import claim, count, execute, expire_lease, make_due, scalar, task_payload
 
+# Lock waits in this test's database only (another xdist worker's database shares the server).
+WAITING_HERE = (
+    "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)"
+    " WHERE NOT l.granted AND a.datname = current_database()"
+)
+
 
 def alert_lines(caplog) -> list[logging.LogRecord]:
     return [r for r in caplog.records if getattr(r, "alert", False) and r.name == "jobs.alerts"]
@@ -277,7 +283,7 @@ def test_two_transactions_racing_to_raise_the_same_key_make_one_alert(alert_sett
                 results["first"] = raise_alert(key="race:1", title="t", source="tests.race")
                 first_inserted.set()
                 # Hold the transaction open while the second one tries the same key.
-                wait_for(lambda: scalar("SELECT count(*) FROM pg_locks WHERE NOT granted") > 0, timeout=10)
+                wait_for(lambda: scalar(WAITING_HERE) > 0, timeout=10)
         except BaseException as exc:  # surfaced below
             errors.append(exc)
         finally:

@@ -17,28 +17,12 @@ from api import idempotency
 from customers.models import Customer
 from merchants.models import ApiKey
 from merchants.services import api_key_revoke, create_merchant
-from tests.api_support import MerchantClient
+from tests.api_support import MerchantClient, error_of
 from webhooks.event_types import EventType
 from webhooks.events import emit, render_event
 from webhooks.models import Event
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def acme():
-    return MerchantClient("Acme")
-
-
-@pytest.fixture
-def globex():
-    return MerchantClient("Globex")
-
-
-def error_of(response) -> dict:
-    body = response.json()
-    assert set(body) == {"error"} and set(body["error"]) == {"type", "code", "message", "param"}
-    return body["error"]
 
 
 def count(table: str) -> int:

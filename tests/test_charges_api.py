@@ -7,10 +7,9 @@ import json
 
 import pytest
 
+from tests.api_support import error_of
 from tests.charges_support import (
-    FAST_POLICY,
     Merchant,
-    apply_policy,
     charge_of,
     events,
     intent_status,
@@ -25,21 +24,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
-def rails(settings, tmp_path, sandbox_rail):
-    apply_policy(settings, {**FAST_POLICY, "VPAY_CHARGE_CONFIRM_GRACE_SECONDS": 30.0})
-    use_rails(settings, tmp_path, sandbox_rail.rails())
-    return sandbox_rail
-
-
-@pytest.fixture
 def acme(rails):
     return Merchant("Acme")
-
-
-def error_of(response) -> dict:
-    body = response.json()
-    assert set(body) == {"error"} and set(body["error"]) == {"type", "code", "message", "param"}
-    return body["error"]
 
 
 def counts() -> tuple[int, int, int, int]:

@@ -154,7 +154,16 @@ def test_a_confirms_compare_and_swap_wins_against_a_worker_that_claimed_its_poll
     stack.worker().wait_started()  # the window below must not be spent importing Django
     intent_id = stack.acme.intent(amount=4004, rail="sandbox_redirect")["id"]
     answer: dict = {}
-    confirm = threading.Thread(target=lambda: answer.update(stack.acme.confirm(intent_id)))
+
+    def confirm_meanwhile() -> None:
+        try:
+            answer.update(stack.acme.confirm(intent_id))
+        finally:
+            # The request ran on this thread's own connection: closed here, or it outlives
+            # the test and the test database cannot be dropped at the end of the run.
+            connection.close()
+
+    confirm = threading.Thread(target=confirm_meanwhile)
     confirm.start()
     try:
         # While the confirm waits on the rail, the worker claims the job, sees a young
@@ -168,7 +177,6 @@ def test_a_confirms_compare_and_swap_wins_against_a_worker_that_claimed_its_poll
         assert not [r for r in stack.rail.requests(charge_id) if r["method"] == "GET"]
     finally:
         confirm.join(timeout=20)
-        connection.close()  # the thread's test-client request used its own connection
     # The confirm's compare-and-swap won: the merchant got the URL, not an error.
     assert answer["status"] == "requires_action" and answer["redirect_url"]
     # Its pull-forward made the parked poll due at once: the charge settles well inside the

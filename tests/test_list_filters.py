@@ -10,7 +10,7 @@ import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
-from tests.api_support import MerchantClient
+from tests.api_support import MerchantClient, error_of
 from webhooks.event_types import EventType
 from webhooks.events import emit
 
@@ -18,17 +18,6 @@ pytestmark = pytest.mark.django_db
 
 T = 1_796_025_600  # a whole second: the bound the edges are tested at
 PAYMENT = {"amount": 500, "currency": "usd", "rail": "sandbox_push"}
-
-
-@pytest.fixture
-def acme():
-    return MerchantClient("Acme")
-
-
-def error_of(response) -> dict:
-    body = response.json()
-    assert set(body) == {"error"} and set(body["error"]) == {"type", "code", "message", "param"}
-    return body["error"]
 
 
 def ids(response) -> list[str]:

@@ -176,6 +176,45 @@ def test_the_filter_scrubs_string_extras_and_keeps_other_fields(json_log):
     assert "abcdef123456" not in stream.getvalue()
 
 
+def test_counts_under_keys_that_merely_mention_tokens_are_kept(json_log):
+    # The sweep's line: a count per table, one table named oauth_access_tokens.
+    logger, lines, _ = json_log
+    counts = {"oauth_access_tokens": 3, "idempotency_keys": 5, "token_count": 2, "secrets_rotated": 1}
+    logger.info("sweep_expired", extra={"counts": counts, "tokens_issued": 7})
+    (entry,) = lines()
+    assert entry["counts"] == counts
+    assert entry["tokens_issued"] == 7
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["access_token", "refresh-token", "client_secret", "DB_PASSWORD", "passwd", "api_key", "apiKey", "Authorization",
+     "Cookie", "secret", "token"],
+)  # fmt: skip
+def test_a_value_under_a_secret_shaped_key_is_redacted_whatever_its_shape(json_log, key):
+    logger, lines, stream = json_log
+    logger.info("request", extra={"headers": {key: "plainvalue42", "n": 1}, key: "plainvalue42"})
+    (entry,) = lines()
+    assert entry["headers"] == {key: "[REDACTED]", "n": 1}
+    assert entry[key] == "[REDACTED]"
+    assert "plainvalue42" not in stream.getvalue()
+
+
+def test_strings_under_a_plural_secret_key_are_redacted_and_its_counts_kept(json_log):
+    logger, lines, stream = json_log
+    logger.info("issued", extra={"detail": {"tokens": ["plainvalue42"], "cookies": "plainvalue43", "secrets": 2}})
+    (entry,) = lines()
+    assert entry["detail"] == {"tokens": "[REDACTED]", "cookies": "[REDACTED]", "secrets": 2}
+    assert "plainvalue4" not in stream.getvalue()
+
+
+def test_a_secret_shaped_value_is_redacted_under_any_key(json_log):
+    logger, lines, _ = json_log
+    logger.info("called", extra={"detail": {"note": "used sk_live_abcdef123456", "count": 4}})
+    (entry,) = lines()
+    assert entry["detail"] == {"note": "used sk_[REDACTED]", "count": 4}
+
+
 def test_the_filter_scrubs_exception_text(json_log):
     logger, lines, stream = json_log
     try:

@@ -17,6 +17,12 @@ from tests.conftest import wait_for
 from tests.ops_support import make_letter
 from tests.queue_support import claim, count, scalar, task_payload
 
+# Lock waits in this test's database only (another xdist worker's database shares the server).
+WAITING_HERE = (
+    "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)"
+    " WHERE NOT l.granted AND a.datname = current_database()"
+)
+
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
@@ -74,7 +80,7 @@ def test_a_cancel_waiting_on_a_claim_in_flight_becomes_a_request_once_the_claim_
             claim_holds_the_row.set()
             wait_for(cancel_is_waiting.is_set, timeout=10)
             # Give the cancel's row lock time to queue behind ours.
-            wait_for(lambda: scalar("SELECT count(*) FROM pg_locks WHERE NOT granted") > 0, timeout=10)
+            wait_for(lambda: scalar(WAITING_HERE) > 0, timeout=10)
         return claimed.job_id
 
     def operator_cancels():

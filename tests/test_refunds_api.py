@@ -5,17 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from tests.charges_support import FAST_POLICY, apply_policy, events, scalar, use_rails
+from tests.api_support import error_of
+from tests.charges_support import events, scalar
 from tests.refund_support import RefundingMerchant, RowLock, amount_refunded, race
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def rails(settings, tmp_path, sandbox_rail):
-    apply_policy(settings, {**FAST_POLICY, "VPAY_CHARGE_CONFIRM_GRACE_SECONDS": 30.0})
-    use_rails(settings, tmp_path, sandbox_rail.rails())
-    return sandbox_rail
 
 
 @pytest.fixture
@@ -26,12 +20,6 @@ def acme(rails):
 @pytest.fixture
 def globex(rails):
     return RefundingMerchant("Globex")
-
-
-def error_of(response) -> dict:
-    body = response.json()
-    assert set(body) == {"error"} and set(body["error"]) == {"type", "code", "message", "param"}
-    return body["error"]
 
 
 def test_a_refund_defaults_to_what_is_left_and_the_intent_shows_it(acme):

@@ -121,7 +121,8 @@ def test_a_worker_that_loses_its_database_hands_back_what_it_held_at_once(effect
     wait_for(lambda: scalar("SELECT locked_by FROM jobs WHERE job_id = %s", [job_id]) == "cut-off", 20)
     # Every connection of the worker is cut while the handler sleeps.
     scalar(
-        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name LIKE %s",
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND application_name LIKE %s",
         ["vpay-%:cut-off%"],
     )
     cut_at = time.monotonic()

@@ -124,7 +124,7 @@ def test_get_result__is_failed_once_the_task_is_dead_lettered():
     assert "the far side refused doomed for good" in error.traceback
 
 
-@pytest.mark.parametrize("result_id", [str(uuid.uuid4()), "not-a-uuid", ""])
+@pytest.mark.parametrize("result_id", [str(uuid.uuid4()), "not-a-uuid", ""], ids=["a-fresh-uuid", "not-a-uuid", "empty"])
 def test_get_result__of_an_unknown_id_raises_task_result_does_not_exist(result_id):
     with pytest.raises(TaskResultDoesNotExist):
         default_task_backend.get_result(result_id)

@@ -11,7 +11,7 @@ from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from jobs.models import Job
-from tests.api_support import MerchantClient
+from tests.api_support import MerchantClient, error_of
 from webhooks.delivery_wire import ATTEMPTS_SHOWN, EXCERPT_SHOWN
 from webhooks.event_types import DESCRIPTIONS, EventType
 from webhooks.events import emit
@@ -20,22 +20,6 @@ from webhooks.services.delivery import dedupe_key
 from webhooks.services.fanout import drain_once
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def acme():
-    return MerchantClient("Acme")
-
-
-@pytest.fixture
-def globex():
-    return MerchantClient("Globex")
-
-
-def error_of(response) -> dict:
-    body = response.json()
-    assert set(body) == {"error"} and set(body["error"]) == {"type", "code", "message", "param"}
-    return body["error"]
 
 
 def endpoint(api: MerchantClient, events=("*",), path="/hook") -> dict:

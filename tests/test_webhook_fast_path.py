@@ -119,7 +119,9 @@ def test_the_cap_count_sees_an_attempt_committed_while_it_waited_for_the_endpoin
 
 def blocked_on_a_lock() -> bool:
     with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
+        )
         return cursor.fetchone()[0] > 0
 
 

@@ -102,7 +102,32 @@ def redact(text: str) -> str:
     return text
 
 
-_SECRET_KEY_NAMES = re.compile(r"(?i)(api[_-]?key|secret|password|passwd|token|authorization|cookie)")
+# A key names a credential when its last word does (access_token, client_secret, DB_PASSWORD,
+# apiKey, Authorization); a key that only mentions one (token_count) does not, and its value
+# is judged by its shape like any other. A plural (oauth_access_tokens, cookies) may name
+# credentials or count them: its strings and lists go, its numbers (a count) stay.
+_SECRET_KEY = re.compile(r"(?i)(?:^|[^a-z0-9])(api[_-]?key|secret|password|passwd|token|authorization|cookie)(s?)$")
+
+
+def _secret_key(key) -> str | None:
+    """``"one"`` when ``key`` names a credential, ``"many"`` when it names several (a plural),
+    else None (camelCase read as words)."""
+    if not isinstance(key, str):
+        return None
+    found = _SECRET_KEY.search(re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", key))
+    return None if found is None else ("many" if found.group(2) else "one")
+
+
+def _under_secret_key(value, kind: str):
+    # None and booleans say nothing about a secret, nor does a number under a plural (a
+    # count); a string keeps what the patterns leave (whsec_[REDACTED]) when they recognise
+    # it, and goes whole when they do not.
+    if value is None or isinstance(value, bool) or (kind == "many" and isinstance(value, int | float)):
+        return value
+    if isinstance(value, str):
+        scrubbed = redact(value)
+        return scrubbed if scrubbed != value else REDACTED
+    return REDACTED
 
 
 def redact_value(value):
@@ -111,7 +136,7 @@ def redact_value(value):
         return redact(value)
     if isinstance(value, dict):
         return {
-            k: REDACTED if isinstance(k, str) and _SECRET_KEY_NAMES.search(k) else redact_value(v)
+            k: redact_value(v) if (kind := _secret_key(k)) is None else _under_secret_key(v, kind)
             for k, v in value.items()
         }
     if isinstance(value, list | tuple):
@@ -129,7 +154,11 @@ class RedactSecretsFilter(logging.Filter):
         if scrubbed != message or record.args:
             record.msg, record.args = scrubbed, None
         for key, value in list(vars(record).items()):
-            if key not in _STANDARD_ATTRS and isinstance(value, str | dict | list | tuple):
+            if key in _STANDARD_ATTRS:
+                continue
+            if (kind := _secret_key(key)) is not None:
+                setattr(record, key, _under_secret_key(value, kind))
+            elif isinstance(value, str | dict | list | tuple):
                 setattr(record, key, redact_value(value))
         if record.exc_info and record.exc_info[1] is not None:
             record.exc_text = redact(logging.Formatter().formatException(record.exc_info))

@@ -53,6 +53,8 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    # The ArrayField and the BrinIndex are its; Django 6 refuses to migrate without it (postgres.E005).
+    "django.contrib.postgres",
     "django_prometheus",
     "django_tasks",
     "django_otp",

@@ -1,0 +1,158 @@
+"""Every benchmark script runs end to end with tiny sizes, so none can rot unnoticed (it did:
+``bench_vpay.py``'s explain phase once failed on a local variable named like a module).
+
+Nothing here is timed or compared: each script runs as ``make bench`` runs it (a real
+process, its own database made and migrated), pointed by ``bench/target.py``'s variables at
+the test server under names of this run's own and at a scratch output folder. The scripts
+that need the peers' harness (pgqueuer) or tools the machine may lack skip, saying why.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+import pytest
+
+from tests.conftest import ROOT, database_url
+
+
+def server_template() -> str:
+    """The test server's URL with ``{db}`` in place of the database name."""
+    return urlunsplit(urlsplit(database_url())._replace(path="/{db}"))
+
+
+@pytest.fixture(scope="module")
+def bench_env(tmp_path_factory):
+    """The environment every script runs in; its databases are dropped at the end."""
+    prefix = f"smoke_{os.environ.get('PYTEST_XDIST_WORKER', 'main')}_{os.getpid()}_"
+    out = tmp_path_factory.mktemp("bench-out")
+    env = {
+        **os.environ,
+        "VPAY_BENCH_SERVER": server_template(),
+        "VPAY_BENCH_DB_PREFIX": prefix,
+        "VPAY_BENCH_OUT": str(out),
+        "VPAY_LOG_LEVEL": "WARNING",
+    }
+    yield env
+    with psycopg.connect(server_template().format(db="postgres"), autocommit=True) as conn:
+        names = conn.execute("SELECT datname FROM pg_database WHERE starts_with(datname, %s)", [prefix]).fetchall()
+        for (name,) in names:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def run(env: dict, script: str, *args: str, timeout: float = 240) -> str:
+    result = subprocess.run(
+        [sys.executable, f"bench/{script}", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert result.returncode == 0, f"{script} failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
+    return result.stdout
+
+
+@pytest.fixture(scope="module")
+def bench_vpay_ran(bench_env):
+    """``bench_vpay.py`` once, every phase (it makes the database the profilers read)."""
+    run(
+        bench_env, "bench_vpay.py",
+        "--n-enq", "20", "--n-drain", "40", "--n-lat", "2", "--concurrency", "2", "--lat-concurrency", "1",
+        "--lat-idle", "0.5", "--poll", "0.05",
+    )  # fmt: skip
+    return Path(bench_env["VPAY_BENCH_OUT"])
+
+
+def test_bench_vpay_runs_every_phase_and_writes_its_tables(bench_vpay_ran):
+    records = [json.loads(line) for line in (bench_vpay_ran / "vpay.jsonl").read_text().splitlines()]
+    kinds = {r["kind"] for r in records}
+    assert kinds == {"versions", "enqueue", "drain", "latency", "explain"}, kinds
+    assert all(r["ok"] for r in records if r["kind"] in ("drain", "latency")), records
+    assert (bench_vpay_ran / "vpay_tables.md").read_text().strip()
+    assert "Execution Time" in (bench_vpay_ran / "claim_explain.md").read_text()
+
+
+def test_the_report_is_written_from_bench_vpays_output(bench_env, bench_vpay_ran, tmp_path):
+    peers = tmp_path / "peers"
+    peers.mkdir()
+    results = tmp_path / "RESULTS.md"
+    run(
+        bench_env, "report.py", "--vpay", str(bench_vpay_ran / "vpay.jsonl"), "--peers-out", str(peers),
+        "--explain", str(bench_vpay_ran / "claim_explain.md"), "--out", str(results),
+    )  # fmt: skip
+    assert results.read_text().strip()
+
+
+@pytest.mark.parametrize(
+    ("script", "args"),
+    [
+        ("profile_claim.py", ["--n", "5", "--backlog", "20"]),
+        ("profile_enqueue.py", ["--blocks", "1", "--calls", "5"]),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_the_scripts_on_bench_vpays_database_run(bench_env, bench_vpay_ran, script, args):
+    run(bench_env, script, *args)
+
+
+@pytest.mark.parametrize(
+    ("script", "args"),
+    [
+        ("bench_alerts.py", ["--jobs", "10", "--concurrency", "2"]),
+        # These two make bench_vpay's database themselves (bench_vpay.setup()).
+        ("prepared_ab.py", ["--blocks", "1", "--n", "5"]),
+        ("soak.py", ["--minutes", "0.02", "--rate", "20", "--concurrency", "2", "--delayed", "50"]),
+        ("bench_charges.py", ["--concurrency", "2", "--charges", "3", "--confirmers", "2"]),
+        ("bench_charges.py", ["--statements", "2"]),
+        (
+            "bench_webhooks.py",
+            ["--receiver", "sandbox", "--concurrency", "2", "--events", "3", "--endpoints", "2", "--latency-events", "2"],
+        ),
+    ],
+    ids=["bench_alerts", "prepared_ab", "soak", "bench_charges", "bench_charges-statements", "bench_webhooks"],
+)
+def test_the_scripts_with_databases_of_their_own_run(bench_env, script, args):
+    run(bench_env, script, *args)
+
+
+NGINX = "nginx is not installed (apt-get install nginx-light): these scripts' receiver is nginx, by design"
+
+
+@pytest.mark.parametrize(
+    ("script", "args"),
+    [
+        ("bench_api_e2e.py", ["--payments", "3", "--clients", "2", "--concurrency", "2", "--workers", "1", "--no-limits"]),
+        ("statements_webhooks.py", ["--deliveries", "2"]),
+        ("bench_webhook_at_cap.py", ["--events", "3", "--delay", "0.1", "--cap", "1", "--concurrency", "2", "--seconds", "1"]),
+    ],
+    ids=["bench_api_e2e", "statements_webhooks", "bench_webhook_at_cap"],
+)  # fmt: skip
+def test_the_scripts_that_deliver_to_nginx_run(bench_env, script, args):
+    if shutil.which("nginx") is None:
+        pytest.skip(NGINX)
+    run(bench_env, script, *args)
+
+
+def test_collapsed_stacks_reads_a_py_spy_file(bench_env, tmp_path):
+    stacks = tmp_path / "stacks.txt"
+    stacks.write_text("main (a.py:1);work (b.py:2) 3\nmain (a.py:1);idle (c.py:9) 1\n")
+    assert "work" in run(bench_env, "collapsed_stacks.py", str(stacks))
+
+
+@pytest.mark.parametrize(
+    "script",
+    ["enqueue_side_by_side.py", "peer_pgqueuer_mixed.py", "bench_runner.py"],
+)
+def test_the_scripts_that_run_pgqueuer_are_left_to_make_bench(script):
+    pytest.skip(
+        f"{script} runs pgqueuer from the peers' harness venv (bench/run.sh builds it from the shared"
+        " bench-peers folder), which a test run does not have; make bench runs it"
+    )
