@@ -25,7 +25,9 @@ class SecretsExceptionReporterFilter(SafeExceptionReporterFilter):
 
     def cleanse_setting(self, key, value):
         cleansed = super().cleanse_setting(key, value)
-        return redact(cleansed) if isinstance(cleansed, str) else cleansed
+        # str(): a lazy string (django-axes' AXES_USERNAME_FORM_FIELD) passes isinstance but
+        # not the regular expressions redact() runs.
+        return redact(str(cleansed)) if isinstance(cleansed, str) else cleansed
 
     def get_traceback_frame_variables(self, request, tb_frame):
         # Django cleanses frame variables only under @sensitive_variables, and only when
