@@ -59,15 +59,17 @@ _LOCK_BY_PK = "SELECT id FROM jobs WHERE id = %s FOR UPDATE"
 
 # The locked row's phase, read by a statement of its own: its snapshot is taken after the
 # lock was granted, so a claim that committed while we waited, and its worker's row, are
-# seen. Orphaned: leased by a worker whose `workers` row's beat is older than its own lease
-# (as the reaper judges, jobs.reaper), or that has no row (pruned after four silent leases;
-# a live worker writes it before its first claim). A lapsed lease under a worker that still
-# beats is not orphaned: death is read from the beat. Primary keys of jobs and workers.
+# seen. Orphaned: leased by a worker the reaper would judge dead (jobs.reaper): its
+# `workers` row's beat is older than its own lease, or it has no row (pruned after four
+# silent leases, or never beat) and the job's lease ran out. A lapsed lease under a worker
+# that still beats is not orphaned: death is read from the beat. Primary keys of jobs and
+# workers.
 _PHASE = """
 SELECT j.kind,
        CASE WHEN j.locked_at IS NULL THEN 'waiting'
             WHEN coalesce((SELECT w.heartbeat_at < now() - make_interval(secs => w.lease_seconds)
-                             FROM workers w WHERE w.id = j.locked_by), true)
+                             FROM workers w WHERE w.id = j.locked_by),
+                          j.lease_expires_at < now())
               THEN 'orphaned'
             ELSE 'running' END,
        j.cancel_requested_at IS NOT NULL, j.cancel_requested_by, j.locked_by

@@ -144,6 +144,7 @@ class Dispatcher:
                 )
                 if suspect is not None:
                     jobs = [suspect]
+                    self._draining_since = time.monotonic()  # the wait for the next one starts now
                 else:
                     self._stop_draining()
             if not jobs:
@@ -228,7 +229,10 @@ class Dispatcher:
             self.suspect_waiting = True
             self.wake()
             return
-        if self.suspect_waiting and now - self._draining_since > SUSPECT_DRAIN_SECONDS:
+        with w._cv:
+            # Waiting on its own work, not running suspects alone (that is the drain working).
+            busy = bool(w._running) and not w._solo
+        if self.suspect_waiting and busy and now - self._draining_since > SUSPECT_DRAIN_SECONDS:
             self._stop_draining()
             self._drain_again_after = now + SUSPECT_DRAIN_PAUSE_SECONDS
             logger.info("not idle in time for a suspect; claiming again and leaving it to another worker")

@@ -92,8 +92,12 @@ def run_job(
         job, spec.timeout_seconds, loop_fenced=spec.fenced, worker_concurrency=concurrency, worker_id=worker_id
     )
     ctx_holder.append(ctx)
-    own = connection.connection  # whose failure is an outage, not the handler's (database_went_away)
+    own = None  # the job's own connection: whose failure is an outage, not the handler's
     try:
+        # An executor handed a job another one claimed may not have connected yet; failing
+        # to connect now is an outage (database_went_away with no connection: its SQLSTATE).
+        connection.ensure_connection()
+        own = connection.connection
         if not spec.fenced:
             return Ran(settle_outcome(_call(spec, ctx), job_state))
         with transaction.atomic():
@@ -185,7 +189,9 @@ def database_went_away(exc: BaseException, own: object | None) -> bool:
     if own is None:
         raw = connection.connection
         return connection_lost(exc, closed=raw is not None and (raw.closed or raw.broken))
-    return (own.closed or own.broken) and connection_lost(exc, closed=True)
+    # The job's connection is gone, and the error is one of losing a connection (a handler
+    # that closed its own connection and then hit a statement timeout on a new one is not).
+    return (own.closed or own.broken) and connection_lost(exc, closed=False)
 
 
 def _call(spec: registry.KindSpec, ctx: JobContext) -> Outcome:

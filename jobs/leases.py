@@ -93,6 +93,9 @@ _UNRUNNABLE_FOR = "extract(epoch FROM now() - j.unrunnable_since)::float8"
 # worker leaves a newer release's kinds for the newer workers, no attempt spent (a kind no
 # worker claims for long is reported: jobs.unclaimable). `skip`: jobs this worker found it
 # cannot run a moment ago (a newer task path), left to the others for a while (jobs.dispatch).
+# Neither is in jobs_job_claimable_idx: an older worker steps over a tenant's backlog of a
+# kind it lacks row by row, on every claim, for as long as the deploy lasts (cost not yet
+# measured with a large such backlog; an index led by kind would remove it).
 # The lease expiry is written from now(): any reaper, on any host, honours the claimant's
 # lease as Postgres measures it.
 CLAIM = f"""
@@ -374,13 +377,24 @@ def worker_deregister(worker: str) -> None:
 
 # Workers silent for `leases` of their own leases (never the pruner's: workers may beat at
 # different periods): dead, and their jobs rescued by REAP meanwhile (a job whose holder has
-# no row is judged by its own lease). A small table: a sequential scan.
-_PRUNE_WORKERS = "DELETE FROM workers WHERE heartbeat_at < now() - make_interval(secs => lease_seconds * %s)"
+# no row is judged by its own lease). Only by a pruner that may judge, as REAP's `judge`
+# says (a pruner just back from a long outage would delete every live worker's row). A
+# small table: a sequential scan.
+_PRUNE_WORKERS = """
+DELETE FROM workers w
+ WHERE w.heartbeat_at < now() - make_interval(secs => w.lease_seconds * %(leases)s)
+   AND w.id IS DISTINCT FROM %(pruner)s
+   AND (%(pruner)s::text IS NULL
+        OR EXISTS (SELECT 1 FROM workers r
+                    WHERE r.id = %(pruner)s AND r.alive_since <= now() - make_interval(secs => r.lease_seconds)
+                      AND r.heartbeat_at >= now() - make_interval(secs => r.heartbeat_seconds + %(margin)s)))
+"""
 
 
-def prune_workers(leases: float = 4) -> int:
+def prune_workers(pruner: str | None = None, leases: float = 4) -> int:
+    """Delete long-dead workers' rows; ``pruner`` is the calling worker when it beats."""
     with connection.cursor() as cursor:
-        cursor.execute(_PRUNE_WORKERS, [leases])
+        cursor.execute(_PRUNE_WORKERS, {"leases": leases, "pruner": pruner, "margin": LATE_BEAT_MARGIN_SECONDS})
         return cursor.rowcount
 
 

@@ -440,19 +440,28 @@ class Worker:
         Finished jobs whose delete was still buffered are deleted; every other job goes back
         due now with its attempt refunded, started or not: a shutdown is not the job's
         failure, and counting it would spend an attempt of every job longer than ``--grace``
-        at every deploy (its last one a dead letter).
+        at every deploy (its last one a dead letter). Except a handler already past its
+        kind's timeout: that attempt failed on its own, and is spent.
         """
         self.settler.finish(self._completer.take_unflushed())
         self.dispatcher.unstarted()
         with self._cv:
             held = list(self._running.values())
-        started = [(r.job.id, r.job.lease_token) for r in held if r.ctx is not None]
+        started = [(r.job.id, r.job.lease_token) for r in held if r.ctx is not None and r.ctx.remaining() >= 0]
+        overdue = [(r.job.id, r.job.lease_token) for r in held if r.ctx is not None and r.ctx.remaining() < 0]
         unstarted = [(r.job.id, r.job.lease_token) for r in held if r.ctx is None]
         self._release(unstarted, refund=True, error="")
         self._release(
             started,
             refund=True,
             error=f"released at shutdown: grace elapsed (worker {self.worker_id}); attempt refunded",
+        )
+        # Past its own timeout, it failed whatever the deploy: refunding it would let a hung
+        # handler come back for free at every deploy and never reach a dead letter.
+        self._release(
+            overdue,
+            refund=False,
+            error=f"released at shutdown past its timeout (worker {self.worker_id}); attempt spent",
         )
         logger.warning(
             "grace elapsed; released held leases",

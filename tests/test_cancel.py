@@ -98,9 +98,12 @@ def test_a_running_job_whose_lease_ran_out_under_a_worker_that_still_beats_gets_
 
 
 @pytest.mark.django_db
-def test_a_running_job_whose_worker_has_no_workers_row_is_cancelled_at_once():
+def test_a_running_job_whose_worker_has_no_workers_row_is_cancelled_at_once_once_its_lease_ran_out():
+    # As the reaper judges a holder with no row (pruned, or never beat): by its lease.
     job_id = queue.enqueue(JobKind.TASK, task_payload())
-    claim("pruned-worker")  # leased, lease still valid, but its worker's row is gone
+    claim("pruned-worker")
+    assert cancel(job_id).phase == JobPhase.RUNNING  # its lease is still valid: a request
+    expire_lease(job_id)
     result = cancel(job_id)
     assert (result.ended, result.phase) == (True, JobPhase.ORPHANED)
 

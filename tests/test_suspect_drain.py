@@ -47,8 +47,7 @@ def test_the_flag_follows_the_truth_when_another_worker_took_the_suspect():
     execute("UPDATE jobs SET crashes = 0")  # settled elsewhere (or by an operator)
     worker.check_suspects()
     assert not worker.dispatcher.suspect_waiting
-    assert beating_worker("w-1").dispatcher.suspect_waiting is False  # and the role is free
-    other = beating_worker("w-1")
+    other = beating_worker("w-1")  # and the role is free for the next suspect
     a_suspect_waits()
     other.check_suspects()
     assert other.dispatcher.suspect_waiting
@@ -57,10 +56,15 @@ def test_the_flag_follows_the_truth_when_another_worker_took_the_suspect():
 @pytest.mark.django_db
 def test_a_worker_that_is_not_idle_in_time_gives_the_role_up_and_claims_again():
     a_suspect_waits()
+    queue.enqueue(JobKind.TASK, task_payload(), tenant="t")
     hung = beating_worker("hung")
+    hung.register([claim("hung").jobs[0]])  # a handler that never returns
     hung.check_suspects()
     assert hung.dispatcher.suspect_waiting
-    hung.dispatcher._draining_since -= dispatch.SUSPECT_DRAIN_SECONDS + 1  # a handler that never returns
+    hung.dispatcher._draining_since -= dispatch.SUSPECT_DRAIN_SECONDS - 1
+    hung.check_suspects()
+    assert hung.dispatcher.suspect_waiting  # not yet: it may still finish in time
+    hung.dispatcher._draining_since -= 2
     hung.check_suspects()
     assert not hung.dispatcher.suspect_waiting  # claims again
     hung.check_suspects()
@@ -68,3 +72,16 @@ def test_a_worker_that_is_not_idle_in_time_gives_the_role_up_and_claims_again():
     other = beating_worker("other")
     other.check_suspects()
     assert other.dispatcher.suspect_waiting
+
+
+@pytest.mark.django_db
+def test_running_suspects_alone_is_the_drain_working_not_a_worker_that_is_not_idle():
+    a_suspect_waits()
+    a_suspect_waits()  # a crash that held several: they run one after another
+    worker = beating_worker("drainer")
+    worker.check_suspects()
+    (suspect,) = worker._claim(2, alone=True)
+    assert suspect.suspect and worker._solo
+    worker.dispatcher._draining_since -= dispatch.SUSPECT_DRAIN_SECONDS + 1  # a long suspect
+    worker.check_suspects()
+    assert worker.dispatcher.suspect_waiting  # keeps the role while its suspect runs alone

@@ -180,3 +180,21 @@ def test_a_heartbeat_inside_the_handlers_own_transaction_holds_no_lock_on_the_jo
         with psycopg.connect(database_url(), autocommit=True) as other:
             # An operator's cancel or the reaper takes the row at once, not after the commit.
             other.execute("SELECT 1 FROM jobs WHERE id = %s FOR UPDATE NOWAIT", [job.id])
+
+
+@pytest.mark.django_db
+def test_a_reap_that_reaches_a_returning_database_before_its_own_beat_judges_nobody(reaper):
+    # The beat thread has not landed its first beat since the outage: alive_since has not
+    # moved yet, but the reaper's own beat is as old as the outage. Nobody is judged, and
+    # the reaper never judges itself.
+    ids = [queue.enqueue(JobKind.TASK, task_payload(), tenant=t) for t in "ab"]
+    beat("worker-a")
+    claim("worker-a", lease_seconds=30)
+    claim(reaper, lease_seconds=30)
+    silence("worker-a", 15)
+    silence(reaper, 15)
+    assert reap(reaper, beating=True) == (0, 0)
+    assert leases.prune_workers(reaper, leases=1) == 0
+    assert [held_by(i) for i in ids] == ["worker-a", reaper]
+    beat(reaper)  # late: it is just back, and waits a lease
+    assert reap(reaper, beating=True) == (0, 0)

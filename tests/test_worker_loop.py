@@ -586,3 +586,17 @@ def test_a_clean_exit_acknowledges_what_the_completer_never_flushed(monkeypatch)
     # Acknowledged, not left leased for a reaper to take for a crash.
     assert count("jobs", "job_id = %s", [job_id]) == 0
     assert worker.report().finished == 1
+
+
+@pytest.mark.django_db(transaction=True)  # the release closes its connection afterwards
+def test_grace_expiry_spends_the_attempt_of_a_handler_already_past_its_timeout():
+    job_id = queue.enqueue(JobKind.TASK, task_payload("tests.tasks.noop"))
+    worker = Worker(concurrency=1)
+    (hung,) = worker._claim(1, alone=True)
+    ctx = claimed_context(hung)
+    ctx.started_monotonic -= ctx.timeout_seconds + 1  # a hung handler, past its timeout
+    worker._running[hung.id].ctx_holder.append(ctx)
+    worker._release_everything_held()
+    row = job_row(job_id)
+    assert (row["attempts"], row["locked_by"]) == (1, None)  # spent: no free pass at every deploy
+    assert "past its timeout" in row["last_error"]
