@@ -97,7 +97,8 @@ _CONTRIBUTIONS: dict[str, Callable[[Scope], list[Ceiling]]] = {}
 
 
 def reserved_executors(concurrency: int) -> int:
-    """Executors of a worker kept for the reserved (money) kinds (registry ``reserved``):
+    """Executors of a worker that the merchant-paced kinds (registry ``merchant_paced``: a
+    webhook delivery) may never hold, kept for everything else, the money kinds first:
     ``VPAY_WORKER_RESERVED_EXECUTORS``, or a quarter of ``concurrency`` (at least 1); never
     all of them (the other kinds need one)."""
     configured = settings.VPAY_WORKER_RESERVED_EXECUTORS
@@ -133,7 +134,7 @@ def collect(
             reserved_executors(concurrency),
             "env VPAY_WORKER_RESERVED_EXECUTORS"
             if settings.VPAY_WORKER_RESERVED_EXECUTORS >= 0
-            else "derived: a quarter of the concurrency, at least 1, never all",
+            else "derived: a quarter of the concurrency, at least 1, never all (webhooks never hold them)",
         ),
         Ceiling("worker.queues", queues_text, src.get("queues", arg)),
         Ceiling("claim.max_tenants_per_claim", max_tenants, src.get("max_tenants", "default")),

@@ -83,10 +83,10 @@ class Dispatcher:
                         continue
                     free = w.concurrency - len(w._running)
                     alone = not w._running
-                    # The unreserved kinds may fill all but the reserved executors; those
-                    # claim only the money kinds (registry reserved=True).
-                    room = w.unreserved_room()
-                    kinds, asked = (None, min(free, room)) if room > 0 else (w.reserved_kinds, free)
+                    # The merchant-paced kinds (webhooks) may fill all but the reserved
+                    # executors; once they do, a claim takes every other kind only.
+                    room = w.paced_room()
+                    kinds, asked = (None, min(free, room)) if room > 0 else (w.unpaced_kinds, free)
                 jobs = self.claim(asked, alone, kinds)
             finally:
                 self._claiming.release()
@@ -104,6 +104,11 @@ class Dispatcher:
                 self._wait_for_work(generation, self._backoff())
                 continue
             if w.burst and w.running_count() == 0 and self.claim_failures == 0:
+                if w._heartbeating and self._late_holders_waiting():
+                    # Jobs held by workers whose beat is late: its reaper (which waits a lease
+                    # after its own start) may yet rescue them for this burst to run.
+                    self._wait_for_work(generation, w.idle_sleep)
+                    continue
                 w._stopping.set()
                 self.wake()
                 return None
@@ -194,6 +199,13 @@ class Dispatcher:
             for job_id in [j for j, until in self._cannot_run.items() if until <= now]:
                 del self._cannot_run[job_id]
             return list(self._cannot_run)
+
+    def _late_holders_waiting(self) -> bool:
+        try:
+            return leases.late_holders_waiting(self.worker.worker_id)
+        except DB_ERRORS:
+            connection.close()
+            return False
 
     def _backoff(self) -> float:
         return min(self.worker.idle_sleep * (2 ** min(self.claim_failures - 1, 10)), CLAIM_BACKOFF_CAP)

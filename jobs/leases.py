@@ -272,6 +272,26 @@ def suspect_waiting(queues: Sequence[str], kinds: Sequence[str]) -> bool:
         return bool(cursor.fetchone()[0])
 
 
+# Is any job held by another worker whose beat is late (its row's beat older than its period
+# plus the margin) or that has no row and an expired lease: work a reaper may yet rescue, for
+# a --burst worker that would otherwise exit before it (index jobs_job_locked_by_idx, then
+# workers by primary key).
+_LATE_HOLDERS = """
+SELECT EXISTS (
+    SELECT 1 FROM jobs j
+     WHERE j.locked_at IS NOT NULL AND j.locked_by <> %(me)s
+       AND coalesce((SELECT w.heartbeat_at < now() - make_interval(secs => w.heartbeat_seconds + %(margin)s)
+                       FROM workers w WHERE w.id = j.locked_by),
+                     j.lease_expires_at < now()))
+"""
+
+
+def late_holders_waiting(me: str) -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute(_LATE_HOLDERS, {"me": me, "margin": LATE_BEAT_MARGIN_SECONDS})
+        return bool(cursor.fetchone()[0])
+
+
 # --- the suspect drain ------------------------------------------------------------------
 
 # Take (or keep) the role of the one worker that stops claiming until it is idle, so that a

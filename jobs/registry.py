@@ -57,10 +57,11 @@ class KindSpec:
     # Why an operator may not cancel this kind's jobs (jobs.services.cancels), or None when
     # they may: the refusal quotes it, so it says what to do instead.
     not_cancellable: str | None = None
-    # Money moves on it (a charge's or a refund's poll): every worker keeps a share of its
-    # executors for the reserved kinds (VPAY_WORKER_RESERVED_EXECUTORS), so no other work,
-    # however slow (one merchant's webhook endpoints), can hold them all.
-    reserved: bool = False
+    # How long it runs is set by a merchant's server (a webhook delivery): such kinds may hold
+    # at most --concurrency minus VPAY_WORKER_RESERVED_EXECUTORS executors of a worker, so
+    # however slow the merchants' servers, the rest stay for everything else, the money
+    # kinds first among it (a charge's poll never waits behind slow webhooks).
+    merchant_paced: bool = False
 
     @property
     def cancellable(self) -> bool:
@@ -87,7 +88,7 @@ def register(
     subject: Callable[[dict], str] | None = None,
     cancellable: bool = True,
     not_cancellable_reason: str = "",
-    reserved: bool = False,
+    merchant_paced: bool = False,
 ) -> Callable[[Callable[[JobContext], Outcome]], Callable[[JobContext], Outcome]]:
     """Register the decorated function as the handler of ``kind``.
 
@@ -103,7 +104,7 @@ def register(
         if kind.value in _REGISTRY:
             raise RuntimeError(f"kind {kind.value!r} is already registered")
         spec = KindSpec(
-            kind, handler, schema, timeout_seconds, retry, max_deferrals, singleton, fenced, subject, refusal, reserved
+            kind, handler, schema, timeout_seconds, retry, max_deferrals, singleton, fenced, subject, refusal, merchant_paced
         )  # type: ignore[arg-type]
         _REGISTRY[kind.value] = spec
         return handler

@@ -129,9 +129,10 @@ class Worker:
         # What this release can run: the claim takes nothing else (a rolling deploy's newer
         # kinds wait for newer workers, no attempt spent).
         self.kinds = sorted(self._kind_leases)
-        # Kept for the kinds that move money: the others may hold at most the rest.
-        self.reserved_kinds = sorted(s.kind.value for s in specs if s.reserved)
-        self.reserved_executors = ceilings.reserved_executors(concurrency) if self.reserved_kinds else 0
+        # Merchant-paced kinds (webhooks) never hold the last reserved_executors executors.
+        self.paced_kinds = sorted(s.kind.value for s in specs if s.merchant_paced)
+        self.unpaced_kinds = sorted(set(self.kinds) - set(self.paced_kinds))
+        self.reserved_executors = ceilings.reserved_executors(concurrency) if self.paced_kinds else 0
         self._default_lease = max(self._kind_leases.values(), default=60.0)
         self._heartbeating = False
 
@@ -380,11 +381,11 @@ class Worker:
         with self._cv:
             return len(self._running)
 
-    def unreserved_room(self) -> int:
-        """Under ``_cv``: how many more jobs of the unreserved kinds may start now."""
-        reserved = self.reserved_kinds
-        others = sum(1 for r in self._running.values() if r.job.kind not in reserved)
-        return self.concurrency - self.reserved_executors - others
+    def paced_room(self) -> int:
+        """Under ``_cv``: how many more jobs of the merchant-paced kinds may start now."""
+        paced = self.paced_kinds
+        running = sum(1 for r in self._running.values() if r.job.kind in paced)
+        return self.concurrency - self.reserved_executors - running
 
     def running_snapshot(self) -> list[Running]:
         with self._cv:

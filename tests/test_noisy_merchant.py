@@ -2,8 +2,8 @@
 many endpoints answer only after 20 s, and who loops on ``/test``, against a real worker at
 its default share rules, while another merchant's charge settles on time.
 
-Without the reserved executors (registry ``reserved``: the money kinds keep a share of every
-worker) and the per-merchant webhook share, the slow deliveries held every executor and the
+Without the reserved executors (registry ``merchant_paced``: webhook deliveries never hold the
+last quarter of a worker) and the per-merchant webhook share, the slow deliveries held every executor and the
 charge's poll waited behind them for the whole 20 s.
 """
 
@@ -50,7 +50,7 @@ def test_a_merchant_with_slow_endpoints_and_a_test_loop_does_not_slow_another_me
             tests_sent += noisy.call("POST", f"/v1/webhook_endpoints/{created.json()['id']}/test").status_code == 200
     assert tests_sent >= 6
 
-    # The default --concurrency (4): one executor kept for the money kinds, and at most half
+    # The default --concurrency (4): one executor webhooks never hold, and at most three
     # of the worker for any one merchant's webhooks.
     start_worker(env=worker_env(rails_file, policy)).wait_started()
     wait_for(

@@ -1,6 +1,6 @@
-"""Executors kept for the kinds that move money (issue: one merchant's slow webhooks could
-hold every executor, and every merchant's settlements waited): the unreserved kinds fill at
-most ``concurrency - reserved`` executors of a worker; the rest claim only reserved kinds."""
+"""Executors webhooks may never hold (one merchant's slow endpoints could hold every
+executor, and every merchant's settlements waited): the merchant-paced kinds fill at most
+``concurrency - reserved`` executors of a worker; every other kind may use them all."""
 
 from __future__ import annotations
 
@@ -22,15 +22,26 @@ def test_the_reserved_share_is_a_quarter_at_least_one_never_all(settings, config
 
 
 @pytest.mark.django_db
-def test_other_work_fills_all_but_the_reserved_executor_which_takes_only_money_kinds():
+def test_webhooks_fill_all_but_the_reserved_executor_which_takes_other_kinds_only():
+    for i in range(6):
+        queue.enqueue(JobKind.WEBHOOK_DELIVER, {"delivery_id": i}, tenant=f"merchant-{i}")
+    worker = Worker(concurrency=4)  # one executor webhooks may never hold
+    first = worker.dispatcher.next_job()
+    assert first.kind == "webhook_deliver"
+    assert worker.running_count() == 3  # the fourth executor is kept, though deliveries wait
+    assert [worker.dispatcher.next_job().kind for _ in range(2)] == ["webhook_deliver"] * 2  # handed over
+    queue.enqueue(JobKind.POLL_CHARGE, {"charge_id": "ch_reserved"}, tenant="payer")
+    # The kept executor claims the charge's poll, never one of the three deliveries still due.
+    assert worker.dispatcher.next_job().kind == "poll_charge"
+    assert worker.running_count() == 4
+
+
+@pytest.mark.django_db
+def test_other_kinds_may_use_every_executor():
     for i in range(6):
         queue.enqueue(JobKind.TASK, task_payload(), tenant=f"busy-{i}")
-    worker = Worker(concurrency=4)  # one executor kept for the money kinds
-    first = worker.dispatcher.next_job()
-    assert first.kind == "task"
-    assert worker.running_count() == 3  # the fourth executor is kept, though tasks wait
-    assert [worker.dispatcher.next_job().kind for _ in range(2)] == ["task", "task"]  # handed over
-    queue.enqueue(JobKind.POLL_CHARGE, {"charge_id": "ch_reserved"}, tenant="payer")
-    # The kept executor claims the charge's poll, never one of the three tasks still due.
-    assert worker.dispatcher.next_job().kind == "poll_charge"
+    worker = Worker(concurrency=4)
+    # A claim asks for at most the paced room (it cannot tell what it will get), then the
+    # next idle executor claims the rest: tasks are not paced by merchants, none idles.
+    assert [worker.dispatcher.next_job().kind for _ in range(4)] == ["task"] * 4
     assert worker.running_count() == 4

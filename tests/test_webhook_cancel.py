@@ -14,7 +14,7 @@ from jobs.models import Alert, DeadLetter
 from jobs.services import cancels
 from jobs.worker import Worker
 from merchants.services import create_merchant
-from tests.queue_support import claim, scalar
+from tests.queue_support import claim, expire_lease, scalar
 from webhooks.event_types import EventType
 from webhooks.events import emit
 from webhooks.models import AttemptState, DeliveryAttempt, DeliveryState, WebhookDelivery
@@ -90,9 +90,10 @@ def test_a_deliver_job_cancelled_while_it_runs_ends_its_delivery_cancelled_at_th
 
 def test_a_deliver_job_whose_worker_died_mid_attempt_is_cancelled_with_its_delivery(receiver):
     d = one_delivery(receiver, "/hooks/c")
-    (job,) = claim("w-dead", batch=1).jobs  # no workers row: a dead worker
+    (job,) = claim("w-dead", batch=1).jobs  # no workers row: a dead worker ...
     begun = delivery.begin_attempt(d.pk)
     assert begun.kind is delivery.Begin.CLAIMED  # the attempt holds the delivery's lease
+    expire_lease(job.job_id)  # ... once its lease ran out, as the reaper judges it
     assert cancel(job.job_id).ended
     sticks(d)
     [attempt] = DeliveryAttempt.objects.filter(delivery=d)

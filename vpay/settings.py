@@ -222,9 +222,9 @@ if LIVE_MODE and VPAY_QUEUE_ADAPTER == "inprocess":
 VPAY_JOB_UNRUNNABLE_WINDOW_SECONDS = env.float("VPAY_JOB_UNRUNNABLE_WINDOW_SECONDS", default=900.0)
 if VPAY_JOB_UNRUNNABLE_WINDOW_SECONDS < 0:
     raise ImproperlyConfigured("VPAY_JOB_UNRUNNABLE_WINDOW_SECONDS must not be negative")
-# Executors of every worker kept for the kinds that move money (a charge's or a refund's poll,
-# a resubmit: registry reserved=True), so that no other work, however slow, holds them all.
-# Unset: a quarter of --concurrency, at least 1 (none at --concurrency 1).
+# Executors of every worker that webhook deliveries (registry merchant_paced=True: their run
+# time is the merchant's server's) may never hold, kept for everything else, charge and
+# refund polls first. Unset: a quarter of --concurrency, at least 1 (none at --concurrency 1).
 VPAY_WORKER_RESERVED_EXECUTORS = env.int("VPAY_WORKER_RESERVED_EXECUTORS", default=-1)
 VPAY_JOB_RECOVERY_CAP = env.int("VPAY_JOB_RECOVERY_CAP", default=3)
 if VPAY_JOB_RECOVERY_CAP < 1:

@@ -51,6 +51,8 @@ def _deliver_timeout() -> float:
     timeout_seconds=_deliver_timeout(),
     retry=DELIVER_RETRY,
     subject=lambda payload: f"delivery:{payload['delivery_id']}",
+    # Its run time is the merchant's server's: never all of a worker (docs/runner.md "Reserved executors").
+    merchant_paced=True,
 )
 def deliver(ctx: JobContext) -> Outcome:
     """One attempt of one delivery (unfenced: it calls the network; every write is a CAS).

@@ -58,7 +58,6 @@ POLL_NOT_CANCELLABLE = (
     timeout_seconds=RAIL_JOB_TIMEOUT_SECONDS,
     cancellable=False,
     not_cancellable_reason=POLL_NOT_CANCELLABLE,
-    reserved=True,  # a settlement never waits behind slow webhooks (docs/runner.md "Reserved executors")
 )
 def poll_charge(ctx: JobContext) -> Outcome:
     """One poll: terminal guard, horizon, crash recovery, rail, settlement table, next rung.
@@ -217,9 +216,7 @@ def resubmit_then_escalate_if_late(row: ChargeRow, past: bool, policy: RecoveryP
     return Outcome.reschedule_in(poll_delay(row.polls, policy), "resubmitting")
 
 
-@registry.register(
-    JobKind.RESUBMIT_CHARGE, schema=CHARGE_PAYLOAD, timeout_seconds=RAIL_JOB_TIMEOUT_SECONDS, reserved=True
-)
+@registry.register(JobKind.RESUBMIT_CHARGE, schema=CHARGE_PAYLOAD, timeout_seconds=RAIL_JOB_TIMEOUT_SECONDS)
 def resubmit_charge(ctx: JobContext) -> Outcome:
     """Send a push charge's submit again, under the same reference (the rail's idempotency
     key). Only a definitive refusal of the charge's first send fails it (a crash before

@@ -47,7 +47,6 @@ POLL_NOT_CANCELLABLE = (
     timeout_seconds=RAIL_JOB_TIMEOUT_SECONDS,
     cancellable=False,
     not_cancellable_reason=POLL_NOT_CANCELLABLE,
-    reserved=True,  # a refund never waits behind slow webhooks (docs/runner.md "Reserved executors")
 )
 def poll_refund(ctx: JobContext) -> Outcome:
     """One step: terminal guard, horizon, send or ask, settlement table, next rung.

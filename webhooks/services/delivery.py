@@ -136,11 +136,12 @@ def begin_attempt(delivery_id: int, *, share: int | None = None) -> BeginResult:
             return BeginResult(Begin.HELD, endpoint_id=row.endpoint_id)
         elif row.due_in > 0:
             return BeginResult(Begin.NOT_DUE, wait=row.due_in)
-        # The endpoint's share of this worker, then its merchant's (all its endpoints together:
-        # one merchant with many slow endpoints leaves the other half to every other merchant).
+        # The endpoint's share of this worker, then its merchant's (all its endpoints together,
+        # one more than an endpoint's, so the merchant's other endpoints are not starved by
+        # its slow one): a merchant with many slow endpoints is bounded as a whole.
         merchant_key = MERCHANT_SHARE_PREFIX + row.merchant_id
         held = share is not None and SHARES.acquire(row.endpoint_id, share)
-        merchant_held = held and SHARES.acquire(merchant_key, share)
+        merchant_held = held and SHARES.acquire(merchant_key, share + 1)
         keys = [row.endpoint_id, merchant_key][: int(held) + int(merchant_held)]
         try:
             in_flight, earliest = attempt_sql.in_flight_for_endpoint(row.endpoint_id)
