@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from django.db import connection
 
-from jobs import leases
+from jobs import leases, liveness
 from jobs.leases import ClaimedJob
 from jobs.settling import DB_ERRORS
 from vpay import metrics
@@ -202,7 +202,7 @@ class Dispatcher:
 
     def _late_holders_waiting(self) -> bool:
         try:
-            return leases.late_holders_waiting(self.worker.worker_id)
+            return liveness.late_holders_waiting(self.worker.worker_id)
         except DB_ERRORS:
             connection.close()
             return False
@@ -227,7 +227,7 @@ class Dispatcher:
         """Maintenance (every beat period): whether this worker should stop claiming so that a
         waiting suspect can run alone on it.
 
-        One worker at a time does (``leases.take_drain``), not every worker: a crash that
+        One worker at a time does (``liveness.take_drain``), not every worker: a crash that
         held several jobs would otherwise drain the whole fleet to zero. The flag follows the
         truth at every check (a suspect another worker took clears it), and a worker that is
         not idle within :data:`SUSPECT_DRAIN_SECONDS` (a hung handler) gives the role up and
@@ -251,7 +251,7 @@ class Dispatcher:
             return
         if now < self._drain_again_after:
             return
-        if leases.take_drain(w.worker_id, SUSPECT_DRAIN_SECONDS + w.heartbeat_seconds):
+        if liveness.take_drain(w.worker_id, SUSPECT_DRAIN_SECONDS + w.heartbeat_seconds):
             if not self.suspect_waiting:
                 self._draining_since = now
             self.suspect_waiting = True
@@ -261,5 +261,5 @@ class Dispatcher:
 
     def _stop_draining(self) -> None:
         if self.suspect_waiting and self.worker._heartbeating:
-            leases.drop_drain(self.worker.worker_id)
+            liveness.drop_drain(self.worker.worker_id)
         self.suspect_waiting = False

@@ -13,7 +13,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from jobs import cancels, leases, reaper, unclaimable
+from jobs import cancels, liveness, reaper, unclaimable
 from jobs.invoke import job_fields
 from jobs.settling import DB_ERRORS
 from vpay import metrics
@@ -93,7 +93,7 @@ class Maintenance:
         if now >= self._due["reap"]:
             self._due["reap"] = now + worker.reap_period
             self._step("reap", lambda: (worker.reap(), worker.check_suspects()))
-            self._step("prune", lambda: leases.prune_workers(worker.worker_id if worker._heartbeating else None))
+            self._step("prune", lambda: liveness.prune_workers(worker.worker_id if worker._heartbeating else None))
         if now >= self._due["singletons"]:
             self._due["singletons"] = now + worker.reap_period
             self._step("singletons", seed_missing_singletons)

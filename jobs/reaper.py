@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from django.conf import settings
 
 from jobs import sql
-from jobs.leases import LATE_BEAT_MARGIN_SECONDS
+from jobs.liveness import LATE_BEAT_MARGIN_SECONDS, MAY_JUDGE
 from jobs.models import LAST_ERROR_MAX, DeadLetterCause
 from jobs.repository import (
     ALERT_FOR_LETTERS,
@@ -35,11 +35,8 @@ from jobs.repository import (
 # meanwhile either holds the row, and it is skipped, or has committed, and it no longer
 # matches). A holder with no row at all (pruned, or a step-method test that never beats) is
 # judged by its leases: one expired lease and all it holds is rescued. The reaper judges
-# nobody until its own worker has beaten on time for a whole lease (`alive_since`, written
-# by the beat) and its own last beat is on time too (the reap can reach a returning database
-# before the beat thread does, with `alive_since` not yet moved): a reaper just back from an
-# outage would otherwise find every live worker's beat as old as the outage. It never judges
-# itself. `%(reaper)s` is NULL for a caller that does not beat.
+# nobody until it may (jobs.liveness.MAY_JUDGE: on time for a whole lease, its own last beat
+# on time too), and never itself. `%(judge)s` is NULL for a caller that does not beat.
 # Then every job of a dead worker is rescued in this one statement (index
 # jobs_job_locked_by_idx), so the count of what it held is whole. Per job, by `together`
 # (what its worker held): stalled (`recoveries` already at the cap) -> dead letter
@@ -47,16 +44,11 @@ from jobs.repository import (
 # otherwise -> back to the queue, attempt spent; beside others -> back, attempt refunded,
 # crashes + 1 (a suspect). Every rescue of a job with a checkpoint counts `recoveries + 1`.
 REAP = f"""
-WITH judge AS (
-    SELECT %(reaper)s::text IS NULL
-           OR EXISTS (SELECT 1 FROM workers r
-                       WHERE r.id = %(reaper)s AND r.alive_since <= now() - make_interval(secs => r.lease_seconds)
-                         AND r.heartbeat_at >= now() - make_interval(secs => r.heartbeat_seconds + %(margin)s)) AS ready
-),
+WITH judge AS (SELECT {MAY_JUDGE} AS ready),
 stale AS (
     SELECT w.id FROM workers w, judge
      WHERE judge.ready AND w.heartbeat_at < now() - make_interval(secs => w.lease_seconds)
-       AND w.id IS DISTINCT FROM %(reaper)s
+       AND w.id IS DISTINCT FROM %(judge)s
        FOR UPDATE OF w SKIP LOCKED
 ),
 rowless AS (
@@ -137,7 +129,7 @@ def reap_expired_leases(reaper: str | None = None) -> Reaped:
     for a caller that does not beat. Durable: it writes dead letters."""
     rows = sql.durable(
         REAP,
-        {**alert_job_params(), "recovery_cap": recovery_cap(), "reaper": reaper, "margin": LATE_BEAT_MARGIN_SECONDS},
+        {**alert_job_params(), "recovery_cap": recovery_cap(), "judge": reaper, "margin": LATE_BEAT_MARGIN_SECONDS},
     )
     freed, buried, unalerted, suspects, _, _ = rows[0]
     return Reaped(freed, buried, unalerted, suspects)

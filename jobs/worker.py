@@ -42,13 +42,14 @@ from dataclasses import dataclass, field
 from django.conf import settings
 from django.db import connection
 
-from jobs import ceilings, leases, registry
+from jobs import ceilings, leases, liveness, registry
 from jobs.context import JobContext
 from jobs.decisions import Disposition
 from jobs.dispatch import Dispatcher
 from jobs.invoke import Ran, run_job
-from jobs.leases import ClaimedJob, WorkerIdentity
+from jobs.leases import ClaimedJob
 from jobs.listener import connect_params, listen
+from jobs.liveness import WorkerIdentity
 from jobs.maintenance import Maintenance, reap
 from jobs.report import Report
 from jobs.settling import DB_ERRORS, Completer, Settler
@@ -281,7 +282,7 @@ class Worker:
         self._beat_stop.set()
         if not abandoned:
             try:
-                leases.worker_deregister(self.worker_id)
+                liveness.worker_deregister(self.worker_id)
             except DB_ERRORS:
                 pass
             finally:
@@ -398,7 +399,7 @@ class Worker:
 
     def heartbeat(self) -> int:
         """Beat: the worker's row and every lease it holds, extended (the beat thread)."""
-        return leases.worker_heartbeat(self.identity(), self.lease_seconds)
+        return liveness.worker_heartbeat(self.identity(), self.lease_seconds)
 
     def _beat(self) -> None:
         """The beat thread: the worker heartbeat and nothing else, on a connection of its own,

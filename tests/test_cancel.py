@@ -9,7 +9,7 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 
-from jobs import JobCancelled, NoCurrentJob, current_job, leases, queue, registry
+from jobs import JobCancelled, NoCurrentJob, current_job, leases, liveness, queue, registry
 from jobs.cancel_decisions import JobPhase, Refusal
 from jobs.context import JobContext
 from jobs.kinds import JobKind
@@ -21,7 +21,7 @@ from tests.queue_support import claim, claimed_context, count, execute, expire_l
 
 def live_worker(name: str = "worker-a") -> None:
     """A ``workers`` row that just beat, as a running worker's."""
-    leases.worker_heartbeat(leases.WorkerIdentity(name, "host", 1, 1, "default"), 30)
+    liveness.worker_heartbeat(liveness.WorkerIdentity(name, "host", 1, 1, "default"), 30)
 
 
 def cancel(job_id, reason: str = "merchant asked", actor: str = "olga"):

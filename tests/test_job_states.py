@@ -20,7 +20,7 @@ import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
-from jobs import leases, reaper, registry
+from jobs import leases, liveness, reaper, registry
 from jobs.decisions import JobState, settle_error, settle_outcome
 from jobs.kinds import JobKind
 from jobs.outcome import Outcome
@@ -103,7 +103,7 @@ class JobMachine(RuleBasedStateMachine):
 
     @rule(worker=st.sampled_from(WORKERS), batch=st.integers(1, 3))
     def claim(self, worker, batch):
-        leases.worker_heartbeat(leases.WorkerIdentity(worker, "host", 1, 4, "default"), 30.0)
+        liveness.worker_heartbeat(liveness.WorkerIdentity(worker, "host", 1, 4, "default"), 30.0)
         for job in claim_jobs(worker, batch=batch, lease_seconds=30.0).jobs:
             self.held.append((worker, job))
         self._step("claim")

@@ -11,7 +11,7 @@ from django.contrib.admin.models import LogEntry
 from django.contrib.messages import get_messages
 from django.urls import reverse
 
-from jobs import health_sql, leases, operator_sql, queue
+from jobs import health_sql, liveness, operator_sql, queue
 from jobs.models import DeadLetter, DeadLetterState, Job
 from jobs.services import dead_letters as ops
 from tests.ops_support import OPERATOR_PERMS, db_ago, make_letter, staff_user
@@ -366,7 +366,7 @@ def test_cancel_ends_a_waiting_job_asks_a_running_one_to_stop_and_refuses_a_char
     waiting = queue.enqueue("task", task_payload("tests.tasks.record", "cancel-me"), correlation_id="c-1")
     running = queue.enqueue("task", task_payload(), queue="busy")
     poll = queue.enqueue("poll_charge", {"charge_id": "ch_1"}, queue="polls")
-    leases.worker_heartbeat(leases.WorkerIdentity("worker-a", "host", 1, 1, "busy"), 30)  # a live worker
+    liveness.worker_heartbeat(liveness.WorkerIdentity("worker-a", "host", 1, 1, "busy"), 30)  # a live worker
     claim(queues=("busy",))
     ids = list(Job.objects.order_by("id").values_list("pk", flat=True))
     url = reverse("admin:jobs_job_changelist")

@@ -8,7 +8,7 @@ import threading
 import pytest
 from django.db import connection, transaction
 
-from jobs import leases, queue
+from jobs import liveness, queue
 from jobs.cancel_decisions import JobPhase
 from jobs.models import DeadLetter, DeadLetterState
 from jobs.services import cancels
@@ -70,7 +70,7 @@ def test_two_operators_replaying_the_same_letter_at_once_enqueue_it_once():
 
 def test_a_cancel_waiting_on_a_claim_in_flight_becomes_a_request_once_the_claim_commits():
     job_id = queue.enqueue("task", task_payload(), correlation_id="race")
-    leases.worker_heartbeat(leases.WorkerIdentity("worker-a", "host", 1, 1, "default"), 30)  # the claimant lives
+    liveness.worker_heartbeat(liveness.WorkerIdentity("worker-a", "host", 1, 1, "default"), 30)  # the claimant lives
     claim_holds_the_row = threading.Event()
     cancel_is_waiting = threading.Event()
 

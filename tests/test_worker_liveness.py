@@ -12,7 +12,7 @@ import psycopg
 import pytest
 from django.db import connection
 
-from jobs import leases, queue
+from jobs import liveness, queue
 from jobs.kinds import JobKind
 from jobs.maintenance import reap
 from tests.conftest import database_url
@@ -22,7 +22,7 @@ LEASE = 12.0
 
 
 def beat(worker: str, *, period: float = 5.0, lease: float = LEASE) -> int:
-    return leases.worker_heartbeat(leases.WorkerIdentity(worker, "host", 1, 1, "default", period), lease)
+    return liveness.worker_heartbeat(liveness.WorkerIdentity(worker, "host", 1, 1, "default", period), lease)
 
 
 def settle_in(worker: str, seconds_ago: float) -> None:
@@ -116,7 +116,7 @@ def test_workers_are_pruned_after_four_of_their_own_leases():
     beat("long", lease=60.0)
     silence("short", 21)
     silence("long", 21)
-    assert leases.prune_workers() == 1
+    assert liveness.prune_workers() == 1
     assert scalar("SELECT array_agg(id) FROM workers") == ["long"]
 
 
@@ -194,7 +194,7 @@ def test_a_reap_that_reaches_a_returning_database_before_its_own_beat_judges_nob
     silence("worker-a", 15)
     silence(reaper, 15)
     assert reap(reaper, beating=True) == (0, 0)
-    assert leases.prune_workers(reaper, leases=1) == 0
+    assert liveness.prune_workers(reaper, leases=1) == 0
     assert [held_by(i) for i in ids] == ["worker-a", reaper]
     beat(reaper)  # late: it is just back, and waits a lease
     assert reap(reaper, beating=True) == (0, 0)
