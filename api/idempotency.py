@@ -20,7 +20,7 @@ from typing import NamedTuple
 from django.db import connection
 
 from jobs.context import JobContext
-from jobs.housekeeping import StepResult
+from jobs.housekeeping import StepResult, delete_in_rounds
 from vpay import sealing
 
 TTL_SQL = "interval '24 hours'"
@@ -96,24 +96,21 @@ def store(merchant_id: str, key: str, hashed: str, status_code: int, body: bytes
 
 def sweep_expired_records(ctx: JobContext) -> StepResult:
     """Sweep step: delete expired records in pages, each page its own statement."""
-    total = 0
-    for _ in range(MAX_SWEEP_PAGES):
-        with connection.cursor() as cursor:
-            # A page of the oldest expired records (index api_idempotency_created). The age
-            # guard is repeated on the outer DELETE on purpose: a key reused after 24 hours
-            # is re-stored in place (``store``'s ON CONFLICT DO UPDATE), and a DELETE that
-            # picked the row while it was expired waits for that update's commit and then
-            # re-checks only its own WHERE on the new row version, never the subquery's.
-            # Without the repeat it deletes the fresh record, and the retried request runs twice.
-            cursor.execute(
-                "DELETE FROM api_idempotency_records WHERE id IN (SELECT id FROM api_idempotency_records"
-                f" WHERE created_at <= now() - {TTL_SQL} ORDER BY created_at LIMIT %s)"
-                f" AND created_at <= now() - {TTL_SQL}",
-                [SWEEP_PAGE],
-            )
-            deleted = cursor.rowcount
-        total += deleted
-        if deleted < SWEEP_PAGE:
-            return StepResult(total)
-        ctx.heartbeat()
-    return StepResult(total, more=True)
+    return delete_in_rounds(ctx, _delete_expired_records, page=SWEEP_PAGE, rounds=MAX_SWEEP_PAGES)
+
+
+def _delete_expired_records(page: int) -> int:
+    with connection.cursor() as cursor:
+        # A page of the oldest expired records (index api_idempotency_created). The age
+        # guard is repeated on the outer DELETE on purpose: a key reused after 24 hours
+        # is re-stored in place (``store``'s ON CONFLICT DO UPDATE), and a DELETE that
+        # picked the row while it was expired waits for that update's commit and then
+        # re-checks only its own WHERE on the new row version, never the subquery's.
+        # Without the repeat it deletes the fresh record, and the retried request runs twice.
+        cursor.execute(
+            "DELETE FROM api_idempotency_records WHERE id IN (SELECT id FROM api_idempotency_records"
+            f" WHERE created_at <= now() - {TTL_SQL} ORDER BY created_at LIMIT %s)"
+            f" AND created_at <= now() - {TTL_SQL}",
+            [page],
+        )
+        return cursor.rowcount

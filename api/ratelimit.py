@@ -26,7 +26,7 @@ from django.conf import settings
 from django.db import connection
 
 from jobs.context import JobContext
-from jobs.housekeeping import StepResult
+from jobs.housekeeping import StepResult, delete_in_rounds
 from vpay.errors import RateLimited
 
 KEY_MAX = 200  # api_rate_limit_keys.key
@@ -95,22 +95,19 @@ def rate_limit_key(*, key: str, limit: int, window: int, what: str) -> None:
 def sweep_stale_windows(ctx: JobContext) -> StepResult:
     """Sweep step: keys whose last window began more than an hour ago (every window is at
     most an hour: settings), so a source address seen once does not stay a row for ever."""
-    total = 0
-    for _ in range(MAX_SWEEP_PAGES):
-        with connection.cursor() as cursor:
-            # A page of stale keys. No index on window_start, on purpose: it changes every
-            # window, and an index on it would make each request's update non-HOT; the
-            # table holds one row per key seen within about an hour, so the hourly scan is
-            # short. The age is repeated outside: a key counted again meanwhile stays.
-            cursor.execute(
-                "DELETE FROM api_rate_limit_keys WHERE key IN (SELECT key FROM api_rate_limit_keys"
-                " WHERE window_start < now() - interval '1 hour' LIMIT %s)"
-                " AND window_start < now() - interval '1 hour'",
-                [SWEEP_PAGE],
-            )
-            deleted = cursor.rowcount
-        total += deleted
-        if deleted < SWEEP_PAGE:
-            return StepResult(total)
-        ctx.heartbeat()
-    return StepResult(total, more=True)
+    return delete_in_rounds(ctx, _delete_stale_windows, page=SWEEP_PAGE, rounds=MAX_SWEEP_PAGES)
+
+
+def _delete_stale_windows(page: int) -> int:
+    with connection.cursor() as cursor:
+        # A page of stale keys. No index on window_start, on purpose: it changes every
+        # window, and an index on it would make each request's update non-HOT; the
+        # table holds one row per key seen within about an hour, so the hourly scan is
+        # short. The age is repeated outside: a key counted again meanwhile stays.
+        cursor.execute(
+            "DELETE FROM api_rate_limit_keys WHERE key IN (SELECT key FROM api_rate_limit_keys"
+            " WHERE window_start < now() - interval '1 hour' LIMIT %s)"
+            " AND window_start < now() - interval '1 hour'",
+            [page],
+        )
+        return cursor.rowcount

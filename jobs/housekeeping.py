@@ -98,15 +98,22 @@ def sweep_steps() -> dict[str, SweepStep]:
     return {**_BUILT_IN, **_STEPS}
 
 
-def _expired_fences(ctx: JobContext) -> StepResult:
+def delete_in_rounds(ctx: JobContext, delete_page: Callable[[int], int], *, page: int, rounds: int) -> StepResult:
+    """A step that deletes expired rows a page per statement (``delete_page(page)`` returns how
+    many it deleted), heartbeating between pages, until a page comes up short or ``rounds``
+    pages are done (then ``more``: run again soon, not in an hour)."""
     total = 0
-    for _ in range(MAX_FENCE_PAGES):
-        deleted = repository.delete_expired_fences(FENCE_PAGE)
+    for _ in range(rounds):
+        deleted = delete_page(page)
         total += deleted
-        if deleted < FENCE_PAGE:
+        if deleted < page:
             return StepResult(total)
         ctx.heartbeat()
     return StepResult(total, more=True)
+
+
+def _expired_fences(ctx: JobContext) -> StepResult:
+    return delete_in_rounds(ctx, repository.delete_expired_fences, page=FENCE_PAGE, rounds=MAX_FENCE_PAGES)
 
 
 def _expired_leases(ctx: JobContext) -> StepResult:

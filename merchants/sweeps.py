@@ -9,15 +9,14 @@ from __future__ import annotations
 from django.db import connection
 
 from jobs.context import JobContext
-from jobs.housekeeping import StepResult
+from jobs.housekeeping import StepResult, delete_in_rounds
 
 SWEEP_PAGE = 1000
 MAX_SWEEP_PAGES = 50
 
 
 def _sweep(ctx: JobContext, table: str) -> StepResult:
-    total = 0
-    for _ in range(MAX_SWEEP_PAGES):
+    def delete_page(page: int) -> int:
         with connection.cursor() as cursor:
             # A page of the oldest expired rows (index <table>_expires on expires_at). The guard is repeated on the
             # outer DELETE: a jti reused after its expiry is re-stored in place
@@ -26,14 +25,11 @@ def _sweep(ctx: JobContext, table: str) -> StepResult:
             cursor.execute(
                 f"DELETE FROM {table} WHERE id IN (SELECT id FROM {table}"
                 " WHERE expires_at <= now() ORDER BY expires_at LIMIT %s) AND expires_at <= now()",
-                [SWEEP_PAGE],
+                [page],
             )
-            deleted = cursor.rowcount
-        total += deleted
-        if deleted < SWEEP_PAGE:
-            return StepResult(total)
-        ctx.heartbeat()
-    return StepResult(total, more=True)
+            return cursor.rowcount
+
+    return delete_in_rounds(ctx, delete_page, page=SWEEP_PAGE, rounds=MAX_SWEEP_PAGES)
 
 
 def sweep_expired_jtis(ctx: JobContext) -> StepResult:
