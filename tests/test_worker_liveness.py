@@ -198,3 +198,15 @@ def test_a_reap_that_reaches_a_returning_database_before_its_own_beat_judges_nob
     assert [held_by(i) for i in ids] == ["worker-a", reaper]
     beat(reaper)  # late: it is just back, and waits a lease
     assert reap(reaper, beating=True) == (0, 0)
+
+
+@pytest.mark.django_db
+def test_a_burst_worker_sees_work_held_by_a_worker_whose_beat_is_late():
+    # What keeps a --burst worker from exiting while a reaper may yet rescue jobs for it.
+    queue.enqueue(JobKind.TASK, task_payload())
+    beat("holder")
+    claim("holder", lease_seconds=30)
+    assert not liveness.late_holders_waiting("burst")  # its holder beats on time
+    silence("holder", 7.5)  # later than its 5 s period plus the 2 s margin
+    assert liveness.late_holders_waiting("burst")
+    assert not liveness.late_holders_waiting("holder")  # never its own
