@@ -104,6 +104,8 @@ class Dispatcher:
                 self._wait_for_work(generation, self._backoff())
                 continue
             if w.burst and w.running_count() == 0 and self.claim_failures == 0:
+                if self._idle_with_suspects():
+                    continue  # the next claim, alone, takes the suspect
                 if w._heartbeating and self._late_holders_waiting():
                     # Jobs held by workers whose beat is late: its reaper (which waits a lease
                     # after its own start) may yet rescue them for this burst to run.
@@ -199,6 +201,21 @@ class Dispatcher:
             for job_id in [j for j, until in self._cannot_run.items() if until <= now]:
                 del self._cannot_run[job_id]
             return list(self._cannot_run)
+
+    def _idle_with_suspects(self) -> bool:
+        """A --burst worker found nothing ordinary to claim and runs nothing: whether a
+        suspect is due, which it then claims alone at once. The maintenance thread would
+        flag it only at its next beat, after the burst had exited and left the suspect
+        behind. Running nothing, it holds no one up: the drain role is not needed."""
+        try:
+            waiting = leases.suspect_waiting(self.worker.queues, self.worker.kinds)
+        except DB_ERRORS:
+            connection.close()
+            return False
+        if waiting:
+            with self.worker._cv:
+                self.suspect_waiting = True
+        return waiting
 
     def _late_holders_waiting(self) -> bool:
         try:

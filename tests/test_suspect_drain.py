@@ -85,3 +85,15 @@ def test_running_suspects_alone_is_the_drain_working_not_a_worker_that_is_not_id
     worker.dispatcher._draining_since -= dispatch.SUSPECT_DRAIN_SECONDS + 1  # a long suspect
     worker.check_suspects()
     assert worker.dispatcher.suspect_waiting  # keeps the role while its suspect runs alone
+
+
+@pytest.mark.django_db
+def test_a_burst_worker_runs_a_waiting_suspect_before_it_exits():
+    # Its maintenance thread has not flagged the suspect yet (it does so once a beat): the
+    # burst finds nothing ordinary to claim, runs nothing, and would exit leaving it behind.
+    a_suspect_waits()
+    worker = Worker(worker_id="burst", concurrency=2, burst=True)
+    worker._heartbeating = True
+    worker.heartbeat()
+    job = worker.dispatcher.next_job()
+    assert job is not None and job.suspect and worker._solo

@@ -64,6 +64,16 @@ def duplicated_labels(prefix: str) -> list[tuple[str, int]]:
     )
 
 
+def leftover_jobs() -> list[tuple]:
+    """The task rows still queued, as evidence when a test finds work left behind."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT id, locked_by, lease_expires_at < now(), run_at > now(), attempts, crashes, last_error"
+            " FROM jobs WHERE kind = 'task' ORDER BY id"
+        )
+        return cursor.fetchall()
+
+
 def task_rows() -> int:
     return scalar("SELECT count(*) FROM jobs WHERE kind = 'task'")
 
@@ -156,7 +166,11 @@ def test_a_backlog_survives_repeated_sigkills_with_every_effect_applied_exactly_
     assert "rescued the jobs of a dead worker" in messages, messages[:10]
 
     assert duplicated_labels("kill-") == []
-    assert scalar("SELECT count(DISTINCT label) FROM test_effects WHERE label LIKE 'kill-%'") == total
+    left = leftover_jobs()
+    assert scalar("SELECT count(DISTINCT label) FROM test_effects WHERE label LIKE 'kill-%'") == total, (
+        left,
+        replacement.output()[-3000:],
+    )
     assert effect_count("kill-") == total
     assert task_rows() == 0
     assert dead_letters() == []
