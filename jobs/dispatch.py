@@ -5,8 +5,9 @@ nothing to run takes a job handed to it, or claims: for itself and for every oth
 executor at once (``concurrency - running`` jobs, one fair statement), keeping the first
 and handing the rest over. One executor claims at a time (a lock), so the count is right
 and a claim never outruns the executors; the others wait for a hand-over or their turn.
-An executor with nothing to claim waits for a wake: a ``NOTIFY`` (the listener), a slot
-freeing (a suspect may then run), or the idle poll. A failed claim backs off (1 s doubling
+An executor with nothing to claim waits for a wake: a ``NOTIFY`` (the listener), a claim
+that took more than its own job, or the idle poll. A slot freeing wakes nobody: the
+executor that freed it claims next itself (a waiting suspect included). A failed claim backs off (1 s doubling
 to 10 s); the worker does not exit on a database blip.
 
 No claim while a suspect runs alone, nor while one waits to run on this worker: one worker

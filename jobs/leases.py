@@ -188,6 +188,7 @@ def claim(
             "max_tenants": max_tenants,
             "skip": list(skip),
         },
+        prepared=True,
     )
     if not rows:
         return ClaimResult([], "")

@@ -361,11 +361,12 @@ class Worker:
                 self.settler.apply(job, ran.settle)
             return disposition
         finally:
+            # No wake here: this executor claims next itself (jobs.dispatch); a wake would
+            # stir every idle executor per job, only for each to find nothing new.
             with self._cv:
                 self._running.pop(job.id, None)
                 if job.suspect:
                     self._solo = False
-                self._cv.notify_all()
             metrics.RUNNING_JOBS.set(self.running_count())
 
     def register(self, jobs: list[ClaimedJob]) -> None:

@@ -67,7 +67,9 @@ def test_refuses_a_parameter_it_cannot_send_exactly():
 
     assert _text(Label("x")) == b"x"  # a str subclass is its text
     assert _text(Id(int=5)) == b"%032x" % 5
-    for value in (Colour.RED, Decimal("1.5"), b"bytes", [1]):
+    # a list is an array literal, each element sent as itself (vpay.pipelined's array parameters)
+    assert _text([1, None, 'a"b\\']) == b'{"1",NULL,"a\\"b\\\\"}'
+    for value in (Colour.RED, Decimal("1.5"), b"bytes", {1}, [Decimal("1")]):
         with pytest.raises(TypeError, match="cannot send"):
             _text(value)
     with pytest.raises(ValueError, match="placeholders"):

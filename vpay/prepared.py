@@ -159,9 +159,24 @@ _TEXT = {
 }
 
 
+def _array_text(values: list | tuple) -> bytes:
+    """A list as a PostgreSQL array literal: every element quoted, ``"`` and ``\\`` escaped,
+    None as NULL (the server types it from the statement's cast, ``%s::bigint[]``)."""
+    parts = []
+    for value in values:
+        text = _text(value)
+        if text is None:
+            parts.append(b"NULL")
+        else:
+            parts.append(b'"' + text.replace(b"\\", b"\\\\").replace(b'"', b'\\"') + b'"')
+    return b"{" + b",".join(parts) + b"}"
+
+
 def _text(value) -> bytes | None:
     if value is None:
         return None
+    if type(value) is list or type(value) is tuple:
+        return _array_text(value)
     try:
         return _TEXT[type(value)](value)
     except KeyError:

@@ -1,0 +1,139 @@
+"""vpay.pipelined: a prepared statement sent with its transaction commands in one pipeline,
+against the real database; and the claim that uses it, row for row as the plain path."""
+
+from __future__ import annotations
+
+import uuid
+
+import psycopg
+import pytest
+from django.db import connection, transaction
+from django.test.utils import override_settings
+
+from jobs import leases, queue, sql
+from jobs.kinds import JobKind
+from tests.conftest import database_url
+from tests.queue_support import task_payload
+from vpay.pipelined import _statement, execute_pipelined
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("effects")]
+
+ASYNC = (b"BEGIN", b"SET LOCAL synchronous_commit TO off")
+
+
+def prepared_here(statement: str) -> int:
+    name = _statement(statement)[0].decode()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_prepared_statements WHERE name = %s", [name])
+        return cursor.fetchone()[0]
+
+
+def committed(label: str) -> bool:
+    with psycopg.connect(database_url(), autocommit=True) as other:
+        return other.execute("SELECT count(*) FROM test_effects WHERE label = %s", [label]).fetchone()[0] == 1
+
+
+INSERT = "INSERT INTO test_effects (label, value) VALUES (%(label)s, %(value)s) RETURNING id, label, value"
+
+
+def test_rows_come_back_typed_and_the_statement_is_prepared_once():
+    statement = (
+        "SELECT %(n)s::int + 1, %(t)s::text, %(u)s::uuid, %(ids)s::bigint[], %(n)s::int, %(none)s::text, "
+        "%(doc)s::jsonb"
+    )
+    some = uuid.uuid4()
+    params = {"n": 41, "t": 'a"b\\c', "u": some, "ids": [1, 2], "none": None, "doc": '{"k": [1]}'}
+    for _ in range(2):
+        rows = execute_pipelined(statement, params, before=ASYNC, after=(b"COMMIT",), in_transaction=False)
+        # jsonb as text, as from a Django cursor (Django loads JSON itself, per field)
+        assert rows == [(42, 'a"b\\c', some, [1, 2], 41, None, '{"k": [1]}')]
+    assert prepared_here(statement) == 1
+    assert execute_pipelined("SELECT 1 WHERE %(x)s::bool", {"x": False}, in_transaction=False) == []
+
+
+def test_its_own_transaction_commits_with_the_pipeline():
+    rows = execute_pipelined(INSERT, {"label": "own", "value": "1"}, before=ASYNC, after=(b"COMMIT",), in_transaction=False)
+    assert [r[1:] for r in rows] == [("own", "1")]
+    assert committed("own")
+    assert connection.connection.pgconn.transaction_status == psycopg.pq.TransactionStatus.IDLE
+
+
+def test_inside_atomic_it_begins_the_transaction_and_never_commits_it():
+    with transaction.atomic():
+        # Nothing has run yet: psycopg has not sent BEGIN, so the pipeline does.
+        execute_pipelined(INSERT, {"label": "inner", "value": "2"}, in_transaction=True)
+        assert not committed("inner")
+        execute_pipelined(INSERT, {"label": "inner2", "value": "3"}, in_transaction=True)  # BEGIN already sent
+        assert not committed("inner")
+    assert committed("inner") and committed("inner2")
+    with pytest.raises(RuntimeError), transaction.atomic():
+        execute_pipelined(INSERT, {"label": "rolled", "value": "4"}, in_transaction=True)
+        raise RuntimeError
+    assert not committed("rolled")
+
+
+def test_an_error_is_the_database_error_and_leaves_no_transaction_behind():
+    execute_pipelined(INSERT, {"label": "dup", "value": "1"}, before=ASYNC, after=(b"COMMIT",), in_transaction=False)
+    statement = "SELECT 1 / %(zero)s::int"
+    with pytest.raises(Exception) as raised:
+        sql.bookkeeping(statement, {"zero": 0}, prepared=True)
+    assert "division by zero" in str(raised.value)
+    assert connection.connection is None  # bookkeeping closed it all the same; the next call reconnects
+    assert sql.bookkeeping("SELECT %(one)s::int", {"one": 1}, prepared=True) == [(1,)]
+
+
+def test_a_statement_deallocated_under_it_is_prepared_again():
+    statement = "SELECT %(v)s::int * 2"
+    assert execute_pipelined(statement, {"v": 2}, before=ASYNC, after=(b"COMMIT",), in_transaction=False) == [(4,)]
+    with connection.cursor() as cursor:
+        cursor.execute("DEALLOCATE ALL")
+    assert execute_pipelined(statement, {"v": 3}, before=ASYNC, after=(b"COMMIT",), in_transaction=False) == [(6,)]
+
+
+def test_not_used_where_it_must_not_be():
+    with override_settings(VPAY_DB_PREPARED_STATEMENTS=False):
+        assert execute_pipelined("SELECT 1", {}, in_transaction=False) is None
+    with transaction.atomic():
+        # Django's atomic: the autocommit-only form refuses (it would commit someone else's work).
+        assert execute_pipelined("SELECT 1", {}, in_transaction=False) is None
+
+
+def test_the_claim_answers_the_same_rows_prepared_and_plain():
+    for i in range(6):
+        queue.enqueue(JobKind.TASK, task_payload(), tenant=f"t{i % 3}")
+    common = {
+        "queues": ["default"],
+        "kinds": [JobKind.TASK.value],
+        "batch": 2,
+        "lease_seconds": 30.0,
+        "kind_leases": {},
+        "default_lease": 30.0,
+        "after": "",
+        "max_tenants": 64,
+    }
+    fast = leases.claim(worker="w-fast", **common)
+    assert prepared_here(leases.CLAIM) == 1
+    with override_settings(VPAY_DB_PREPARED_STATEMENTS=False):
+        plain = leases.claim(worker="w-plain", **common)
+    assert prepared_here(leases.CLAIM) == 1  # the plain one was not prepared
+    assert len(fast.jobs) == len(plain.jobs) == 2
+    for a, b in zip(fast.jobs, plain.jobs, strict=True):
+        assert type(a.job_id) is type(b.job_id) is uuid.UUID
+        assert {f: type(getattr(a, f)) for f in a.__dataclass_fields__} == {
+            f: type(getattr(b, f)) for f in b.__dataclass_fields__
+        }
+    assert fast.next_after and plain.next_after
+
+
+def test_a_fenced_job_finishes_through_the_prepared_fence_in_its_own_transaction():
+    from jobs import repository
+    from jobs.worker import Worker
+
+    job_id = queue.enqueue(JobKind.TASK, task_payload(), tenant="t")
+    assert Worker(worker_id="w", concurrency=1).run_once() == 1
+    assert prepared_here(repository._FENCE_AND_FINISH) == 1
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM processed_jobs WHERE job_id = %s", [job_id])
+        assert cursor.fetchone()[0] == 1
+        cursor.execute("SELECT count(*) FROM jobs WHERE job_id = %s", [job_id])
+        assert cursor.fetchone()[0] == 0

@@ -1,0 +1,207 @@
+"""A hot statement prepared once per connection and sent together with the commands around
+it (``BEGIN``, ``SET LOCAL``, ``COMMIT``) in one round trip: libpq's pipeline mode.
+
+The worker's claim is a recursive statement that PostgreSQL took longer to plan than to run
+(0.8-1.2 ms of planning for 0.8-1.3 ms of execution on a 20,000-job backlog,
+``bench/out/claim_explain.md``), and the fenced finish pays a round trip for psycopg's
+``BEGIN`` before its own. Sent as a libpq prepared statement in one pipeline with its
+transaction commands, each costs one round trip and no planning after the first call on a
+connection. Why libpq and not psycopg's ``prepare=True``: psycopg answers every rollback
+on a connection where it prepared anything with ``DEALLOCATE ALL``, which would also drop
+the statements :mod:`vpay.prepared` keeps there (see that module); here, as there, what is
+prepared is remembered per libpq connection, and psycopg prepares nothing.
+
+:func:`execute_pipelined` returns None when it cannot be used, and the caller runs its
+statement the plain way: the same conditions as :func:`vpay.prepared.execute_prepared`
+(an execute wrapper or query logging installed, ``VPAY_DB_PREPARED_STATEMENTS`` off, which
+it always is behind a transaction pooler), or a transaction state the caller did not expect.
+Rows are decoded by psycopg's own loaders (``psycopg.adapt.Transformer``, public API), so
+they are what a Django cursor returns.
+
+Parameters are ``%(name)s`` placeholders only (no literal ``%``); a parameter whose type its
+context does not fix needs a cast in the SQL, as in :mod:`vpay.prepared`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import select
+from collections.abc import Mapping, Sequence
+
+import psycopg
+from django.conf import settings
+from django.db import DEFAULT_DB_ALIAS, connections
+from psycopg import errors as pg_errors
+from psycopg import pq
+from psycopg.adapt import Transformer
+
+from vpay.prepared import _NO_SUCH_STATEMENT, _SQLSTATE, _prepared_names, _text
+
+_IDLE = pq.TransactionStatus.IDLE
+_INTRANS = pq.TransactionStatus.INTRANS
+_CONNECTION_OK = pq.ConnStatus.OK
+_OK = (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK)
+_SYNC = pq.ExecStatus.PIPELINE_SYNC
+_ABORTED = pq.ExecStatus.PIPELINE_ABORTED
+
+_PLACEHOLDER = re.compile(r"%\((\w+)\)s")
+# sql -> (statement name, the sql with $n placeholders, parameter names in $n order)
+_STATEMENTS: dict[str, tuple[bytes, bytes, list[str]]] = {}
+
+
+class _Retry(Exception):
+    """The prepared statement was gone (DEALLOCATE ALL, DISCARD ALL): prepare it again."""
+
+
+def execute_pipelined(
+    sql: str,
+    params: Mapping[str, object],
+    *,
+    before: Sequence[bytes] = (),
+    after: Sequence[bytes] = (),
+    in_transaction: bool,
+) -> list[tuple] | None:
+    """Send ``before``, ``sql`` (prepared) and ``after`` in one round trip; ``sql``'s rows.
+
+    ``in_transaction``: the caller is inside Django's ``atomic()`` (psycopg's connection not
+    in autocommit); ``BEGIN`` is then sent first unless psycopg already sent it, and nothing
+    may commit. Otherwise the connection must be idle in autocommit and ``before``/``after``
+    make the transaction. None: not usable here, run the statement the plain way."""
+    db = connections[DEFAULT_DB_ALIAS]
+    if db.execute_wrappers or db.queries_logged or not settings.VPAY_DB_PREPARED_STATEMENTS:
+        return None
+    db.close_if_health_check_failed()  # as Django's cursor() does first
+    db.ensure_connection()
+    conn = db.connection
+    pgconn = conn.pgconn
+    status = pgconn.transaction_status
+    if in_transaction:
+        if conn.autocommit or status not in (_IDLE, _INTRANS):
+            return None
+        # psycopg sends BEGIN only when it finds the connection idle: once this one has, it
+        # finds the transaction open and sends nothing (psycopg's _start_query).
+        before = (b"BEGIN", *before) if status == _IDLE else tuple(before)
+    elif not (status == _IDLE and conn.autocommit):
+        return None
+    db.validate_thread_sharing()
+    db.validate_no_broken_transaction()
+    name, dollar_sql, order = _statement(sql)
+    values = [_text(params[key]) for key in order]
+    # wrap_database_errors: callers see Django's exceptions, as from a Django cursor.
+    with db.wrap_database_errors, conn.lock:
+        prepared = _prepared_names(pgconn)
+        try:
+            try:
+                result = _run(pgconn, prepared, name, dollar_sql, values, before, after)
+            except _Retry:
+                # Only where the failed pipeline was a whole transaction of its own; in the
+                # caller's transaction the failure has aborted it.
+                if in_transaction:
+                    raise psycopg.OperationalError("a prepared statement vanished inside a transaction") from None
+                _end_own_transaction(pgconn)
+                result = _run(pgconn, prepared, name, dollar_sql, values, before, after)
+        except (psycopg.Error, _Retry):
+            if not in_transaction:
+                _end_own_transaction(pgconn)  # its own transaction, aborted: never leave it open
+            raise
+        if not result.ntuples:
+            return []
+        transformer = Transformer(conn)
+        transformer.set_pgresult(result)
+        return transformer.load_rows(0, result.ntuples, tuple)
+
+
+def _end_own_transaction(pgconn: pq.abc.PGconn) -> None:
+    if pgconn.status == _CONNECTION_OK and pgconn.transaction_status != _IDLE:
+        pgconn.exec_(b"ROLLBACK")
+
+
+def _run(
+    pgconn: pq.abc.PGconn,
+    prepared: set[bytes],
+    name: bytes,
+    dollar_sql: bytes,
+    values: list,
+    before: Sequence[bytes],
+    after: Sequence[bytes],
+) -> pq.abc.PGresult:
+    preparing = name not in prepared
+    pgconn.enter_pipeline_mode()
+    try:
+        for command in before:
+            pgconn.send_query_params(command, None)
+        if preparing:
+            pgconn.send_prepare(name, dollar_sql)
+        pgconn.send_query_prepared(name, values)
+        for command in after:
+            pgconn.send_query_params(command, None)
+        pgconn.pipeline_sync()
+        _flush(pgconn)
+        # One result per command sent, each followed by None; then the sync's.
+        results = [_next_result(pgconn) for _ in range(len(before) + preparing + 1 + len(after))]
+        sync = _next_result(pgconn, more=False)
+        if sync is None or sync.status != _SYNC:
+            raise psycopg.OperationalError("the pipeline ended without its sync")
+    finally:
+        if pgconn.pipeline_status != pq.PipelineStatus.OFF:
+            try:
+                pgconn.exit_pipeline_mode()
+            except psycopg.Error:
+                pgconn.finish()  # results left unread (an error on the way): unusable for anyone else
+    failed = next((r for r in results if r is not None and r.status not in _OK and r.status != _ABORTED), None)
+    if failed is not None:
+        if failed.error_field(_SQLSTATE) == _NO_SUCH_STATEMENT:
+            prepared.discard(name)
+            raise _Retry
+        raise pg_errors.error_from_result(failed, encoding="utf-8")
+    if any(r is None or r.status == _ABORTED for r in results):
+        raise psycopg.OperationalError("a pipelined command did not run")
+    if preparing:
+        prepared.add(name)
+    return results[len(before) + preparing]
+
+
+def _next_result(pgconn: pq.abc.PGconn, *, more: bool = True) -> pq.abc.PGresult | None:
+    """The next result, waiting on the socket (GIL released) rather than in libpq; with
+    ``more``, also the None that ends a command's results."""
+    result = _get(pgconn)
+    if more and result is not None and result.status != _SYNC:
+        while _get(pgconn) is not None:  # a command's results end with None
+            pass
+    return result
+
+
+def _get(pgconn: pq.abc.PGconn) -> pq.abc.PGresult | None:
+    while True:
+        pgconn.consume_input()
+        if not pgconn.is_busy():
+            return pgconn.get_result()
+        if pgconn.status != _CONNECTION_OK:
+            raise psycopg.OperationalError("the connection is lost")
+        select.select([pgconn.socket], [], [])
+
+
+def _flush(pgconn: pq.abc.PGconn) -> None:
+    while pgconn.flush():
+        select.select([pgconn.socket], [pgconn.socket], [])
+
+
+def _statement(sql: str) -> tuple[bytes, bytes, list[str]]:
+    known = _STATEMENTS.get(sql)
+    if known is None:
+        order: list[str] = []
+
+        def number(match: re.Match) -> str:
+            key = match.group(1)
+            if key not in order:
+                order.append(key)
+            return f"${order.index(key) + 1}"
+
+        if "%%" in sql or "%s" in sql:
+            raise ValueError("execute_pipelined takes %(name)s placeholders only")
+        dollar = _PLACEHOLDER.sub(number, sql)
+        # Named by content, as in vpay.prepared: two versions of a statement never collide.
+        name = b"vpay_p_" + hashlib.sha256(sql.encode()).hexdigest()[:16].encode()
+        known = _STATEMENTS[sql] = (name, dollar.encode(), order)
+    return known
