@@ -16,13 +16,14 @@ $(VENV)/.deps: requirements/base.txt requirements/dev.txt
 run: $(VENV)/.deps
 	$(PY) -m vpay.devstack
 
-## The whole test suite: lint, migrations in sync, the system checks (live mode's
+## The whole test suite: lint, types (mypy over jobs/, charges/, webhooks/), migrations in sync, the system checks (live mode's
 ## `check --deploy` is tests/test_system_checks.py), every test but the heavy `rehearse`
 ## ones (pyproject.toml deselects them; a fast case of each rehearsal still runs here).
 ## TEST_WORKERS: pytest-xdist workers for the suite (docs/testing.md); 0 runs it in one process.
 TEST_WORKERS ?= 0
 test: $(VENV)/.deps browser pgbouncer postgres
 	$(PY) -m ruff check .
+	$(PY) -m mypy
 	$(PY) manage.py makemigrations --check --dry-run
 	$(PY) manage.py check --fail-level WARNING
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup

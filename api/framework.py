@@ -12,12 +12,12 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import wraps
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent
 from django.db import transaction
-from django.db.models import Model, QuerySet
+from django.db.models import Manager, Model, QuerySet
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
@@ -28,6 +28,9 @@ from merchants.credentials import credential_authenticate
 from vpay.db_errors import connection_lost
 from vpay.errors import DomainError, error_chain
 from vpay.livemode import with_livemode
+
+if TYPE_CHECKING:
+    from merchants.models import Merchant
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +95,19 @@ def not_found(what: str, object_id: str) -> ApiError:
     return ApiError(404, "resource_missing", f"No such {what}: {object_id!r}.", param="id")
 
 
-def owned(request: HttpRequest, queryset: QuerySet, object_id: str, what: str) -> Model:
+class ApiRequest(HttpRequest):
+    """The request a ``/v1`` view receives, for the type checker only (never instantiated):
+    :func:`route` sets ``merchant`` on Django's request and ``api.params.takes_query`` sets
+    ``query``, attributes ``HttpRequest`` does not declare."""
+
+    merchant: Merchant
+    query: dict[str, Any]
+
+
+M = TypeVar("M", bound=Model)
+
+
+def owned(request: ApiRequest, queryset: QuerySet[M] | Manager[M], object_id: str, what: str) -> M:
     """The object ``object_id`` of ``queryset`` that belongs to the requesting merchant, or
     the 404 of :func:`not_found`: the one place the merchant-isolation rule is applied to a
     single-object lookup."""

@@ -7,16 +7,16 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from django.db.models import Model, Q, QuerySet
-from django.http import HttpRequest, JsonResponse
+from django.db.models import Q, QuerySet
+from django.http import JsonResponse
 
-from api.framework import DEFAULT_PAGE, not_found, respond
+from api.framework import DEFAULT_PAGE, ApiRequest, M, not_found, respond
 
 
 def paginate(
-    request: HttpRequest,
-    queryset: QuerySet,
-    render: Callable[[Model], dict],
+    request: ApiRequest,
+    queryset: QuerySet[M],
+    render: Callable[[M], dict],
     params: dict[str, Any],
     *,
     scope: QuerySet | None = None,

@@ -27,7 +27,9 @@ def poll_delay(polls_so_far: int, policy: RecoveryPolicy, *, past_horizon: bool 
     """
     if past_horizon:
         return policy.past_horizon_every
-    return ladder(policy).next_wait(max(polls_so_far, 0) + 1)
+    wait = ladder(policy).next_wait(max(polls_so_far, 0) + 1)
+    assert wait is not None  # the poll ladder repeats its last rung: it never ends
+    return wait
 
 
 def past_the_horizon(age_seconds: float, policy: RecoveryPolicy) -> bool:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpResponse
 
-from api.framework import Body, Field, owned, respond, route
+from api.framework import ApiRequest, Body, Field, owned, respond, route
 from api.ids import ID_MAX_LENGTH
 from api.lists import paginate
 from api.operations import Operation
@@ -42,7 +42,7 @@ LIST_REFUNDS = LIST.extend(
     ),
 )
 @takes_query(LIST_REFUNDS)
-def refunds(request: HttpRequest) -> HttpResponse:
+def refunds(request: ApiRequest) -> HttpResponse:
     if request.method == "POST":
         fields = CREATE_REFUND.parse(request)
         return respond(render_refund(refund_create(merchant=request.merchant, **fields)))
@@ -53,5 +53,5 @@ def refunds(request: HttpRequest) -> HttpResponse:
 
 
 @route(Operation("GET", "Retrieve a refund.", answers=ref("refund")))
-def refund(request: HttpRequest, refund_id: str) -> HttpResponse:
+def refund(request: ApiRequest, refund_id: str) -> HttpResponse:
     return respond(render_refund(owned(request, Refund.objects.all(), refund_id, "refund")))

@@ -9,7 +9,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from api.framework import METADATA, Body, Field, error_response, owned, respond, route
+from api.framework import METADATA, ApiRequest, Body, Field, error_response, owned, respond, route
 from api.ids import ID_MAX_LENGTH
 from api.lists import paginate
 from api.operations import Operation
@@ -51,7 +51,7 @@ CANCEL = Body(cancellation_reason=Field(str, choices=CancellationReason.values))
 _PAYMENT_REFUSALS = {400: ("rail_unknown", "currency_unsupported", "resource_missing")}
 
 
-def _intent(request: HttpRequest, intent_id: str) -> PaymentIntent:
+def _intent(request: ApiRequest, intent_id: str) -> PaymentIntent:
     return owned(request, PaymentIntent.objects.select_related("charge"), intent_id, "payment_intent")
 
 
@@ -74,7 +74,7 @@ LIST_INTENTS = LIST.extend(
     ),
 )
 @takes_query(LIST_INTENTS)
-def payment_intents(request: HttpRequest) -> HttpResponse:
+def payment_intents(request: ApiRequest) -> HttpResponse:
     if request.method == "POST":
         return respond(render_intent(create_intent(request.merchant, CREATE_INTENT.parse(request))))
     queryset = PaymentIntent.objects.select_related("charge").filter(merchant=request.merchant)
@@ -86,7 +86,7 @@ def payment_intents(request: HttpRequest) -> HttpResponse:
 
 
 @route(Operation("GET", "Retrieve a payment intent.", answers=ref("payment_intent")))
-def payment_intent(request: HttpRequest, intent_id: str) -> HttpResponse:
+def payment_intent(request: ApiRequest, intent_id: str) -> HttpResponse:
     return respond(render_intent(_intent(request, intent_id)))
 
 
@@ -105,7 +105,7 @@ def payment_intent(request: HttpRequest, intent_id: str) -> HttpResponse:
     ),
     atomic=False,
 )
-def confirm(request: HttpRequest, intent_id: str) -> HttpResponse:
+def confirm(request: ApiRequest, intent_id: str) -> HttpResponse:
     CONFIRM.parse(request)
     return respond(render_intent(confirm_intent(request.merchant, intent_id)))
 
@@ -119,7 +119,7 @@ def confirm(request: HttpRequest, intent_id: str) -> HttpResponse:
         errors={409: ("payment_intent_unexpected_state",)},
     )
 )
-def cancel(request: HttpRequest, intent_id: str) -> HttpResponse:
+def cancel(request: ApiRequest, intent_id: str) -> HttpResponse:
     fields = CANCEL.parse(request)
     return respond(render_intent(payment_intent_cancel(merchant=request.merchant, payment_intent=intent_id, **fields)))
 
@@ -133,12 +133,12 @@ def cancel(request: HttpRequest, intent_id: str) -> HttpResponse:
         errors=_PAYMENT_REFUSALS,
     )
 )
-def checkout_sessions(request: HttpRequest) -> HttpResponse:
+def checkout_sessions(request: ApiRequest) -> HttpResponse:
     return respond(render_session(create_session(request.merchant, CREATE_SESSION.parse(request))))
 
 
 @route(Operation("GET", "Retrieve a checkout session.", answers=ref("checkout.session")))
-def checkout_session(request: HttpRequest, session_id: str) -> HttpResponse:
+def checkout_session(request: ApiRequest, session_id: str) -> HttpResponse:
     found = owned(request, CheckoutSession.objects.select_related("intent"), session_id, "checkout.session")
     return respond(render_session(found))
 

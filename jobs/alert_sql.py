@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import datetime
 
 from django.db import connection
 
@@ -53,9 +54,9 @@ class AlertRow:
     source: str
     details: dict
     link: str
-    created_at: object
-    logged_at: object
-    sent_at: object
+    created_at: datetime
+    logged_at: datetime | None
+    sent_at: datetime | None
 
 
 _GET_ALERT = (
@@ -69,8 +70,9 @@ def get_alert(alert_id: int) -> AlertRow | None:
         row = cursor.fetchone()
     if row is None:
         return None
-    details = row[5] if isinstance(row[5], dict) else json.loads(row[5])
-    return AlertRow(*row[:5], details, *row[6:])
+    alert_id, key, title, severity, source, details, link, created_at, logged_at, sent_at = row
+    details = details if isinstance(details, dict) else json.loads(details)
+    return AlertRow(alert_id, key, title, severity, source, details, link, created_at, logged_at, sent_at)
 
 
 _MARK_ALERT_LOGGED = "UPDATE alerts SET logged_at = now() WHERE id = %s AND logged_at IS NULL RETURNING 1"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from django.db import connection
 
@@ -94,7 +95,7 @@ def write(
 
     ``opened``: this write starts a cool-down (now). ``probe``: this write starts the probe
     ``probe_token`` (now); without it a probe token is kept as it was read."""
-    params = {
+    params: dict[str, Any] = {
         "name": name,
         "state": str(state),
         "failures": failures,

@@ -9,6 +9,7 @@ job that dead-letters again is not replayed again by the same operation.
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from jobs.bulk_models import BulkOperationKind
 from jobs.bulk_sql import Envelope
@@ -55,7 +56,7 @@ def filter_params(filter: dict) -> dict:
     unknown = set(filter) - set(FILTER_KEYS)
     if unknown:
         raise BulkRefused(f"unknown dead letter filter {', '.join(sorted(unknown))}")
-    params = {}
+    params: dict[str, Any] = {}
     for key in ("kinds", "queues", "causes"):
         values = filter.get(key) or None
         if values is not None and not (isinstance(values, list) and all(isinstance(v, str) for v in values)):

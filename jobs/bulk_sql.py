@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
 
 from django.db import connection
 
@@ -85,8 +87,8 @@ class Preview:
     """What a filter matches now: how many, and the window it was drawn on (database clock)."""
 
     matched: int
-    window_start: object  # datetime | None: None is "from the beginning"
-    window_end: object  # datetime
+    window_start: datetime | None  # None is "from the beginning"
+    window_end: datetime
 
 
 def preview(preview_sql: str, params: dict) -> Preview:
@@ -182,7 +184,7 @@ def item_state(operation_id: int, item_id: int) -> str | None:
 def finish_item(operation_id: int, item_id: int, *, state: str, was: str, note: str) -> bool:
     """Record the item's outcome (``done``, ``refused`` or ``skipped``) and count it; False
     when it was no longer ``was`` (counted already)."""
-    params = {"op": operation_id, "item": item_id, "state": state, "was": was, "note": note[:2000]}
+    params: dict[str, Any] = {"op": operation_id, "item": item_id, "state": state, "was": was, "note": note[:2000]}
     with connection.cursor() as c:
         c.execute(_FINISH_ITEM, params)
         if c.fetchone() is None:

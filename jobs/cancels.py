@@ -120,7 +120,7 @@ _END_NOW = "WITH gone AS (DELETE FROM jobs WHERE id = %(id)s RETURNING *)\n" + _
 def end_now(job_pk: int, *, actor: str, reason: str) -> int:
     """Move the locked job into ``dead_letters`` as cancelled; the dead letter's id. Durable:
     a dead letter is evidence."""
-    rows = sql.durable(_END_NOW, {"id": job_pk, "actor": actor, "reason": reason})
+    rows = sql.durable_rows(_END_NOW, {"id": job_pk, "actor": actor, "reason": reason})
     return rows[0][0]
 
 
@@ -167,7 +167,7 @@ _SETTLE = (
 
 def settle_cancelled(job: ClaimedJob) -> bool:
     """End this run as cancelled; False when the lease is gone or no request stands."""
-    rows = sql.durable(_SETTLE, {"id": job.id, "token": job.lease_token})
+    rows = sql.durable_rows(_SETTLE, {"id": job.id, "token": job.lease_token})
     if not rows:
         return False
     # Counted by the settler (vpay_jobs_total{disposition="cancelled"}).
@@ -188,7 +188,7 @@ _SWEEP = (
 
 def sweep_waiting(page: int = 100) -> int:
     """End waiting jobs that carry a cancel request (each beat, after the reaper)."""
-    rows = sql.durable(_SWEEP, {"page": page})
+    rows = sql.durable_rows(_SWEEP, {"page": page})
     for row in rows:
         metrics.JOBS.labels(kind=row[2], disposition="cancelled").inc()
         _log_ended(row, "after its run was handed back")

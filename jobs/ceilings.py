@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeGuard
 
 from django.conf import settings
 
@@ -191,7 +191,7 @@ def publish(worker: Worker) -> dict[str, int | float | str]:
     return {c.name: c.value for c in found}
 
 
-def is_numeric(value: object) -> bool:
+def is_numeric(value: object) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 

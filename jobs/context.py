@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 from django.db import connection
 
@@ -110,7 +111,7 @@ class JobContext:
         self._obey(cancel_requested)
 
     @property
-    def cursor(self) -> object:
+    def cursor(self) -> Any:
         """Where the previous run of this job got to (its last :meth:`checkpoint`), or None
         on a fresh pass. After a checkpoint in this run, that cursor, as JSON reads it back."""
         if self._cursor is _UNREAD:

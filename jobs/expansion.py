@@ -106,6 +106,7 @@ def expand(ctx: JobContext) -> Outcome:
     """Page through the operation's matches until a short page; each page commits on its own."""
     operation_id = ctx.payload["operation_id"]
     item_spec = registry.get(JobKind.BULK_ITEM.value)
+    assert item_spec is not None  # registered in this module
     max_attempts = registry.retry_policy(item_spec).max_attempts
     limit = page_size()
     while True:
@@ -152,6 +153,7 @@ def act_on_item(ctx: JobContext) -> Outcome:
     if was not in bulk_sql.ACTIONABLE:
         return Outcome.done()  # ended already (a redelivery), or the operation is gone
     env = bulk_sql.envelope(operation_id)
+    assert env is not None  # the item's row is locked above, and an operation is deleted only with its items
     if was == BulkItemState.PENDING and env.state in (BulkOperationState.CANCELLING, BulkOperationState.CANCELLED):
         note = "the operation was cancelled before this item ran"
         bulk_sql.finish_item(operation_id, item_id, state=BulkItemState.SKIPPED, was=was, note=note)

@@ -43,7 +43,7 @@ MAX_FENCE_PAGES = 100  # at most 100k fence rows a pass; the next pass continues
 class StepResult(NamedTuple):
     """What one sweep step did: rows it retired, and whether a full page made progress."""
 
-    count: int
+    count: int  # type: ignore[assignment]  # shadows tuple.count(); every caller reads the field
     more: bool = False
     failed: int = 0
     """Rows that failed and were skipped (already logged by id at WARN)."""

@@ -195,6 +195,7 @@ class InProcessQueue:
         if name in self._live:
             return
         spec = registry.get(self._singletons[name])
+        assert spec is not None and spec.singleton is not None  # _singletons holds registered singleton kinds only
         row = _check(JobRequest(spec.kind, spec.singleton.payload, dedupe_key=name))
         job = self._job(row, name)
         job.due = time.monotonic() + delay
@@ -354,4 +355,5 @@ def _check(request: JobRequest) -> tuple:
 
 def _pending_in_this_transaction(name: str) -> bool:
     """An enqueue of ``name`` earlier in the open transaction, waiting for its commit."""
-    return any(isinstance(cb, _AtCommit) and cb.job.name == name for _, cb, _ in connection.run_on_commit)
+    # Entries are (savepoint ids, callback, robust); the stubs still declare Django's old pairs.
+    return any(isinstance(entry[1], _AtCommit) and entry[1].job.name == name for entry in connection.run_on_commit)

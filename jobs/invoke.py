@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -37,6 +38,9 @@ from vpay import metrics
 from vpay.db_errors import connection_lost
 from vpay.db_pooler import fenced_idle_in_tx_ms
 from vpay.errors import Classification, PoisonError, Severity, UnrunnableHere, classify, error_chain
+
+if TYPE_CHECKING:
+    import psycopg
 
 logger = logging.getLogger("jobs.worker")
 
@@ -83,6 +87,7 @@ def run_job(
     poison = poison_reason(spec, job)
     if poison is not None:
         return Ran(_unrunnable(job, poison, window))
+    assert spec is not None  # poison_reason() names a kind with no handler
     if spec.fenced and job.processed:
         metrics.DUPLICATES_SKIPPED.labels(kind=job.kind).inc()
         logger.info("duplicate job skipped by the fence", extra=job_fields(job))
@@ -177,7 +182,7 @@ def _unrunnable(job: ClaimedJob, reason: str, window: float) -> Settle:
     return settle
 
 
-def database_went_away(exc: BaseException, own: object | None) -> bool:
+def database_went_away(exc: BaseException, own: psycopg.Connection | None) -> bool:
     """Whether the job's own connection failed under the handler: a database error, and the
     connection this thread held when the handler started (``own``: the one the claim and the
     settle use) closed or broken since (Django may already have replaced it after a failed

@@ -29,6 +29,7 @@ import json
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from django.db import connection
 
@@ -174,7 +175,7 @@ def claim(
     skip: Sequence[int] = (),
 ) -> ClaimResult:
     """Claim up to ``batch`` jobs for ``worker``; see :data:`CLAIM`."""
-    rows = sql.bookkeeping(
+    rows = sql.bookkeeping_rows(
         CLAIM,
         {
             "worker": worker,
@@ -242,7 +243,7 @@ def claim_suspect(
     default_lease: float,
 ) -> ClaimedJob | None:
     """Claim the oldest due suspect, to run alone; see the module docstring."""
-    rows = sql.bookkeeping(
+    rows = sql.bookkeeping_rows(
         CLAIM_SUSPECT,
         {
             "worker": worker,
@@ -297,7 +298,7 @@ def heartbeat(job_id: int, token: uuid.UUID, lease_seconds: float, checkpoint: o
     text, or None to clear it) when given. None when the lease was already taken, else
     whether a cancel has been requested."""
     write = checkpoint is not _UNCHANGED
-    params = {"lease": lease_seconds, "write": write, "cursor": checkpoint if write else None, "id": job_id}
+    params: dict[str, Any] = {"lease": lease_seconds, "write": write, "cursor": checkpoint if write else None, "id": job_id}
     with connection.cursor() as cursor:
         cursor.execute(_HEARTBEAT, {**params, "token": token})
         row = cursor.fetchone()
@@ -332,7 +333,7 @@ def release(leases: Iterable[tuple[int, uuid.UUID]], *, refund: bool, error: str
     if not leases:
         return 0
     error = bounded(error)
-    rows = sql.bookkeeping(_RELEASE, [refund, error, error, [i for i, _ in leases], [t for _, t in leases]])
+    rows = sql.bookkeeping_rows(_RELEASE, [refund, error, error, [i for i, _ in leases], [t for _, t in leases]])
     return int(rows[0][0])
 
 

@@ -124,7 +124,7 @@ class WorkerIdentity:
 def worker_heartbeat(identity: WorkerIdentity, lease_seconds: float) -> int:
     """Beat: the worker's row and every lease it holds, extended by ``lease_seconds`` from
     now. Returns how many leases were extended."""
-    rows = sql.bookkeeping(
+    rows = sql.bookkeeping_rows(
         _WORKER_HEARTBEAT,
         {
             "worker": identity.worker,

@@ -92,7 +92,12 @@ class Maintenance:
             self._step("hand_back", worker.settler.hand_back_pending)
         if now >= self._due["reap"]:
             self._due["reap"] = now + worker.reap_period
-            self._step("reap", lambda: (worker.reap(), worker.check_suspects()))
+
+            def reap() -> None:
+                worker.reap()
+                worker.check_suspects()
+
+            self._step("reap", reap)
             self._step("prune", lambda: liveness.prune_workers(worker.worker_id if worker._heartbeating else None))
         if now >= self._due["singletons"]:
             self._due["singletons"] = now + worker.reap_period

@@ -45,7 +45,19 @@ class QueueAdapter(Protocol):
     name: str
     durable: bool
 
-    def enqueue(self, kind: JobKind | str, payload: Mapping, *, dedupe_key: str, **options) -> uuid.UUID | None: ...
+    def enqueue(
+        self,
+        kind: JobKind | str,
+        payload: Mapping,
+        *,
+        dedupe_key: str,
+        delay: timedelta | float | None = None,
+        queue: str = "default",
+        priority: int = 0,
+        tenant: str | None = None,
+        correlation_id: str | None = None,
+        max_attempts: int | None = None,
+    ) -> uuid.UUID | None: ...
 
     def enqueue_many(self, requests: Iterable[JobRequest]) -> int: ...
 

@@ -173,7 +173,7 @@ def _validated(r: JobRequest, cache: dict, *, encode: bool = True) -> tuple:
     without, as the mapping itself, for a caller that encodes many rows at once.
     """
     kind, spec, default_max_attempts = _kind(r.kind, cache)
-    payload = r.payload
+    payload: Mapping | str = r.payload  # str once encoded
     if not isinstance(payload, dict):
         if not isinstance(payload, Mapping):
             raise EnqueueError(f"payload for {kind!r} must be a mapping, not {type(payload).__name__}")
@@ -272,7 +272,7 @@ def _batch_encoder():
     accelerator is missing or differs, the standard encoder is used.
     """
     try:
-        one_shot = json.encoder.c_make_encoder(
+        one_shot = json.encoder.c_make_encoder(  # type: ignore[attr-defined]  # CPython's C accelerator, absent from typeshed
             {}, _not_serializable, json.encoder.encode_basestring_ascii, None, ": ", ", ", False, False, False
         )
     except TypeError:  # no C accelerator (c_make_encoder is None), or another signature

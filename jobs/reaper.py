@@ -127,7 +127,7 @@ def reap_expired_leases(reaper: str | None = None) -> Reaped:
     """Rescue the jobs of dead workers; see :data:`REAP`. ``reaper`` is the calling worker's
     id when it beats (it then judges nobody until it has beaten on time for a lease); None
     for a caller that does not beat. Durable: it writes dead letters."""
-    rows = sql.durable(
+    rows = sql.durable_rows(
         REAP,
         {**alert_job_params(), "recovery_cap": recovery_cap(), "judge": reaper, "margin": LATE_BEAT_MARGIN_SECONDS},
     )

@@ -44,7 +44,7 @@ class KindSpec:
     handler: Callable[[JobContext], Outcome]
     schema: PayloadSchema
     timeout_seconds: float
-    retry: RetryPolicy = DEFAULT_RETRY
+    retry: RetryPolicy | Callable[[], RetryPolicy] = DEFAULT_RETRY  # read by retry_policy()
     max_deferrals: int = DEFAULT_MAX_DEFERRALS
     singleton: Singleton | None = None
     # The loop runs a fenced handler inside one transaction together with the job's
@@ -105,7 +105,7 @@ def register(
             raise RuntimeError(f"kind {kind.value!r} is already registered")
         spec = KindSpec(
             kind, handler, schema, timeout_seconds, retry, max_deferrals, singleton, fenced, subject, refusal, merchant_paced
-        )  # type: ignore[arg-type]
+        )
         _REGISTRY[kind.value] = spec
         return handler
 

@@ -167,7 +167,7 @@ def finish_many(leases: Sequence[tuple[int, uuid.UUID]], overtaken: list | None 
     cancel request its handler never saw (jobs.cancels: the finish overtook it)."""
     if not leases:
         return set()
-    rows = sql.bookkeeping(_FINISH_MANY, [[i for i, _ in leases], [t for _, t in leases]])
+    rows = sql.bookkeeping_rows(_FINISH_MANY, [[i for i, _ in leases], [t for _, t in leases]])
     if overtaken is not None:
         overtaken.extend((r[0], r[2], r[3]) for r in rows if r[1])
     return {r[0] for r in rows}
@@ -217,7 +217,7 @@ def reschedule(
     deferral that is no failure is bookkeeping). ``unrunnable``: this worker could not run
     it (``unrunnable_since`` is kept from the first such hand-back); any other settle clears
     it."""
-    rows = (sql.durable if durable else sql.bookkeeping)(
+    rows = (sql.durable_rows if durable else sql.bookkeeping_rows)(
         _RESCHEDULE,
         {
             "delay": delay,
@@ -291,7 +291,7 @@ SELECT id, {NOTIFY_ALERT_JOBS} FROM letter
 def dead_letter(job_id: int, token: uuid.UUID, *, cause: str, category: str, error: str) -> int | None:
     """Move the job to ``dead_letters`` (and raise its alert); returns the dead letter's id,
     None if the lease was lost. Durable: a dead letter is evidence."""
-    rows = sql.durable(
+    rows = sql.durable_rows(
         _DEAD_LETTER,
         {
             "id": job_id,

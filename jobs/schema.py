@@ -32,6 +32,10 @@ class PayloadSchema:
 
     required: Mapping[str, str] = field(default_factory=dict)
     optional: Mapping[str, str] = field(default_factory=dict)
+    # Set by __post_init__ (frozen: through object.__setattr__); not part of eq, hash or repr.
+    _allowed: frozenset[str] = field(init=False, repr=False, compare=False)
+    _required: frozenset[str] = field(init=False, repr=False, compare=False)
+    _types: dict[str, tuple[tuple[type, ...], str]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         fields_ = {**self.required, **self.optional}

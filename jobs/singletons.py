@@ -42,6 +42,7 @@ def seed_singletons() -> list[str]:
     for key, spec in specs.items():
         if key in buried:
             continue
+        assert spec.singleton is not None  # specs holds singleton kinds only
         if queue.enqueue(spec.kind, spec.singleton.payload, dedupe_key=key):
             seeded.append(spec.kind.value)
     if seeded:

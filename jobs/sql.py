@@ -6,6 +6,8 @@ database crash is decided in one place, statement by statement, where it is writ
 
 from __future__ import annotations
 
+from typing import cast
+
 from django.db import connection
 
 from vpay.pipelined import execute_pipelined
@@ -71,3 +73,15 @@ def bookkeeping(sql: str, params, *, prepared: bool = False) -> list[tuple] | in
             raise
         cursor.nextset()  # COMMIT
     return result
+
+
+# For a SELECT or a RETURNING statement, whose result is rows: only the SQL text says so,
+# and the type checker cannot read it.
+def durable_rows(sql: str, params) -> list[tuple]:
+    """:func:`durable` for a statement that returns rows."""
+    return cast(list[tuple], durable(sql, params))
+
+
+def bookkeeping_rows(sql: str, params) -> list[tuple]:
+    """:func:`bookkeeping` for a statement that returns rows."""
+    return cast(list[tuple], bookkeeping(sql, params))

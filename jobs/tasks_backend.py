@@ -110,6 +110,7 @@ class VpayTaskBackend(BaseTaskBackend):
             # Django Tasks: higher priority first; the queue: lower first.
             priority=-task.priority,
         )
+        assert job_id is not None  # None only for a dedupe key that is live; a task has none
         result = _result(task, job_id, TaskResultStatus.READY, payload["args"], payload["kwargs"], self.alias)
         # "Enqueued" is true once the job row commits with the caller's transaction (at once
         # outside one), and never if it rolls back. Robust: a receiver's failure after the

@@ -36,7 +36,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from django.conf import settings
@@ -88,6 +88,10 @@ class Running:
 
 class Worker:
     """See the module docstring."""
+
+    # Where each option came from (flag, env, default), when runworker recorded it: read by
+    # jobs.ceilings.of_worker for the startup log; a Worker built in code has none.
+    option_sources: Mapping[str, str] | None = None
 
     def __init__(
         self,

@@ -79,6 +79,10 @@ def test_a_rails_file_is_read(tmp_path):
     path.write_text("{not json")
     with pytest.raises(RailConfigError, match="is not valid JSON"):
         load_rails(rails_file=str(path), sandbox_url="", live_mode=True)
+    # Bytes that are not text: refused by name too (this clause once raised AttributeError).
+    path.write_bytes(b'{"momo": "\xff"}')
+    with pytest.raises(RailConfigError, match="cannot be decoded as text"):
+        load_rails(rails_file=str(path), sandbox_url="", live_mode=True)
 
 
 def test_a_rails_key_never_reaches_a_repr_or_a_log_line(caplog):

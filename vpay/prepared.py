@@ -31,6 +31,7 @@ import hashlib
 import threading
 import uuid
 from collections.abc import Sequence
+from typing import cast
 
 import psycopg
 from django.conf import settings
@@ -48,6 +49,12 @@ _NO_SUCH_STATEMENT = b"26000"  # invalid_sql_statement_name
 
 # (sql -> (statement name, the sql with $n placeholders)), built once per statement text.
 _STATEMENTS: dict[str, tuple[bytes, bytes]] = {}
+
+
+def execute_prepared_row(sql: str, params: Sequence) -> tuple:
+    """:func:`execute_prepared` of a statement that always answers a row (an aggregate, an
+    INSERT's RETURNING): its row. Only the SQL says so, which the type checker cannot read."""
+    return cast(tuple, execute_prepared(sql, params))
 
 
 def execute_prepared(sql: str, params: Sequence) -> tuple | None:

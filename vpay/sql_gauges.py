@@ -85,7 +85,7 @@ def refresh_operator_backlog() -> None:
     pending, oldest = webhook_sql.pending_fan_out()
     webhook_metrics.EVENTS_PENDING_FAN_OUT.set(pending)
     webhook_metrics.EVENTS_PENDING_FAN_OUT_AGE.set(oldest)
-    webhook_metrics.EVENTS_ABANDONED.set(webhook_sql.abandoned_events())
+    webhook_metrics.EVENTS_ABANDONED_PENDING.set(webhook_sql.abandoned_events())
     webhook_metrics.DELIVERIES_PENDING.set(webhook_sql.pending_deliveries())
     failed = webhook_sql.failed_recently(DELIVERIES_FAILED_WINDOW)
     for state in ("exhausted", "refused"):  # always both: a rule should read 0, not nothing

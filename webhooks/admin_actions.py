@@ -20,7 +20,7 @@ from webhooks.services.resend import resend_delivery
 FAILED = (DeliveryState.EXHAUSTED, DeliveryState.REFUSED)
 
 # What a resend does to a delivery in each state (None: it is resent).
-_RESEND_SKIP = {
+_RESEND_SKIP: dict[str, str] = {
     DeliveryState.PENDING: "waiting for its next attempt already (on its way)",
     DeliveryState.DELIVERING: "being delivered right now",
     DeliveryState.CANCELLED: "cancelled: its endpoint was deleted, there is nowhere to send it",
@@ -95,7 +95,8 @@ def redrive(model_admin, request, queryset):
     actor = request.user
 
     def act(reason: str, _options: dict) -> None:
-        done, skipped = [], []
+        done: list[str] = []
+        skipped: list[str] = []
         for event in events:
             (done if redrive_event(event.pk, actor=actor, reason=reason) else skipped).append(event.pk)
         if done:

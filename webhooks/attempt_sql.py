@@ -16,7 +16,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from vpay.prepared import execute_prepared
+from vpay.prepared import execute_prepared, execute_prepared_row
 from webhooks.models import Event
 from webhooks.repository import CANCELLED_ENDPOINT_DELETED, ERROR_MAX, EXCERPT_MAX, _bounded, _rowcount, _rows
 
@@ -153,7 +153,7 @@ def in_flight_for_endpoint(endpoint_id: str) -> tuple[int, float | None]:
     # so a count in the lock's own statement would not see the attempt committed by the
     # worker whose lock it waited for (tests/test_webhook_fast_path.py).
     execute_prepared("SELECT 1 FROM webhook_endpoints WHERE id = %s::text FOR NO KEY UPDATE", [endpoint_id])
-    count, earliest = execute_prepared(
+    count, earliest = execute_prepared_row(
         "SELECT count(*), EXTRACT(EPOCH FROM min(lease_expires_at) - now())::float8 FROM webhook_deliveries"
         " WHERE endpoint_id = %s::text AND state = 'delivering' AND lease_expires_at > now()",
         [endpoint_id],
@@ -165,7 +165,7 @@ def waiting_deliveries(endpoint_id: str, limit: int) -> list[int]:
     """The endpoint's due ``pending`` deliveries, longest-waiting first (the ones a freed
     slot should go to). Served by ``webhook_deliveries_ep_due``; prepared (one row: the ids
     as text)."""
-    (ids,) = execute_prepared(
+    (ids,) = execute_prepared_row(
         "SELECT array_to_string(ARRAY(SELECT id FROM webhook_deliveries WHERE endpoint_id = %s::text"
         " AND state = 'pending' AND next_attempt_at <= now() ORDER BY next_attempt_at, id LIMIT %s::int), ' ')",
         [endpoint_id, limit],
@@ -255,7 +255,7 @@ def record_outcome(
     # delivery (primary key), then its attempt (primary key) recorded as heard if the
     # delivery moved, or marked stale if not. Only an attempt nobody has ended yet is
     # written: one already abandoned by the recovery keeps that first terminal state.
-    (moved,) = execute_prepared(
+    (moved,) = execute_prepared_row(
         """
         WITH p(state, delay, digest, status, id, token, reason, attempt_state, excerpt, error, duration, attempt,
                stale_error) AS (

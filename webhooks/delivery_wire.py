@@ -66,7 +66,7 @@ def render_delivery(delivery: WebhookDelivery) -> dict:
         "object": "webhook_delivery",
         "webhook_endpoint": delivery.endpoint_id,
         "event": delivery.event_id,
-        "event_type": delivery.event_type,
+        "event_type": delivery.event_type,  # type: ignore[attr-defined]  # annotated by deliveries_for_wire()
         "state": delivery.state,
         "created": _unix(delivery.created_at),
         "next_attempt": _unix(delivery.next_attempt_at) if pending else None,
@@ -74,5 +74,5 @@ def render_delivery(delivery: WebhookDelivery) -> dict:
         "last_status_code": delivery.last_status_code,
         "cancel_reason": delivery.cancel_reason or None,
         "attempt_count": delivery.attempts,
-        "attempts": [render_attempt(attempt) for attempt in delivery.latest_attempts],
+        "attempts": [render_attempt(attempt) for attempt in delivery.latest_attempts],  # type: ignore[attr-defined]  # prefetched by deliveries_for_wire()
     }

@@ -10,7 +10,7 @@ from django.db import DatabaseError, connection, transaction
 
 from merchants.models import Merchant
 from vpay.livemode import with_livemode
-from vpay.prepared import execute_prepared
+from vpay.prepared import execute_prepared_row
 from webhooks.event_types import EventType
 from webhooks.models import Event, new_event_id
 
@@ -35,7 +35,7 @@ def emit(merchant: Merchant | str, type: EventType | str, obj: dict) -> Event:
     # A hand-written, prepared INSERT (vpay.prepared): every settlement and every API write
     # emits, and the ORM's insert compile cost the worker more CPU than the statement costs
     # the database. Served by the primary key (the row also enters events_pending_fan_out).
-    created_at, fan_out = execute_prepared(
+    created_at, fan_out = execute_prepared_row(
         "INSERT INTO events (id, merchant_id, type, data) VALUES (%s::text, %s::text, %s::text, %s::jsonb)"
         " RETURNING to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US'), fan_out",
         [event_id, merchant_id, event_type.value, json.dumps(data)],
@@ -86,7 +86,8 @@ def _wake_fan_out() -> None:
 def wake_fan_out_at_commit() -> None:
     """Once per transaction, after it commits: a thousand events in one transaction wake
     the drain once, and an event that rolled back wakes nothing."""
-    if not any(callback is _wake_fan_out for _, callback, _ in connection.run_on_commit):
+    # Entries are (savepoint ids, callback, robust); the stubs still declare Django's old pairs.
+    if not any(entry[1] is _wake_fan_out for entry in connection.run_on_commit):
         transaction.on_commit(_wake_fan_out)
 
 

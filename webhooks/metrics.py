@@ -33,7 +33,7 @@ EVENTS_PENDING_FAN_OUT = Gauge("vpay_webhook_events_pending_fan_out", "Events wa
 EVENTS_PENDING_FAN_OUT_AGE = Gauge(
     "vpay_webhook_events_pending_fan_out_oldest_age_seconds", "Age of the oldest event waiting to be fanned out"
 )
-EVENTS_ABANDONED = Gauge(
+EVENTS_ABANDONED_PENDING = Gauge(
     "vpay_webhook_events_abandoned_pending", "Events whose fan-out was abandoned and not yet re-driven by an operator"
 )
 DELIVERIES_PENDING = Gauge("vpay_webhook_deliveries_pending", "Deliveries waiting for their next attempt")

@@ -154,7 +154,7 @@ Resolver = Callable[[str, int], list[str]]
 def system_resolver(host: str, port: int) -> list[str]:
     """Every address the system resolver answers for ``host`` (both families, TCP)."""
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    return [info[4][0] for info in infos]
+    return [str(info[4][0]) for info in infos]  # an IPv4 or IPv6 sockaddr's host is already text
 
 
 def resolve_within(resolver: Resolver, host: str, port: int, timeout: float) -> list[str]:

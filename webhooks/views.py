@@ -2,9 +2,9 @@
 ``/v1/webhook_endpoints`` (with their test events, deliveries and a delivery's retry)."""
 
 from django.conf import settings
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpResponse
 
-from api.framework import ApiError, Body, Field, not_found, owned, respond, route
+from api.framework import ApiError, ApiRequest, Body, Field, not_found, owned, respond, route
 from api.lists import paginate
 from api.operations import Operation
 from api.params import LIST, Param, Query, takes_query
@@ -35,7 +35,7 @@ LIST_EVENTS = LIST.extend(
 
 @route(Operation("GET", "List events, newest first.", query=LIST_EVENTS, answers=list_of("event")))
 @takes_query(LIST_EVENTS)
-def events(request: HttpRequest) -> HttpResponse:
+def events(request: ApiRequest) -> HttpResponse:
     """List events, newest first; ``?type=`` filters by one event type, ``?types[]=`` by several."""
     queryset = Event.objects.filter(merchant=request.merchant)
     if "type" in request.query:
@@ -46,7 +46,7 @@ def events(request: HttpRequest) -> HttpResponse:
 
 
 @route(Operation("GET", "Retrieve an event (kept 30 days).", answers=ref("event")))
-def event(request: HttpRequest, event_id: str) -> HttpResponse:
+def event(request: ApiRequest, event_id: str) -> HttpResponse:
     return respond(render_event(owned(request, Event.objects, event_id, "event")))
 
 
@@ -80,7 +80,7 @@ UPDATE = Body(
 _LIMIT_REACHED = {409: ("webhook_endpoint_limit_reached",)}
 
 
-def _owned_endpoint(request: HttpRequest, endpoint_id: str) -> WebhookEndpoint:
+def _owned_endpoint(request: ApiRequest, endpoint_id: str) -> WebhookEndpoint:
     return owned(request, WebhookEndpoint.objects.filter(deleted_at__isnull=True), endpoint_id, "webhook_endpoint")
 
 
@@ -97,7 +97,7 @@ def _owned_endpoint(request: HttpRequest, endpoint_id: str) -> WebhookEndpoint:
     ),
 )
 @takes_query(LIST)
-def webhook_endpoints(request: HttpRequest) -> HttpResponse:
+def webhook_endpoints(request: ApiRequest) -> HttpResponse:
     """Create an endpoint (the answer carries its ``secret``, once), or list them."""
     if request.method == "POST":
         fields = CREATE.parse(request)
@@ -120,7 +120,7 @@ def webhook_endpoints(request: HttpRequest) -> HttpResponse:
     Operation("POST", "Update a webhook endpoint.", body=UPDATE, answers=ref("webhook_endpoint")),
     Operation("DELETE", "Delete a webhook endpoint.", answers=ref("deleted_webhook_endpoint")),
 )
-def webhook_endpoint(request: HttpRequest, endpoint_id: str) -> HttpResponse:
+def webhook_endpoint(request: ApiRequest, endpoint_id: str) -> HttpResponse:
     """Retrieve, update (``url``, ``enabled_events``, ``description``) or delete one endpoint."""
     endpoint = _owned_endpoint(request, endpoint_id)
     if request.method == "POST":
@@ -143,7 +143,7 @@ ROTATE = Body(overlap_seconds=Field(int, min_value=0, max_value=7 * 24 * 3600))
         errors={409: ("webhook_secrets_at_limit",)},
     )
 )
-def rotate_webhook_secret(request: HttpRequest, endpoint_id: str) -> HttpResponse:
+def rotate_webhook_secret(request: ApiRequest, endpoint_id: str) -> HttpResponse:
     """A new signing secret (in the answer, once). The old one keeps signing alongside it for
     ``overlap_seconds`` (default ``VPAY_WEBHOOK_SECRET_OVERLAP``, 24 h); 0 retires it now."""
     endpoint = _owned_endpoint(request, endpoint_id)
@@ -171,7 +171,7 @@ ENABLE = Body()
 
 
 @route(Operation("POST", "Stop sending to the endpoint.", body=DISABLE, answers=ref("webhook_endpoint")))
-def disable_webhook_endpoint(request: HttpRequest, endpoint_id: str) -> HttpResponse:
+def disable_webhook_endpoint(request: ApiRequest, endpoint_id: str) -> HttpResponse:
     """Stop sending to the endpoint (``{"reason"?}``); its pending deliveries wait for
     ``/enable``. Emits ``webhook_endpoint.disabled`` to the merchant's other endpoints.
     Already disabled: answered as it is, nothing changes."""
@@ -182,7 +182,7 @@ def disable_webhook_endpoint(request: HttpRequest, endpoint_id: str) -> HttpResp
 
 
 @route(Operation("POST", "Send to the endpoint again.", body=ENABLE, answers=ref("webhook_endpoint")))
-def enable_webhook_endpoint(request: HttpRequest, endpoint_id: str) -> HttpResponse:
+def enable_webhook_endpoint(request: ApiRequest, endpoint_id: str) -> HttpResponse:
     """Send to the endpoint again; its pending deliveries resume now. Already enabled:
     answered as it is, nothing changes."""
     endpoint = _owned_endpoint(request, endpoint_id)
@@ -207,7 +207,7 @@ def _delivery(delivery_id: int) -> HttpResponse:
         errors={404: ("resource_missing",), 409: ("webhook_endpoint_disabled",)},
     )
 )
-def send_test_event(request: HttpRequest, endpoint_id: str) -> HttpResponse:
+def send_test_event(request: ApiRequest, endpoint_id: str) -> HttpResponse:
     """Send a ``webhook_endpoint.test`` event to this endpoint only; answers its delivery."""
     Body().parse(request)
     # Each call is a delivery the workers must make: bounded per merchant. Counted inside
@@ -234,7 +234,7 @@ LIST_DELIVERIES = LIST.extend({"state": Param(str, "Only deliveries in this stat
     )
 )
 @takes_query(LIST_DELIVERIES)
-def webhook_deliveries(request: HttpRequest, endpoint_id: str) -> HttpResponse:
+def webhook_deliveries(request: ApiRequest, endpoint_id: str) -> HttpResponse:
     """The endpoint's deliveries, newest first, each with its latest attempts."""
     endpoint = _owned_endpoint(request, endpoint_id)
     # webhook_deliveries_ep_created (endpoint_id, created_at DESC, id DESC) serves both
@@ -260,7 +260,7 @@ def webhook_deliveries(request: HttpRequest, endpoint_id: str) -> HttpResponse:
         },
     )
 )
-def retry_webhook_delivery(request: HttpRequest, endpoint_id: str, delivery_id: str) -> HttpResponse:
+def retry_webhook_delivery(request: ApiRequest, endpoint_id: str, delivery_id: str) -> HttpResponse:
     """Send a finished delivery again now, with a fresh retry ladder; answers the delivery."""
     Body().parse(request)
     if delivery_lookup(delivery_id) is None:
@@ -275,7 +275,7 @@ EVENT_TYPES = Query({})
 
 @route(Operation("GET", "Every event type vpay emits, with a line saying when.", answers=list_of("event_type")))
 @takes_query(EVENT_TYPES)
-def event_types(request: HttpRequest) -> HttpResponse:
+def event_types(request: ApiRequest) -> HttpResponse:
     """Every event type vpay emits, with a line saying when."""
     data = [{"object": "event_type", "type": value, "description": DESCRIPTIONS[value]} for value in EventType.values]
     return respond({"object": "list", "url": request.path, "has_more": False, "data": data})

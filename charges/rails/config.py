@@ -97,9 +97,13 @@ def load_rails(*, rails_file: str, sandbox_url: str, live_mode: bool) -> dict[st
             raw = json.loads(Path(rails_file).read_text())
         except OSError as exc:
             raise RailConfigError(f"VPAY_RAILS_FILE {rails_file!r} cannot be read: {exc.strerror}") from None
-        except ValueError as exc:
+        except json.JSONDecodeError as exc:
             # The message of a JSON error quotes position, never content.
             raise RailConfigError(f"VPAY_RAILS_FILE {rails_file!r} is not valid JSON: {exc.msg}") from None
+        except ValueError:
+            # Undecodable bytes (UnicodeDecodeError): this clause used to read .msg, which only
+            # a JSON error has, and so raised AttributeError instead of the refusal.
+            raise RailConfigError(f"VPAY_RAILS_FILE {rails_file!r} cannot be decoded as text") from None
         return parse_rails(raw, live_mode=live_mode)
     if live_mode:
         raise RailConfigError("VPAY_RAILS_FILE must be set in live mode (the sandbox rails are development-only)")

@@ -16,6 +16,7 @@ non-answer, and never as the ``RailRejected`` that fails a charge or a refund.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 from urllib.parse import quote
 
 from django.conf import settings
@@ -222,7 +223,7 @@ def _record_sent(
 ) -> tuple[int, bool]:
     """The request row's id, and whether it is a resend. Without the ceiling (the confirm's
     submit, the charge's first) the row is written as it is: nothing went out before it."""
-    fields = {
+    fields: dict[str, Any] = {
         "rail": rail.code,
         "method": method,
         "path": path,

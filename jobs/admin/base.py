@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
 from django.template.response import TemplateResponse
 
 from jobs.admin.forms import ReasonForm, bound_on_confirm
@@ -32,7 +33,7 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return {
             **self.admin_site.each_context(request),
             "opts": self.model._meta,
-            "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
             "selected_ids": [obj.pk for obj in items],
             **extra,
         }

@@ -6,6 +6,7 @@ force for whoever may); the dead letters list links here with its own filters ca
 
 from __future__ import annotations
 
+from typing import cast
 from urllib.parse import urlencode
 
 from django import forms
@@ -43,7 +44,8 @@ class BulkReplayFilterForm(forms.Form):
         for name in ("kind", "queue", "cause"):
             present = DeadLetter.objects.pending_review().values_list(name, flat=True).distinct().order_by(name)
             asked = data.getlist(name) if data is not None else []
-            self.fields[name].choices = [(v, v) for v in sorted({*present, *asked})]
+            field = cast(forms.MultipleChoiceField, self.fields[name])  # declared above as one
+            field.choices = [(v, v) for v in sorted({*present, *asked})]
         if not can_force:
             del self.fields["force"]
 
@@ -57,7 +59,8 @@ class BulkReplayFilterForm(forms.Form):
             raise forms.ValidationError(str(exc)) from None
 
     def clean(self):
-        cleaned = super().clean()
+        super().clean()
+        cleaned = self.cleaned_data  # what Form.clean() returns
         filtered = any(cleaned.get(name) for name in ("kind", "queue", "cause", "since"))
         if not self.errors and not filtered and not cleaned.get("all_pending"):
             raise forms.ValidationError(

@@ -239,7 +239,7 @@ class DeadLetterAdmin(ReadOnlyAdmin):
         return bulk_replay.view(self, request)
 
     def changelist_view(self, request, extra_context=None):
-        extra = {"bulk_replay_url": None}
+        extra: dict[str, str | None] = {"bulk_replay_url": None}
         if self.has_replay_permission(request):
             query = bulk_replay.query_from_changelist(request.GET)
             extra["bulk_replay_url"] = reverse("admin:jobs_deadletter_bulk_replay") + (f"?{query}" if query else "")

@@ -102,7 +102,9 @@ def job_cancel(
             requested=locked.requested if locked else False,
         )
         if decision.action is CancelAction.REFUSE:
+            assert decision.refusal is not None  # a refusal is named
             raise CancelRefused(label, decision.refusal, kind=locked.kind if locked else "", why=_why(spec))
+        assert locked is not None  # decide() refuses a job that was not found
         if decision.action is CancelAction.ALREADY_REQUESTED:
             return Cancelled(locked.id, locked.phase, already_requested=True, requested_by=locked.requested_by)
         if decision.action is CancelAction.REQUEST:

@@ -76,7 +76,10 @@ class Result:
 
     @property
     def message(self) -> str:
-        return "done" if self.done else _MESSAGES[self.refusal]
+        if self.done:
+            return "done"
+        assert self.refusal is not None  # a result that is not done names its refusal
+        return _MESSAGES[self.refusal]
 
 
 def replay_refusal(status: operator_sql.LetterStatus | None, *, force: bool) -> Refusal | None:
@@ -123,6 +126,7 @@ def dead_letter_replay(*, letter_id: int, actor: str, force: bool = False, user_
         refusal = replay_refusal(status, force=force)
         if refusal is not None:
             return Result(letter_id, False, refusal)
+        assert status is not None  # replay_refusal() refuses a letter that was not found
         forced = force and status.past_horizon
         job_pk = operator_sql.replay_dead_letter(letter_id, actor=_actor(actor), forced=forced)
         if job_pk is None:  # a job took the job_id or dedupe key between the read and the insert
@@ -152,7 +156,8 @@ def clean_reason(reason: str | None) -> str:
 
 
 # Why a discard of a letter in this state does nothing (a missing state: no such letter).
-_DISCARD_REFUSAL = {
+# Keyed by the state as read from the row (a str, or None for no row).
+_DISCARD_REFUSAL: dict[str | None, Refusal | None] = {
     DeadLetterState.PENDING_REVIEW: None,
     DeadLetterState.REPLAYED: Refusal.ALREADY_REPLAYED,
     DeadLetterState.DISCARDED: Refusal.DISCARDED,

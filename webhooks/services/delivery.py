@@ -141,7 +141,7 @@ def begin_attempt(delivery_id: int, *, share: int | None = None) -> BeginResult:
         # its slow one): a merchant with many slow endpoints is bounded as a whole.
         merchant_key = MERCHANT_SHARE_PREFIX + row.merchant_id
         held = share is not None and SHARES.acquire(row.endpoint_id, share)
-        merchant_held = held and SHARES.acquire(merchant_key, share + 1)
+        merchant_held = held and share is not None and SHARES.acquire(merchant_key, share + 1)
         keys = [row.endpoint_id, merchant_key][: int(held) + int(merchant_held)]
         try:
             in_flight, earliest = attempt_sql.in_flight_for_endpoint(row.endpoint_id)

@@ -121,6 +121,7 @@ def _disabled(endpoint_id: str, merchant_id: str, *, by: str) -> None:
     endpoint = WebhookEndpoint.objects.get(pk=endpoint_id)
     emit(merchant_id, EventType.WEBHOOK_ENDPOINT_DISABLED, render_endpoint(endpoint))
     if by == DISABLED_BY_VPAY:
+        assert endpoint.disabled_at is not None  # disabled in this transaction
         raise_alert(
             key=f"webhook_endpoint_disabled:{endpoint_id}:{int(endpoint.disabled_at.timestamp() * 1e6)}",
             title=f"Webhook endpoint {endpoint_id} was disabled: its deliveries only failed",

@@ -174,6 +174,7 @@ def _count_transient(event_id: str, exc: Exception, alert_after: int) -> None:
             transient_failures = counted[0] if counted else None
             alerted = stuck_alert_due(transient_failures, alert_after)
             if alerted:
+                assert counted is not None  # stuck_alert_due() is False for an uncounted pass
                 raise_alert(
                     key=stuck_alert_key(event_id, counted[1]),
                     title=f"Event {event_id} is stuck: its fan-out keeps failing on a transient error",
@@ -216,7 +217,7 @@ def _count_failure(event_id: str, exc: Exception) -> bool:
             with transaction.atomic():
                 redrives = repository.mark_abandoned(event_id)
                 abandoned = redrives is not None
-                if abandoned:  # only the pass that made the transition alerts
+                if redrives is not None:  # abandoned: only the pass that made the transition alerts
                     raise_alert(
                         key=abandoned_alert_key(event_id, redrives),
                         title=f"Event {event_id} abandoned: its fan-out failed on every pass",

@@ -30,6 +30,7 @@ A kept connection that died meanwhile is re-dialled, to that same vetted address
 
 from __future__ import annotations
 
+import ipaddress
 import ssl
 import threading
 import time
@@ -287,7 +288,7 @@ def post(
         key, kept = taken
         # Re-armed for this attempt: its deadline, and, should the kept connection have died,
         # a re-dial to this key's address only (vetted by this attempt's resolution).
-        kept.backend.addresses = [key[0]]
+        kept.backend.addresses = [ipaddress.ip_address(key[0])]  # the key holds it as text
         kept.backend.deadline = deadline
         kept.backend.wrote = False
     else:
@@ -340,12 +341,13 @@ def _exchange(kept: _Kept, request: httpx.Request, excerpt_bytes: int) -> tuple[
     backend = kept.backend
     try:
         response = kept.transport.handle_request(request)
+        stream = typing.cast(httpx.SyncByteStream, response.stream)  # a sync transport's
         try:
             excerpt = bytearray()
             error: BaseException | None = None
             complete = False
             try:
-                for chunk in response.stream:
+                for chunk in stream:
                     excerpt += chunk
                     if len(excerpt) >= excerpt_bytes:
                         break  # closing the stream closes the connection: the rest is never read
@@ -361,7 +363,7 @@ def _exchange(kept: _Kept, request: httpx.Request, excerpt_bytes: int) -> tuple[
                 {k: v for k, v in list(response.headers.items())[:20]},
             )
         finally:
-            response.stream.close()
+            stream.close()
         return answer, complete and error is None and backend.connected_to is not None
     except (httpx.TransportError, httpx.InvalidURL, OSError, ssl.SSLError) as exc:
         return Answer(None, error=exc, connected_to=backend.connected_to, sent=backend.wrote), False

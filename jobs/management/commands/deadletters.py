@@ -219,7 +219,8 @@ class Command(BaseCommand):
         self, verb: str, ids: list[int], *, actor: str, force: bool, reason: str, progress: dict, user_id: int | None
     ) -> list:
         bar = Progress(len(ids), self.stderr, enabled=progress.get("progress"), label=verb)
-        done, refused = [], []
+        done: list = []
+        refused: list = []
         try:
             for n, letter_id in enumerate(ids, 1):
                 if verb == "replay":
