@@ -14,6 +14,7 @@ import functools
 import json
 import uuid
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from django.conf import settings
 from django.db import connection
@@ -383,7 +384,7 @@ def fence_and_finish(
 
     Run once per fenced job, inside its transaction: prepared, and sent in one round trip
     with psycopg's BEGIN when the handler ran no statement before it (:mod:`vpay.pipelined`)."""
-    params = {
+    params: dict[str, Any] = {
         "ttl": ttl_seconds,
         "job_ids": [f[0] for f in fences],
         "kinds": [f[1] for f in fences],

@@ -82,6 +82,6 @@ def durable_rows(sql: str, params) -> list[tuple]:
     return cast(list[tuple], durable(sql, params))
 
 
-def bookkeeping_rows(sql: str, params) -> list[tuple]:
+def bookkeeping_rows(sql: str, params, *, prepared: bool = False) -> list[tuple]:
     """:func:`bookkeeping` for a statement that returns rows."""
-    return cast(list[tuple], bookkeeping(sql, params))
+    return cast(list[tuple], bookkeeping(sql, params, prepared=prepared))

@@ -159,7 +159,9 @@ def _run(
         raise psycopg.OperationalError("a pipelined command did not run")
     if preparing:
         prepared.add(name)
-    return results[len(before) + preparing]
+    result = results[len(before) + preparing]
+    assert result is not None  # checked above
+    return result
 
 
 def _next_result(pgconn: pq.abc.PGconn, *, more: bool = True) -> pq.abc.PGresult | None:
