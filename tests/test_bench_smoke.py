@@ -112,12 +112,15 @@ def test_the_scripts_on_bench_vpays_database_run(bench_env, bench_vpay_ran, scri
         ("soak.py", ["--minutes", "0.02", "--rate", "20", "--concurrency", "2", "--delayed", "50"]),
         ("bench_charges.py", ["--concurrency", "2", "--charges", "3", "--confirmers", "2"]),
         ("bench_charges.py", ["--statements", "2"]),
+        ("drain_ab.py", ["--ref", "HEAD", "--ref", "WORKTREE", "--n", "20", "--reps", "1", "--concurrency", "2"]),
         (
             "bench_webhooks.py",
             ["--receiver", "sandbox", "--concurrency", "2", "--events", "3", "--endpoints", "2", "--latency-events", "2"],
         ),
     ],
-    ids=["bench_alerts", "prepared_ab", "soak", "bench_charges", "bench_charges-statements", "bench_webhooks"],
+    ids=[
+        "bench_alerts", "prepared_ab", "soak", "bench_charges", "bench_charges-statements", "drain_ab", "bench_webhooks",
+    ],  # fmt: skip
 )
 def test_the_scripts_with_databases_of_their_own_run(bench_env, script, args):
     run(bench_env, script, *args)

@@ -146,8 +146,8 @@ _db["OPTIONS"].update(
         "application_name": env.str("VPAY_DB_APPLICATION_NAME", default="vpay"),
     }
 )
-# Server-side prepared statements for the queue's hot single-row statements (see
-# vpay.prepared): a statement prepared on one pooled server session is missing, or already
+# Server-side prepared statements for the queue's hot statements (the enqueue: vpay.prepared;
+# the worker's claim and fenced finish: vpay.pipelined): a statement prepared on one pooled server session is missing, or already
 # there, on the next, so a transaction pooler turns them off and refuses them turned on.
 VPAY_DB_PREPARED_STATEMENTS = env.bool("VPAY_DB_PREPARED_STATEMENTS", default=VPAY_DB_POOLER == "none")
 if VPAY_DB_PREPARED_STATEMENTS and VPAY_DB_POOLER == "transaction":
