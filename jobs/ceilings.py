@@ -42,6 +42,7 @@ class Ceiling:
 # knob (a container's environment); the flag wins over it; the default is the runner's.
 _OPTIONS: dict[str, tuple[str, str | None, object, Callable[[str], object]]] = {
     "concurrency": ("--concurrency", "VPAY_WORKER_CONCURRENCY", 4, int),
+    "processes": ("--processes", "VPAY_WORKER_PROCESSES", 1, int),
     "queues": ("--queues", "VPAY_WORKER_QUEUES", "default", str),
     "heartbeat": ("--heartbeat", "VPAY_WORKER_HEARTBEAT_SECONDS", 5.0, float),
     "grace": ("--grace", "VPAY_WORKER_GRACE_SECONDS", 30.0, float),

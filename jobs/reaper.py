@@ -56,7 +56,11 @@ rowless AS (
      WHERE judge.ready AND j.locked_at IS NOT NULL AND j.lease_expires_at < now()
        AND NOT EXISTS (SELECT 1 FROM workers w WHERE w.id = j.locked_by)
 ),
-dead_workers AS (SELECT id AS locked_by FROM stale UNION SELECT locked_by FROM rowless),
+dead_workers AS (
+    SELECT id AS locked_by FROM stale UNION SELECT locked_by FROM rowless
+    -- a worker process its supervisor saw die (jobs.supervisor): dead for certain, now
+    UNION SELECT %(dead)s::text WHERE %(dead)s::text IS NOT NULL
+),
 held AS (
     SELECT j.id, j.locked_by, j.attempts >= j.max_attempts AS last_attempt,
            (SELECT count(*) FROM jobs o WHERE o.locked_by = j.locked_by AND o.locked_at IS NOT NULL) AS together,
@@ -123,13 +127,20 @@ def recovery_cap() -> int:
     return int(settings.VPAY_JOB_RECOVERY_CAP)
 
 
-def reap_expired_leases(reaper: str | None = None) -> Reaped:
+def reap_expired_leases(reaper: str | None = None, *, dead: str | None = None) -> Reaped:
     """Rescue the jobs of dead workers; see :data:`REAP`. ``reaper`` is the calling worker's
     id when it beats (it then judges nobody until it has beaten on time for a lease); None
-    for a caller that does not beat. Durable: it writes dead letters."""
+    for a caller that does not beat. ``dead``: a worker known to be dead (its supervisor
+    reaped its process), rescued now whatever its beat's age. Durable: it writes dead letters."""
     rows = sql.durable_rows(
         REAP,
-        {**alert_job_params(), "recovery_cap": recovery_cap(), "judge": reaper, "margin": LATE_BEAT_MARGIN_SECONDS},
+        {
+            **alert_job_params(),
+            "recovery_cap": recovery_cap(),
+            "judge": reaper,
+            "margin": LATE_BEAT_MARGIN_SECONDS,
+            "dead": dead,
+        },
     )
     freed, buried, unalerted, suspects, _, _ = rows[0]
     return Reaped(freed, buried, unalerted, suspects)

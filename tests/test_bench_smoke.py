@@ -119,8 +119,14 @@ def test_the_scripts_on_bench_vpays_database_run(bench_env, bench_vpay_ran, scri
         ),
     ],
     ids=[
-        "bench_alerts", "prepared_ab", "soak", "bench_charges", "bench_charges-statements", "drain_ab", "bench_webhooks",
-    ],  # fmt: skip
+        "bench_alerts",
+        "prepared_ab",
+        "soak",
+        "bench_charges",
+        "bench_charges-statements",
+        "drain_ab",
+        "bench_webhooks",
+    ],
 )
 def test_the_scripts_with_databases_of_their_own_run(bench_env, script, args):
     run(bench_env, script, *args)

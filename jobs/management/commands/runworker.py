@@ -16,6 +16,7 @@ from django.db import DatabaseError, connection, connections
 from jobs import ceilings, registry
 from jobs.checks import fence_ttl_problems
 from jobs.migration_check import migration_problems
+from jobs.supervisor import Supervisor
 from jobs.worker import HEARTBEAT_SECONDS, LEASE_BEATS, LEASE_MARGIN_SECONDS, Worker, default_worker_id
 from vpay import db_role
 from vpay.db_errors import unavailable_message
@@ -44,6 +45,14 @@ class Command(BaseCommand):
             default=None,
             help="Executor threads, each running one job at a time on its own database connection; "
             "the worker claims only what they can start now (default 4; VPAY_WORKER_CONCURRENCY).",
+        )
+        parser.add_argument(
+            "--processes",
+            type=int,
+            default=None,
+            help="Worker processes, each with --concurrency executors, forked after setup and supervised: "
+            "a dead one's jobs are rescued at once and it is replaced (default 1: this process is the "
+            "worker; VPAY_WORKER_PROCESSES). See docs/runner.md, 'Processes'.",
         )
         parser.add_argument(
             "--queues",
@@ -99,6 +108,8 @@ class Command(BaseCommand):
         queues = [q.strip() for q in opts["queues"].split(",") if q.strip()]
         if opts["concurrency"] < 1:
             raise CommandError("--concurrency must be at least 1")
+        if opts["processes"] < 1:
+            raise CommandError("--processes must be at least 1")
         if opts["heartbeat"] <= 0:
             raise CommandError("--heartbeat must be positive")
         if opts["grace"] < 0:
@@ -140,6 +151,35 @@ class Command(BaseCommand):
         if problems:
             raise CommandError("refusing to start:\n  - " + "\n  - ".join(problems))
 
+        if opts["processes"] > 1:
+            supervisor = Supervisor(
+                processes=opts["processes"],
+                base_id=worker_id,
+                burst=opts["burst"],
+                run_child=lambda child_id, number: self._run_child(opts, queues, options, child_id, number),
+            )
+            code = supervisor.run()
+            if code:
+                raise CommandError("a worker process did not exit cleanly (see its lines above)")
+            return
+        self._run_worker(opts, queues, options, worker_id)
+
+    def _run_child(self, opts: dict, queues: list[str], options, worker_id: str, number: int) -> int:
+        """One supervised worker process (jobs.supervisor): its exit code."""
+        port = opts["metrics_port"]
+        child_opts = {**opts, "metrics_port": None if port is None else port + number - 1}
+        # Its connections name it, as the single worker's do.
+        connections.settings["default"]["OPTIONS"]["application_name"] = f"vpay-worker:{worker_id}"[:63]
+        try:
+            self._run_worker(child_opts, queues, options, worker_id, interrupt=False)
+        except CommandError as exc:
+            self.stderr.write(str(exc))
+            return 1
+        return 0
+
+    def _run_worker(self, opts: dict, queues: list[str], options, worker_id: str, *, interrupt: bool = True) -> None:
+        """Run one Worker in this process until drained or stopped. ``interrupt``: SIGINT
+        stops it too (a supervised child leaves SIGINT to its supervisor)."""
         worker = Worker(
             worker_id=worker_id,
             concurrency=opts["concurrency"],
@@ -168,7 +208,8 @@ class Command(BaseCommand):
             worker.request_stop()
 
         signal.signal(signal.SIGTERM, on_signal)
-        signal.signal(signal.SIGINT, on_signal)
+        if interrupt:
+            signal.signal(signal.SIGINT, on_signal)
 
         report, abandoned = worker.run()
         self.stdout.write(f"runworker report: {report.line()}")

@@ -1,0 +1,107 @@
+"""``runworker --processes N``: real supervisor and worker processes against the test database
+(jobs.supervisor). They drain one backlog together, each effect once; a child killed with
+SIGKILL has its jobs rescued by the supervisor at once (not a lease later) and is replaced;
+SIGTERM drains every child."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+
+import psutil
+import pytest
+
+from jobs.queue import enqueue_many
+from tests.conftest import wait_for
+from tests.test_worker_process import (
+    dead_letters,
+    duplicated_labels,
+    effect_count,
+    scalar,
+    sql,
+    task_request,
+    task_rows,
+)
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("effects")]
+
+
+def records(worker) -> list[dict]:
+    found = []
+    for line in worker.output().splitlines():
+        try:
+            found.append(json.loads(line))
+        except ValueError:
+            continue
+    return found
+
+
+def started_ids(worker) -> list[str]:
+    return [r["worker_id"] for r in records(worker) if r.get("message") == "worker started"]
+
+
+def test_processes_drain_one_backlog_together_each_effect_once(start_worker):
+    total = 300
+    enqueue_many(task_request("record_pid_slowly", f"procs-{i:04d}", 0.01) for i in range(total))
+    supervisor = start_worker("--processes", "2", "--concurrency", "2", "--burst", "--worker-id", "sup")
+    assert supervisor.wait(timeout=120) == 0, supervisor.output()[-3000:]
+    assert sorted(started_ids(supervisor)) == ["sup.1", "sup.2"]
+    assert duplicated_labels("procs-") == []
+    assert effect_count("procs-") == total
+    # Both processes did work (each effect records the pid that ran it).
+    assert scalar("SELECT count(DISTINCT value) FROM test_effects WHERE label LIKE 'procs-%'") == 2
+    assert task_rows() == 0 and dead_letters() == []
+
+
+def test_a_killed_child_has_its_jobs_rescued_at_once_and_is_replaced(start_worker):
+    total = 40
+    # Slow enough that a child always holds jobs when it is killed; the default beat (5 s)
+    # makes the lease 12 s: a rescue well inside that is the supervisor's, not a lease's.
+    enqueue_many(task_request("record_pid_slowly", f"kill-{i:03d}", 0.5, max_attempts=5) for i in range(total))
+    supervisor = start_worker("--processes", "2", "--concurrency", "2", "--worker-id", "sup")
+    wait_for(lambda: scalar("SELECT count(*) FROM jobs WHERE locked_by = 'sup.1'") > 0, 60, 0.05, "sup.1 holding jobs")
+    pids = {p.pid for p in psutil.Process(supervisor.proc.pid).children()}
+    (victim_pid,) = sql("SELECT pid FROM workers WHERE id = 'sup.1'")[0]
+    assert len(pids) == 2 and victim_pid in pids, (pids, victim_pid)
+    victim = psutil.Process(victim_pid)
+    victim.kill()
+    killed_at = time.monotonic()
+
+    def rescued():
+        lines = [r for r in records(supervisor) if r.get("message") == "rescued the jobs of a dead worker"]
+        return lines[0] if lines else None
+
+    line = wait_for(rescued, 20, 0.05, "the supervisor's rescue")
+    assert time.monotonic() - killed_at < 6, "rescued by a lapsed lease, not by the supervisor"
+    assert line["reaper"] == "supervisor" and line["released"] >= 1
+    dead = line["dead_worker"]
+    assert dead == "sup.1"
+    assert scalar("SELECT count(*) FROM jobs WHERE locked_by = %s", [dead]) == 0
+    assert scalar("SELECT count(*) FROM workers WHERE id = %s", [dead]) == 0
+    died = [r for r in records(supervisor) if r.get("message", "").startswith("a worker process died")]
+    assert died and died[0]["how"] == "signal SIGKILL" and died[0]["worker_id"] == dead
+    # A replacement takes its slot, after the restart pause.
+    wait_for(lambda: f"{dead}r1" in started_ids(supervisor), 30, 0.05, "the replacement child")
+
+    wait_for(lambda: effect_count("kill-") >= total, 120, 0.1, "the backlog to drain")
+    supervisor.signal(signal.SIGTERM)
+    assert supervisor.wait(timeout=60) == 0, supervisor.output()[-3000:]
+    assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid in pids)
+    # A job the kill cut short ran again (its effect is recorded at the end: once).
+    assert duplicated_labels("kill-") == []
+    assert task_rows() == 0 and dead_letters() == []
+
+
+def test_sigterm_drains_every_child_and_exits_zero(start_worker):
+    enqueue_many(task_request("record_pid_slowly", f"term-{i:02d}", 1.0) for i in range(4))
+    supervisor = start_worker("--processes", "2", "--concurrency", "2", "--worker-id", "sup")
+    wait_for(lambda: scalar("SELECT count(*) FROM jobs WHERE locked_at IS NOT NULL") == 4, 60, 0.05, "4 jobs running")
+    children = psutil.Process(supervisor.proc.pid).children()
+    supervisor.signal(signal.SIGTERM)
+    assert supervisor.wait(timeout=60) == 0, supervisor.output()[-3000:]
+    assert effect_count("term-") == 4  # each running job finished inside the grace
+    assert task_rows() == 0
+    assert scalar("SELECT count(*) FROM workers WHERE id LIKE 'sup.%'") == 0  # clean exits deregister
+    for child in children:
+        assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
