@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from django.conf import settings
 from django.db import connection
 
-from jobs import ceilings, leases, liveness, registry
+from jobs import ceilings, drain, leases, liveness, registry
 from jobs.context import JobContext
 from jobs.decisions import Disposition
 from jobs.dispatch import Dispatcher
@@ -65,8 +65,6 @@ IDLE_SLEEP = 1.0  # an idle dispatcher waits this long for a NOTIFY before claim
 HEARTBEAT_SECONDS = 5.0
 LEASE_BEATS = 2.0
 LEASE_MARGIN_SECONDS = 2.0
-# How long a drain waits for the completer to acknowledge what it holds before doing it itself.
-COMPLETER_DRAIN_SECONDS = 5.0
 
 
 def default_worker_id() -> str:
@@ -228,7 +226,7 @@ class Worker:
                 "ceilings": ceilings.publish(self),  # every ceiling, also set as vpay_ceiling gauges
             },
         )
-        abandoned = self._wait_and_drain()
+        abandoned = drain.wait_and_drain(self)
         report = self._report
         logger.info("worker stopped", extra={"worker_id": self.worker_id, **report.as_dict()})
         return report, abandoned
@@ -254,44 +252,6 @@ class Worker:
             self.request_stop()
             if name.startswith("vpay-exec") or name == "vpay-complete":
                 self._exit_now.set()  # its job's settle may never come: do not wait out the grace
-
-    def _wait_and_drain(self) -> bool:
-        """Wait for the executors to stop claiming and finish, and the completer to flush;
-        at grace expiry (or a second signal) hand back what still runs."""
-        executors = [t for t in self._threads if t.name.startswith("vpay-exec")]
-        while not self._stopping.is_set() and not self._exit_now.is_set():
-            self._stopping.wait(0.05)
-        self._wake()
-        abandoned = False
-        while any(t.is_alive() for t in executors):
-            if self._exit_now.is_set():
-                abandoned = True
-                logger.warning("second signal: exiting now; held leases are left to the reaper")
-                break
-            if self._grace_deadline is not None and time.monotonic() >= self._grace_deadline:
-                abandoned = True
-                break
-            time.sleep(0.02)
-        self._completer.close()
-        if not self._completer.drain(timeout=COMPLETER_DRAIN_SECONDS):
-            # The completer is gone or stuck: acknowledge what it holds here, or a clean exit
-            # would leave finished jobs leased by a worker whose row is about to go, for the
-            # reaper to rescue as if it had crashed (attempts spent, the last a dead letter).
-            self.settler.finish(self._completer.take_unflushed())
-            self._release_pending_settles()
-        if abandoned and not self._exit_now.is_set():
-            self._release_everything_held()
-        else:
-            self._release_unstarted()
-        self._beat_stop.set()
-        if not abandoned:
-            try:
-                liveness.worker_deregister(self.worker_id)
-            except DB_ERRORS:
-                pass
-            finally:
-                connection.close()
-        return abandoned
 
     def boot(self) -> None:
         """Reap dead workers' leases, seed the singletons, serve metrics. Failures here are
@@ -400,7 +360,7 @@ class Worker:
     def settler_has_pending(self) -> bool:
         return self.settler.has_pending()
 
-    # --- heartbeat and hand-backs ---------------------------------------------------------------
+    # --- heartbeat -------------------------------------------------------------------------------
 
     def heartbeat(self) -> int:
         """Beat: the worker's row and every lease it holds, extended (the beat thread)."""
@@ -424,66 +384,6 @@ class Worker:
                     period = min(1.0, self.heartbeat_seconds)
                 if self._beat_stop.wait(max(0.0, period - (time.monotonic() - started))):
                     return
-        finally:
-            connection.close()
-
-    def _release_pending_settles(self) -> None:
-        """Hand back the leases whose settle write failed, once more before exiting."""
-        try:
-            self.settler.hand_back_pending()
-        finally:
-            connection.close()
-
-    def _release_unstarted(self) -> None:
-        """Jobs claimed but never handed to an executor (a stop raced the claim): back, attempt refunded."""
-        self.dispatcher.unstarted()
-        with self._cv:
-            unstarted = [r.job for r in self._running.values() if r.ctx is None]
-        self._release([(j.id, j.lease_token) for j in unstarted], refund=True, error="")
-
-    def _release_everything_held(self) -> None:
-        """Grace ran out: hand back every lease this process still holds (guarded).
-
-        Finished jobs whose delete was still buffered are deleted; every other job goes back
-        due now with its attempt refunded, started or not: a shutdown is not the job's
-        failure, and counting it would spend an attempt of every job longer than ``--grace``
-        at every deploy (its last one a dead letter). Except a handler already past its
-        kind's timeout: that attempt failed on its own, and is spent.
-        """
-        self.settler.finish(self._completer.take_unflushed())
-        self.dispatcher.unstarted()
-        with self._cv:
-            held = list(self._running.values())
-        started = [(r.job.id, r.job.lease_token) for r in held if r.ctx is not None and r.ctx.remaining() >= 0]
-        overdue = [(r.job.id, r.job.lease_token) for r in held if r.ctx is not None and r.ctx.remaining() < 0]
-        unstarted = [(r.job.id, r.job.lease_token) for r in held if r.ctx is None]
-        self._release(unstarted, refund=True, error="")
-        self._release(
-            started,
-            refund=True,
-            error=f"released at shutdown: grace elapsed (worker {self.worker_id}); attempt refunded",
-        )
-        # Past its own timeout, it failed whatever the deploy: refunding it would let a hung
-        # handler come back for free at every deploy and never reach a dead letter.
-        self._release(
-            overdue,
-            refund=False,
-            error=f"released at shutdown past its timeout (worker {self.worker_id}); attempt spent",
-        )
-        logger.warning(
-            "grace elapsed; released held leases",
-            extra={"worker_id": self.worker_id, "in_flight": len(started), "unstarted": len(unstarted)},
-        )
-
-    def _release(self, held: list, *, refund: bool, error: str) -> None:
-        if not held:
-            return
-        try:
-            self._report.add("released", leases.release(held, refund=refund, error=error))
-        except DB_ERRORS as exc:
-            logger.error(
-                "releasing held leases failed; the reaper will free them", extra={"error": error_chain(exc, 500)}
-            )
         finally:
             connection.close()
 

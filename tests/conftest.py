@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -10,6 +11,7 @@ import time
 from pathlib import Path
 from urllib.parse import quote
 
+import psutil
 import pytest
 from django.db import connection
 
@@ -120,7 +122,13 @@ class WorkerProcess:
 
     def stop(self) -> None:
         if self.proc.poll() is None:
+            # A supervisor's children (runworker --processes) would drain for their grace
+            # after it: they go with it.
+            children = psutil.Process(self.proc.pid).children(recursive=True)
             self.proc.kill()
+            for child in children:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    child.kill()
             self.proc.wait(timeout=10)
 
 

@@ -9,7 +9,7 @@ import pytest
 from django.conf import settings
 from prometheus_client import REGISTRY
 
-from jobs import leases, queue, registry, repository
+from jobs import drain, leases, queue, registry, repository
 from jobs.context import LeaseLost
 from jobs.kinds import JobKind
 from jobs.models import DeadLetter
@@ -522,7 +522,7 @@ def test_grace_expiry_finishes_acked_jobs_and_releases_the_rest_with_the_right_a
     worker._running.pop(done.id)
     worker._completer.add(done)  # finished, its delete still buffered
     worker._running[started.id].ctx_holder.append(claimed_context(started))  # its handler still running
-    worker._release_everything_held()
+    drain.release_everything_held(worker)
     # The finished one is deleted; the running one and the one never started go back with
     # their attempt refunded (a shutdown is not their failure).
     assert count("jobs", "job_id = %s", [done.job_id]) == 0
@@ -573,16 +573,14 @@ def test_a_worker_leaves_a_job_it_could_not_run_to_the_others_for_a_while():
 
 @pytest.mark.django_db(transaction=True)  # the drain closes its connection afterwards
 def test_a_clean_exit_acknowledges_what_the_completer_never_flushed(monkeypatch):
-    from jobs import worker as worker_module
-
-    monkeypatch.setattr(worker_module, "COMPLETER_DRAIN_SECONDS", 0.1)
+    monkeypatch.setattr(drain, "COMPLETER_DRAIN_SECONDS", 0.1)
     job_id = queue.enqueue(JobKind.TASK, task_payload("tests.tasks.noop"))
     worker = Worker(concurrency=1)
     (done,) = worker._claim(1, alone=True)
     worker._running.pop(done.id)
     worker._completer.add(done)  # finished, but its completer thread died before flushing
     worker._stopping.set()
-    assert worker._wait_and_drain() is False
+    assert drain.wait_and_drain(worker) is False
     # Acknowledged, not left leased for a reaper to take for a crash.
     assert count("jobs", "job_id = %s", [job_id]) == 0
     assert worker.report().finished == 1
@@ -596,7 +594,7 @@ def test_grace_expiry_spends_the_attempt_of_a_handler_already_past_its_timeout()
     ctx = claimed_context(hung)
     ctx.started_monotonic -= ctx.timeout_seconds + 1  # a hung handler, past its timeout
     worker._running[hung.id].ctx_holder.append(ctx)
-    worker._release_everything_held()
+    drain.release_everything_held(worker)
     row = job_row(job_id)
     assert (row["attempts"], row["locked_by"]) == (1, None)  # spent: no free pass at every deploy
     assert "past its timeout" in row["last_error"]
