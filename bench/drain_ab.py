@@ -10,7 +10,7 @@ one version, from launch until the last task row is gone. Reported per turn: job
 PostgreSQL, the kernel) and the worker processes' own CPU per job, from /proc and rusage.
 
     python bench/drain_ab.py --ref HEAD~1 --ref WORKTREE [--concurrency 16] [--n 10000] [--reps 2]
-                             [--workers 1]
+                             [--workers 1] [--processes 1]
 
 ``--ref``: a commit (exported with ``git archive`` to a scratch folder) or ``WORKTREE`` (this
 checkout as it is). Both run on the schema of this checkout's migrations: compare versions
@@ -58,7 +58,7 @@ def export(ref: str, into: Path) -> Path:
     return tree
 
 
-def turn(tree: Path, ref: str, concurrency: int, n: int, workers: int, rep: int) -> dict:
+def turn(tree: Path, ref: str, concurrency: int, n: int, workers: int, processes: int, rep: int) -> dict:
     bv.reset()
     bv.prefill(n)
     bv.settle()
@@ -68,7 +68,15 @@ def turn(tree: Path, ref: str, concurrency: int, n: int, workers: int, rep: int)
     logs = [open(bv.OUT / f"drain_ab_{rep}_{i}.log", "w") for i in range(workers)]  # noqa: SIM115
     procs = [
         subprocess.Popen(
-            [sys.executable, str(tree / "manage.py"), "runworker", "--burst", "--concurrency", str(concurrency)],
+            [
+                sys.executable,
+                str(tree / "manage.py"),
+                "runworker",
+                "--burst",
+                "--concurrency",
+                str(concurrency),
+                *(["--processes", str(processes)] if processes > 1 else []),
+            ],
             cwd=str(tree),
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -101,6 +109,7 @@ def turn(tree: Path, ref: str, concurrency: int, n: int, workers: int, rep: int)
         "rep": rep,
         "concurrency": concurrency,
         "workers": workers,
+        "processes": processes,
         "n": n,
         "ok": drained["ok"] and codes == [0] * workers,
         "jobs_per_s": round(n / seconds) if seconds else None,
@@ -117,7 +126,8 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--n", type=int, default=10000)
     ap.add_argument("--reps", type=int, default=2)
-    ap.add_argument("--workers", type=int, default=1, help="runworker processes per turn")
+    ap.add_argument("--workers", type=int, default=1, help="runworker commands started per turn")
+    ap.add_argument("--processes", type=int, default=1, help="each runworker's --processes (a ref that has it)")
     args = ap.parse_args()
     bv.setup()
     with tempfile.TemporaryDirectory(prefix="vpay-drain-ab-") as scratch:
@@ -125,7 +135,7 @@ def main() -> None:
         with open(bv.OUT / "drain_ab.jsonl", "a") as out:
             for rep in range(1, args.reps + 1):
                 for ref, tree in trees.items():
-                    record = turn(tree, ref, args.concurrency, args.n, args.workers, rep)
+                    record = turn(tree, ref, args.concurrency, args.n, args.workers, args.processes, rep)
                     out.write(json.dumps({"ts": time.time(), **record}) + "\n")
                     print(json.dumps(record), flush=True)
 
