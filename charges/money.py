@@ -41,7 +41,7 @@ def accepted_currencies() -> list[str]:
 
 
 def is_accepted(currency: str) -> bool:
-    return currency == currency.lower() and currency in settings.VPAY_CURRENCIES
+    return currency in settings.VPAY_CURRENCIES  # lower case, as currency_problems holds it
 
 
 def exponent(currency: str) -> int:
