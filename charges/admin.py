@@ -5,11 +5,18 @@ from django.contrib import admin
 from django.db.models import Case, IntegerField, Value, When
 
 from charges.models import Charge, CheckoutSession, PaymentIntent, ProviderRequest, Refund
+from charges.money import format_amount
 from charges.states import ChargeStatus, RefundStatus
 
 
 class ReadOnly(admin.ModelAdmin):
     show_full_result_count = False
+
+    # Amounts read in their currency ($10.00, ¥1,000, BHD 1.000); the detail page keeps the
+    # stored integer beside it, the minor units a rail's statement lists.
+    @admin.display(description="amount", ordering="amount")
+    def amount_shown(self, obj):
+        return format_amount(obj.amount, obj.currency)
 
     def has_add_permission(self, request, obj=None):
         return False
@@ -35,7 +42,8 @@ class ProviderRequestInline(admin.TabularInline):
 
 @admin.register(Charge)
 class ChargeAdmin(ReadOnly):
-    list_display = ("id", "status", "rail", "flow", "amount", "currency", "failure_code", "created_at", "unresolved_at")
+    list_display = ("id", "status", "rail", "flow", "amount_shown", "failure_code", "created_at", "unresolved_at")
+    readonly_fields = ("amount_shown",)
     list_filter = ("status", "rail", "flow")
     search_fields = ("id", "intent__id")
     list_select_related = ("merchant",)
@@ -62,8 +70,7 @@ class RefundAdmin(ReadOnly):
         "id",
         "status",
         "rail",
-        "amount",
-        "currency",
+        "amount_shown",
         "reason",
         "failure_code",
         "intent",
@@ -72,6 +79,7 @@ class RefundAdmin(ReadOnly):
         "unresolved_at",
     )
     list_filter = ("status", "rail", "reason", "currency")
+    readonly_fields = ("amount_shown",)
     search_fields = ("id", "intent__id", "charge__id")
     list_select_related = ("merchant",)
     date_hierarchy = "created_at"
@@ -86,10 +94,15 @@ class RefundAdmin(ReadOnly):
 
 @admin.register(PaymentIntent)
 class PaymentIntentAdmin(ReadOnly):
-    list_display = ("id", "status", "rail", "amount", "amount_refunded", "currency", "merchant", "created_at")
-    list_filter = ("status", "rail")
+    list_display = ("id", "status", "rail", "amount_shown", "refunded_shown", "merchant", "created_at")
+    list_filter = ("status", "rail", "currency")
+    readonly_fields = ("amount_shown", "refunded_shown")
     search_fields = ("id",)
     list_select_related = ("merchant",)
+
+    @admin.display(description="amount refunded", ordering="amount_refunded")
+    def refunded_shown(self, obj):
+        return format_amount(obj.amount_refunded, obj.currency)
 
 
 @admin.register(CheckoutSession)

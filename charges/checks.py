@@ -1,12 +1,14 @@
 """Startup checks of the charge configuration (run by ``runworker``, ``runserver`` and
-``manage.py check``): a rail the worker cannot use, or a policy whose windows contradict
-the rail timeout, refuses to start with a message naming what is wrong."""
+``manage.py check``): a rail the worker cannot use, a policy whose windows contradict
+the rail timeout, or a currency that is not an ISO code in lower case refuses to start
+with a message naming what is wrong."""
 
 from __future__ import annotations
 
 from django.conf import settings
 from django.core import checks
 
+from charges.money import currency_problems
 from charges.rails.config import RailConfigError, load_rails
 
 
@@ -39,6 +41,7 @@ def charge_config_problems() -> list[str]:
                 f"VPAY_CHARGE_NOT_FOUND_WINDOW_SECONDS={policy.not_found_window:g} must exceed the rail "
                 f"request timeouts ({total:g} s): younger charges may still be inside a live confirm"
             )
+    problems.extend(currency_problems(settings.VPAY_CURRENCIES))
     days = settings.VPAY_RETENTION_PROVIDER_REQUESTS_DAYS
     if days * 86400.0 < settings.VPAY_CHARGE_HORIZON_SECONDS + 86400.0:
         problems.append(

@@ -13,12 +13,12 @@ from api.schemas import list_of, ref
 from charges.models import Refund
 from charges.services.refunds import refund_create
 from charges.states import RefundReason
-from charges.views import MAX_AMOUNT
+from charges.views import AMOUNT_DESCRIPTION, AMOUNT_SCHEMA
 from charges.wire import render_refund
 
 CREATE_REFUND = Body(
     payment_intent=Field(str, required=True, max_length=ID_MAX_LENGTH),
-    amount=Field(int, min_value=1, max_value=MAX_AMOUNT),  # absent: all that is left
+    amount=Field(int, description=f"{AMOUNT_DESCRIPTION} Absent: all that is left.", schema=AMOUNT_SCHEMA),
     reason=Field(str, choices=RefundReason.values),
 )
 

@@ -16,7 +16,7 @@ from api.operations import Operation
 from api.params import LIST, Param, takes_query
 from api.schemas import list_of, ref
 from api.storable import storable
-from charges import repository
+from charges import money, repository
 from charges.models import Charge, CheckoutSession, PaymentIntent
 from charges.rails import get_rail
 from charges.services.cancel import payment_intent_cancel
@@ -28,10 +28,16 @@ from jobs import port as queue
 
 logger = logging.getLogger(__name__)
 
-MAX_AMOUNT = 10**12  # minor units; well inside bigint, far above any real payment
+# The service bounds an amount (charges/money.py), where the currency is known and the
+# refusal can read the bounds in it; the schema only describes them.
+AMOUNT_SCHEMA = {"minimum": money.MIN_MINOR, "maximum": money.MAX_MINOR}
+AMOUNT_DESCRIPTION = (
+    "An integer of the currency's minor units (2 decimals for usd, 0 for jpy and xof, 3 for bhd: "
+    "1000 is $10.00, ¥1,000, BHD 1.000); 1 to 10^12 in every currency."
+)
 
 PAYMENT_FIELDS = {
-    "amount": Field(int, required=True, min_value=1, max_value=MAX_AMOUNT),
+    "amount": Field(int, required=True, description=AMOUNT_DESCRIPTION, schema=AMOUNT_SCHEMA),
     "currency": Field(str, required=True, max_length=3, description="Lower case; one of VPAY_CURRENCIES."),
     "rail": Field(str, required=True, max_length=32, description="The code of a configured rail."),
     "customer": Field(str, max_length=ID_MAX_LENGTH),

@@ -69,6 +69,7 @@ def test_list_intents_newest_first_and_only_the_merchants_own(acme):
         ({"amount": 0, "currency": "usd", "rail": "sandbox_push"}, "parameter_out_of_range", "amount"),
         ({"amount": -5, "currency": "usd", "rail": "sandbox_push"}, "parameter_out_of_range", "amount"),
         ({"amount": 1.5, "currency": "usd", "rail": "sandbox_push"}, "parameter_invalid_type", "amount"),
+        ({"amount": 2500.0, "currency": "xof", "rail": "sandbox_push"}, "parameter_invalid_type", "amount"),
         ({"amount": True, "currency": "usd", "rail": "sandbox_push"}, "parameter_invalid_type", "amount"),
         ({"amount": 100, "currency": "xyz", "rail": "sandbox_push"}, "currency_unsupported", "currency"),
         ({"amount": 100, "currency": "USD", "rail": "sandbox_push"}, "currency_unsupported", "currency"),
@@ -87,6 +88,53 @@ def test_bad_input_is_a_4xx_in_the_common_format_and_writes_nothing(acme, body, 
     assert response.status_code == 400
     assert (error_of(response)["code"], error_of(response)["param"]) == (code, param)
     assert counts() == before
+
+
+# The currencies of tests/test_money.py's table by exponent: 2, 0 and 3 decimals.
+BOUNDS = {
+    "usd": "between $0.01 and $10,000,000,000.00 (1 to 1000000000000 in minor units; USD has 2 decimals)",
+    "jpy": "between ¥1 and ¥1,000,000,000,000 (1 to 1000000000000 in minor units; JPY has 0 decimals)",
+    "xof": (
+        "between F\u202fCFA\u00a01 and F\u202fCFA\u00a01,000,000,000,000"
+        " (1 to 1000000000000 in minor units; XOF has 0 decimals)"
+    ),
+    "bhd": (
+        "between BHD\u00a00.001 and BHD\u00a01,000,000,000.000 (1 to 1000000000000 in minor units; BHD has 3 decimals)"
+    ),
+}
+
+
+@pytest.mark.parametrize("path", ["/v1/payment_intents", "/v1/checkout/sessions"])
+@pytest.mark.parametrize("currency", sorted(BOUNDS))
+def test_an_amount_outside_its_currencys_bounds_is_a_400_naming_them_and_the_bounds_are_accepted(
+    acme, settings, path, currency
+):
+    settings.VPAY_CURRENCIES = sorted(BOUNDS)
+    for amount in (0, -1, 10**12 + 1, 10**30):
+        before = counts()
+        response = acme.call("POST", path, {"amount": amount, "currency": currency, "rail": "sandbox_push"})
+        assert response.status_code == 400, response.content
+        assert error_of(response) == {
+            "type": "invalid_request_error",
+            "code": "parameter_out_of_range",
+            "param": "amount",
+            "message": f"amount must be {BOUNDS[currency]}.",
+        }
+        assert counts() == before
+    for amount in (1, 10**12):
+        response = acme.call("POST", path, {"amount": amount, "currency": currency, "rail": "sandbox_push"})
+        assert response.status_code == 200, response.content
+        assert (response.json()["amount"], response.json()["currency"]) == (amount, currency)
+
+
+def test_a_currency_vpay_does_not_accept_is_refused_whatever_the_amount(acme, settings):
+    settings.VPAY_CURRENCIES = ["usd"]
+    response = acme.call("POST", "/v1/payment_intents", {"amount": 10**30, "currency": "jpy", "rail": "sandbox_push"})
+    assert response.status_code == 400
+    assert (error_of(response)["code"], error_of(response)["message"]) == (
+        "currency_unsupported",
+        "Unsupported currency 'jpy'; use one of: usd (lower case).",
+    )
 
 
 def test_another_merchants_customer_is_refused(acme):

@@ -63,3 +63,33 @@ def test_the_admin_lists_unresolved_refunds_first_filters_them_and_shows_their_r
 def test_the_refund_tables_constraints_hold(charge, fields, constraint):
     with pytest.raises(IntegrityError, match=constraint), transaction.atomic():
         refund(charge, **fields)
+
+
+@pytest.mark.parametrize(
+    ("currency", "amount", "shown", "refunded"),
+    [
+        ("usd", 1999, "$19.99", "$2.50"),
+        ("jpy", 1999, "¥1,999", "¥250"),
+        ("bhd", 1999, "BHD\u00a01.999", "BHD\u00a00.250"),
+    ],
+)
+def test_the_admin_shows_amounts_in_their_currency(admin_client, currency, amount, shown, refunded):
+    merchant, _ = create_merchant("Acme")
+    intent = PaymentIntent.objects.create(
+        merchant=merchant, amount=amount, currency=currency, rail="sandbox_push", status="succeeded"
+    )
+    charge = Charge.objects.create(
+        intent=intent, merchant=merchant, rail="sandbox_push", flow="push", amount=amount, currency=currency
+    )
+    refund(charge, amount=250, currency=currency)
+    PaymentIntent.objects.filter(pk=intent.pk).update(amount_refunded=250)
+    pages = {
+        "paymentintent": [shown, refunded],
+        "charge": [shown],
+        "refund": [refunded],
+    }
+    for model, amounts in pages.items():
+        listed = admin_client.get(f"/admin/charges/{model}/").content.decode()
+        assert all(f">{a}<" in listed for a in amounts), (model, amounts)
+    detail = admin_client.get(f"/admin/charges/paymentintent/{quote(intent.id)}/change/").content.decode()
+    assert f">{shown}<" in detail and f">{refunded}<" in detail

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.api_support import error_of
-from tests.charges_support import events, scalar
+from tests.charges_support import events, scalar, sql
 from tests.refund_support import RefundingMerchant, RowLock, amount_refunded, race
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -87,12 +87,33 @@ def test_bad_refunds_are_refused_and_write_nothing(acme, fields, status, code, p
     assert scalar("SELECT count(*) FROM jobs WHERE kind = 'poll_refund'") == 0
 
 
+@pytest.mark.parametrize(
+    ("currency", "amount", "bounds"),
+    [
+        ("usd", 0, "between $0.01 and $10,000,000,000.00"),
+        ("usd", 10**12 + 1, "between $0.01 and $10,000,000,000.00"),  # its bound, before what is left
+        ("jpy", 0, "between ¥1 and ¥1,000,000,000,000"),
+        ("bhd", -1, "between BHD\u00a00.001 and BHD\u00a01,000,000,000.000"),
+    ],
+)
+def test_a_refund_outside_its_currencys_bounds_is_refused_naming_them(acme, settings, currency, amount, bounds):
+    settings.VPAY_CURRENCIES = ["usd", "jpy", "bhd"]
+    intent = acme.confirm(acme.intent(amount=1000, currency=currency)["id"])
+    sql("UPDATE charges SET status = 'succeeded' WHERE intent_id = %s", [intent["id"]])
+    sql("UPDATE payment_intents SET status = 'succeeded' WHERE id = %s", [intent["id"]])
+    response = acme.refund(intent["id"], amount=amount)
+    assert response.status_code == 400, response.content
+    assert (error_of(response)["code"], error_of(response)["param"]) == ("parameter_out_of_range", "amount")
+    assert f"amount must be {bounds} (" in error_of(response)["message"]
+    assert scalar("SELECT count(*) FROM refunds") == 0 and amount_refunded(intent["id"]) == 0
+
+
 def test_more_than_is_left_is_refused_and_a_full_refund_leaves_nothing(acme):
     intent_id = acme.paid_intent(amount=1000)
     assert acme.refund(intent_id, amount=600).status_code == 200
     over = acme.refund(intent_id, amount=401)
     assert over.status_code == 400 and error_of(over)["code"] == "amount_too_large"
-    assert "400" in error_of(over)["message"]  # says what is left
+    assert "($4.00)" in error_of(over)["message"]  # says what is left, in dollars
     assert acme.refund(intent_id).json()["amount"] == 400
     done = acme.refund(intent_id, amount=1)
     assert done.status_code == 400 and error_of(done)["code"] == "charge_already_refunded"

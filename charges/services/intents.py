@@ -7,7 +7,7 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from django.db import transaction
 
-from charges import repository
+from charges import money, repository
 from charges.models import CheckoutSession, PaymentIntent
 from charges.rails import configured_rails
 from customers.models import Customer
@@ -18,17 +18,18 @@ from vpay.tokens import new_token
 
 def validate_payment(merchant: Merchant, fields: dict) -> Customer | None:
     """Refuse what no rail could take, before anything is written: an unknown rail, an
-    unsupported currency, a customer that is not this merchant's. Amounts are bounded by
-    the body schema (a positive integer of minor units)."""
+    unsupported currency, an amount outside the currency's bounds (charges/money.py), a
+    customer that is not this merchant's."""
     if fields["rail"] not in configured_rails():
         raise InvalidInput("rail_unknown", f"No such rail: {fields['rail']!r}.", param="rail")
     currency = fields["currency"]
-    if currency != currency.lower() or currency not in settings.VPAY_CURRENCIES:
+    if not money.is_accepted(currency):
         raise InvalidInput(
             "currency_unsupported",
-            f"Unsupported currency {currency!r}; use one of: {', '.join(settings.VPAY_CURRENCIES)} (lower case).",
+            f"Unsupported currency {currency!r}; use one of: {', '.join(money.accepted_currencies())} (lower case).",
             param="currency",
         )
+    money.refuse_out_of_bounds(fields["amount"], currency)
     customer_id = fields.get("customer")
     if customer_id is None:
         return None

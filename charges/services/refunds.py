@@ -15,7 +15,7 @@ import logging
 
 from django.db import transaction
 
-from charges import refund_repository
+from charges import money, refund_repository
 from charges.metrics import REFUNDS_SETTLED, REFUNDS_UNRESOLVED
 from charges.models import Charge, Refund
 from charges.rails import get_rail
@@ -47,7 +47,8 @@ def refund_create(
 
     Refuses, writing nothing: ``NotFound`` (no such intent for this merchant),
     ``InvalidState`` (the intent has not succeeded; its rail is gone), ``InvalidInput``
-    (nothing left to refund, or ``amount`` more than what is left)."""
+    (``amount`` outside the currency's bounds, nothing left to refund, or ``amount`` more
+    than what is left)."""
     with transaction.atomic():
         intent = refund_repository.lock_intent(merchant.id, payment_intent)
         if intent is None:
@@ -58,6 +59,8 @@ def refund_create(
                 f"Only a succeeded PaymentIntent can be refunded; this one is {intent.status}.",
                 param="payment_intent",
             )
+        if amount is not None:
+            money.refuse_out_of_bounds(amount, intent.currency)
         # Current: every change of amount_refunded holds the lock taken above.
         left = intent.amount - intent.amount_refunded
         if left <= 0:
@@ -69,7 +72,8 @@ def refund_create(
         if amount > left:
             raise InvalidInput(
                 "amount_too_large",
-                f"Refund amount ({amount}) is greater than what is left to refund ({left}).",
+                f"Refund amount ({money.format_amount(amount, intent.currency)}) is greater than what is left"
+                f" to refund ({money.format_amount(left, intent.currency)}).",
                 param="amount",
             )
         if get_rail(intent.rail) is None:
