@@ -1,8 +1,8 @@
 """The ``/v1`` API base: authentication, the one error format, request validation,
 ``Idempotency-Key`` and cursor pagination. Every ``/v1`` view is wrapped by :func:`route`.
 
-Errors always have the shape ``{"error": {"type", "code", "message", "param"}}``, for
-every 4xx and 5xx, including the ones Django would otherwise answer in HTML.
+Errors always have the shape ``{"error": {"type", "code", "message", "param", "request_id"}}``,
+for every 4xx and 5xx, including the ones Django would otherwise answer in HTML.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from merchants.credentials import credential_authenticate
 from vpay.db_errors import connection_lost
 from vpay.errors import DomainError, error_chain
 from vpay.livemode import with_livemode
+from vpay.request_context import current_request_id
 
 if TYPE_CHECKING:
     from merchants.models import Merchant
@@ -81,7 +82,11 @@ def error_response(
     status: int, code: str, message: str, *, param: str | None = None, type: str = INVALID_REQUEST
 ) -> JsonResponse:
     """The one error body every ``/v1`` 4xx and 5xx answers with."""
-    body = {"error": {"type": type, "code": code, "message": message, "param": param}}
+    error = {"type": type, "code": code, "message": message, "param": param}
+    request_id = current_request_id()
+    if request_id is not None:  # always under /v1 (api.middleware); the rails' callback has none
+        error["request_id"] = request_id
+    body = {"error": error}
     return JsonResponse(body, status=status)
 
 

@@ -71,6 +71,14 @@ _REASONS = {
     503: "Briefly unavailable (the database, a rail): retry after Retry-After seconds.",
 }
 _RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait before retrying.", "schema": {"type": "integer"}}}
+# Every /v1 answer's (api.middleware).
+_REQUEST_ID = {
+    "Request-Id": {
+        "description": "This request's id (req_…); an error body carries it as `request_id`.",
+        "required": True,
+        "schema": {"type": "string", "pattern": "^req_[A-Za-z0-9]{24}$"},
+    }
+}
 
 
 def v1_routes() -> Iterator[tuple[str, Any]]:
@@ -135,8 +143,7 @@ def _error(status: int, codes: tuple[str, ...]) -> Schema:
         "description": f"{_REASONS.get(status, 'Refused.')} Codes: {listed}.",
         "content": {"application/json": {"schema": ref("error")}},
     }
-    if status in (429, 503):
-        answer["headers"] = _RETRY_AFTER
+    answer["headers"] = {**_REQUEST_ID, **(_RETRY_AFTER if status in (429, 503) else {})}
     return answer
 
 
@@ -196,8 +203,9 @@ def _routed_responses(path: str, op: Operation, query) -> Schema:
         "description": "The object." if op.answers is not None else "A JSON object (not yet declared).",
         "content": {"application/json": {"schema": op.answers or {"type": "object"}}},
     }
+    ok["headers"] = dict(_REQUEST_ID)
     if op.method == "POST":
-        ok["headers"] = {
+        ok["headers"] |= {
             "Idempotent-Replayed": {
                 "description": "`true` when this is a stored answer replayed for an Idempotency-Key.",
                 "schema": {"type": "string", "enum": ["true"]},

@@ -225,6 +225,10 @@ ERROR = _obj(
                 "code": {"type": "string", "description": "For machines; the codes each status carries are listed."},
                 "message": {"type": "string", "description": "For humans; never carries a secret."},
                 "param": nullable(STRING),
+                "request_id": {
+                    "type": "string",
+                    "description": "This request's id (req_…), also its Request-Id header: quote it to support.",
+                },
             }
         )
     },
