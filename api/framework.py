@@ -25,6 +25,7 @@ from api import idempotency, ratelimit
 from api.errors import API, AUTHENTICATION, IDEMPOTENCY, INVALID_REQUEST, http_of  # noqa: F401 - views import them from here
 from api.storable import storable
 from merchants.credentials import credential_authenticate
+from vpay import api_version
 from vpay.db_errors import connection_lost
 from vpay.errors import DomainError, error_chain
 from vpay.livemode import with_livemode
@@ -98,6 +99,15 @@ def too_many_parameters() -> ApiError:
 def not_found(what: str, object_id: str) -> ApiError:
     """The same 404 whether the object does not exist or belongs to someone else."""
     return ApiError(404, "resource_missing", f"No such {what}: {object_id!r}.", param="id")
+
+
+def unknown_version() -> ApiError:
+    supported = ", ".join(api_version.SUPPORTED)
+    return ApiError(
+        400,
+        "api_version_unknown",
+        f"{api_version.HEADER} names no version of this API: send one of {supported}, or leave it out.",
+    )
 
 
 class ApiRequest(HttpRequest):
@@ -289,6 +299,8 @@ def route(*methods: Any, atomic: bool = True) -> Callable:
             try:
                 if request.method not in allowed:
                     raise ApiError(405, "method_not_allowed", f"{request.method} is not allowed here.", allow=allowed)
+                if api_version.requested(request.headers) is None:
+                    raise unknown_version()
                 _bound_body(request)
                 request.merchant = credential_authenticate(authorization=request.headers.get("Authorization", ""))
                 ratelimit.rate_limit_charge(merchant_id=request.merchant.id)

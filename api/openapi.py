@@ -22,6 +22,7 @@ from api.operations import Answer, Operation
 from api.schemas import Schema, ref
 from merchants import credentials
 from merchants.credentials import Kind
+from vpay import api_version
 
 _JSON_TYPES = {str: "string", int: "integer", bool: "boolean", dict: "object", list: "array"}
 _CONVERTER = re.compile(r"<(?:(?P<converter>\w+):)?(?P<name>\w+)>")
@@ -31,7 +32,7 @@ _PATH_PARAMETER = {"type": "string", "minLength": 1, "pattern": "^[^/]+$"}  # Dj
 _EVERY_ROUTE = {
     # A Content-Length that is not a number, a Host not allowed; more query parameters than
     # DATA_UPLOAD_MAX_NUMBER_FIELDS.
-    400: ("invalid_request", "too_many_parameters"),
+    400: ("invalid_request", "too_many_parameters", "api_version_unknown"),
     401: credentials.REFUSAL_CODES,
     413: ("body_too_large",),
     429: ("rate_limited",),
@@ -171,6 +172,16 @@ def _parameters(path: str, op: Operation, query) -> list[Schema]:
     ]
     if query is not None:
         parameters.extend(query.openapi())
+    if op.responses is None:  # a routed operation (the token endpoint and the description are unversioned)
+        parameters.append(
+            {
+                "name": api_version.HEADER,
+                "in": "header",
+                "required": False,
+                "description": "The API version to answer in (a release date); the current one when absent.",
+                "schema": ref("api_version"),
+            }
+        )
     if op.method == "POST" and op.responses is None:
         parameters.append(
             {
@@ -203,7 +214,14 @@ def _routed_responses(path: str, op: Operation, query) -> Schema:
         "description": "The object." if op.answers is not None else "A JSON object (not yet declared).",
         "content": {"application/json": {"schema": op.answers or {"type": "object"}}},
     }
-    ok["headers"] = dict(_REQUEST_ID)
+    ok["headers"] = {
+        **_REQUEST_ID,
+        api_version.HEADER: {
+            "description": "The API version the answer is in.",
+            "required": True,
+            "schema": ref("api_version"),
+        },
+    }
     if op.method == "POST":
         ok["headers"] |= {
             "Idempotent-Replayed": {
@@ -289,5 +307,5 @@ def describe_api() -> Schema:
         "servers": [{"url": settings.VPAY_PUBLIC_URL.rstrip("/")}],
         "security": merchant_credential,
         "paths": paths,
-        "components": {"schemas": dict(schemas.OBJECTS), "securitySchemes": security_schemes()},
+        "components": {"schemas": {**schemas.OBJECTS, "api_version": schemas.API_VERSION}, "securitySchemes": security_schemes()},
     }

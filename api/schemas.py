@@ -22,6 +22,7 @@ from charges.states import (
     RefundReason,
     RefundStatus,
 )
+from vpay.api_version import CURRENT, SUPPORTED
 from webhooks.event_types import EventType
 from webhooks.models import AttemptState, DeliveryState
 
@@ -162,8 +163,11 @@ EVENT = _obj(
         "created": TIMESTAMP,
         "data": _obj({"object": {"type": "object", "description": "The object as it was when the event happened."}}),
         "livemode": LIVEMODE,
+        "api_version": {**ref("api_version"), "description": "The API version its object was rendered in."},
     },
-    optional=("livemode",),  # an event written before objects carried it renders without
+    # An event written before its object carried livemode, or before events carried their
+    # version, renders without it (its signed body never changes).
+    optional=("livemode", "api_version"),
     description="An event, as it is delivered to webhook endpoints.",
 )
 
@@ -261,6 +265,12 @@ OAUTH_ERROR = _obj(
     },
     description="The token endpoint's refusals (RFC 6749 §5.2), not the /v1 error shape.",
 )
+
+API_VERSION: Schema = {
+    "type": "string",
+    "enum": list(SUPPORTED),
+    "description": f"A version of the API (its release date); {CURRENT} is the current one.",
+}
 
 OBJECTS: dict[str, Schema] = {
     "payment_intent": PAYMENT_INTENT,
