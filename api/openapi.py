@@ -235,10 +235,36 @@ def _routed_responses(path: str, op: Operation, query) -> Schema:
     return responses
 
 
+def _singular(name: str) -> str:
+    return name[:-3] + "y" if name.endswith("ies") else name.removesuffix("s")
+
+
+def operation_id(method: str, path: str) -> str:
+    """A generated client's name for an operation, from its method and path, as Stripe's
+    libraries name them: ``list_events``, ``create_payment_intent``, ``retrieve_customer``,
+    ``confirm_payment_intent`` (an action), ``list_webhook_endpoint_deliveries``."""
+    parts = path.strip("/").split("/")[1:]
+    owners: list[str] = []  # the objects the path names by id, singular
+    literals: list[str] = []  # the segments since the last id
+    for part in parts:
+        if part.startswith("{"):
+            owners.append(_singular("_".join(literals)))
+            literals = []
+        else:
+            literals.append(part)
+    owner, tail = "_".join(owners), "_".join(literals)
+    if not tail:
+        return {"GET": "retrieve", "POST": "update", "DELETE": "delete"}[method] + f"_{owner}"
+    if not owner:
+        return f"list_{tail}" if method == "GET" else f"create_{_singular(tail)}"
+    return f"list_{owner}_{tail}" if method == "GET" else f"{tail}_{owner}"
+
+
 def _operation(path: str, view: Any, op: Operation) -> Schema:
     doc = (view.__doc__ or "").strip()
     described: Schema = {
-        "operationId": f"{op.method.lower()}_{path.strip('/').replace('/', '_').replace('{', '').replace('}', '')}",
+        "operationId": op.operation_id or operation_id(op.method, path),
+        "tags": [path.split("/")[2].removesuffix(".json")],
         "summary": op.summary or doc.split("\n\n")[0].replace("\n", " ") or f"{op.method} {path}",
         "parameters": _parameters(path, op, _query(view, op)),
     }
@@ -307,5 +333,5 @@ def describe_api() -> Schema:
         "servers": [{"url": settings.VPAY_PUBLIC_URL.rstrip("/")}],
         "security": merchant_credential,
         "paths": paths,
-        "components": {"schemas": {**schemas.OBJECTS, "api_version": schemas.API_VERSION}, "securitySchemes": security_schemes()},
+        "components": {"schemas": {**schemas.OBJECTS, "api_version": schemas.API_VERSION, "event_type_name": schemas.EVENT_TYPE_NAME}, "securitySchemes": security_schemes()},
     }

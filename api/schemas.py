@@ -155,11 +155,16 @@ def _deleted(kind: str) -> Schema:
     )
 
 
+# One named enum for every place an event type appears: a client generator names an inline
+# enum after its property (the event's "type", the event_type's "type") and refuses two
+# different enums under one name.
+EVENT_TYPE_NAME: Schema = {**_enum(EventType), "description": "An event's type."}
+
 EVENT = _obj(
     {
         "id": STRING,
         "object": {"const": "event"},
-        "type": _enum(EventType),
+        "type": ref("event_type_name"),
         "created": TIMESTAMP,
         "data": _obj({"object": {"type": "object", "description": "The object as it was when the event happened."}}),
         "livemode": LIVEMODE,
@@ -205,7 +210,7 @@ WEBHOOK_DELIVERY = _wire(
     {
         "webhook_endpoint": STRING,
         "event": STRING,
-        "event_type": _enum(EventType),
+        "event_type": ref("event_type_name"),
         "state": _enum(DeliveryState),
         "created": TIMESTAMP,
         "next_attempt": nullable(TIMESTAMP),
@@ -218,7 +223,7 @@ WEBHOOK_DELIVERY = _wire(
 )
 
 EVENT_TYPE = _obj(
-    {"object": {"const": "event_type"}, "type": _enum(EventType), "description": STRING, "livemode": LIVEMODE},
+    {"object": {"const": "event_type"}, "type": ref("event_type_name"), "description": STRING, "livemode": LIVEMODE},
 )
 
 ERROR = _obj(
