@@ -1,8 +1,8 @@
 """The ``/v1`` API base: authentication, the one error format, request validation,
 ``Idempotency-Key`` and cursor pagination. Every ``/v1`` view is wrapped by :func:`route`.
 
-Errors always have the shape ``{"error": {"type", "code", "message", "param"}}``, for
-every 4xx and 5xx, including the ones Django would otherwise answer in HTML.
+Errors always have the shape ``{"error": {"type", "code", "message", "param", "request_id"}}``,
+for every 4xx and 5xx, including the ones Django would otherwise answer in HTML.
 """
 
 from __future__ import annotations
@@ -25,9 +25,11 @@ from api import idempotency, ratelimit
 from api.errors import API, AUTHENTICATION, IDEMPOTENCY, INVALID_REQUEST, http_of  # noqa: F401 - views import them from here
 from api.storable import storable
 from merchants.credentials import credential_authenticate
+from vpay import api_version
 from vpay.db_errors import connection_lost
 from vpay.errors import DomainError, error_chain
 from vpay.livemode import with_livemode
+from vpay.request_context import current_request_id
 
 if TYPE_CHECKING:
     from merchants.models import Merchant
@@ -81,7 +83,11 @@ def error_response(
     status: int, code: str, message: str, *, param: str | None = None, type: str = INVALID_REQUEST
 ) -> JsonResponse:
     """The one error body every ``/v1`` 4xx and 5xx answers with."""
-    body = {"error": {"type": type, "code": code, "message": message, "param": param}}
+    error = {"type": type, "code": code, "message": message, "param": param}
+    request_id = current_request_id()
+    if request_id is not None:  # always under /v1 (api.middleware); the rails' callback has none
+        error["request_id"] = request_id
+    body = {"error": error}
     return JsonResponse(body, status=status)
 
 
@@ -93,6 +99,15 @@ def too_many_parameters() -> ApiError:
 def not_found(what: str, object_id: str) -> ApiError:
     """The same 404 whether the object does not exist or belongs to someone else."""
     return ApiError(404, "resource_missing", f"No such {what}: {object_id!r}.", param="id")
+
+
+def unknown_version() -> ApiError:
+    supported = ", ".join(api_version.SUPPORTED)
+    return ApiError(
+        400,
+        "api_version_unknown",
+        f"{api_version.HEADER} names no version of this API: send one of {supported}, or leave it out.",
+    )
 
 
 class ApiRequest(HttpRequest):
@@ -284,6 +299,8 @@ def route(*methods: Any, atomic: bool = True) -> Callable:
             try:
                 if request.method not in allowed:
                     raise ApiError(405, "method_not_allowed", f"{request.method} is not allowed here.", allow=allowed)
+                if api_version.requested(request.headers) is None:
+                    raise unknown_version()
                 _bound_body(request)
                 request.merchant = credential_authenticate(authorization=request.headers.get("Authorization", ""))
                 ratelimit.rate_limit_charge(merchant_id=request.merchant.id)

@@ -22,6 +22,7 @@ from api.operations import Answer, Operation
 from api.schemas import Schema, ref
 from merchants import credentials
 from merchants.credentials import Kind
+from vpay import api_version
 
 _JSON_TYPES = {str: "string", int: "integer", bool: "boolean", dict: "object", list: "array"}
 _CONVERTER = re.compile(r"<(?:(?P<converter>\w+):)?(?P<name>\w+)>")
@@ -31,7 +32,7 @@ _PATH_PARAMETER = {"type": "string", "minLength": 1, "pattern": "^[^/]+$"}  # Dj
 _EVERY_ROUTE = {
     # A Content-Length that is not a number, a Host not allowed; more query parameters than
     # DATA_UPLOAD_MAX_NUMBER_FIELDS.
-    400: ("invalid_request", "too_many_parameters"),
+    400: ("invalid_request", "too_many_parameters", "api_version_unknown"),
     401: credentials.REFUSAL_CODES,
     413: ("body_too_large",),
     429: ("rate_limited",),
@@ -71,6 +72,14 @@ _REASONS = {
     503: "Briefly unavailable (the database, a rail): retry after Retry-After seconds.",
 }
 _RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait before retrying.", "schema": {"type": "integer"}}}
+# Every /v1 answer's (api.middleware).
+_REQUEST_ID = {
+    "Request-Id": {
+        "description": "This request's id (req_…); an error body carries it as `request_id`.",
+        "required": True,
+        "schema": {"type": "string", "pattern": "^req_[A-Za-z0-9]{24}$"},
+    }
+}
 
 
 def v1_routes() -> Iterator[tuple[str, Any]]:
@@ -135,8 +144,7 @@ def _error(status: int, codes: tuple[str, ...]) -> Schema:
         "description": f"{_REASONS.get(status, 'Refused.')} Codes: {listed}.",
         "content": {"application/json": {"schema": ref("error")}},
     }
-    if status in (429, 503):
-        answer["headers"] = _RETRY_AFTER
+    answer["headers"] = {**_REQUEST_ID, **(_RETRY_AFTER if status in (429, 503) else {})}
     return answer
 
 
@@ -164,6 +172,16 @@ def _parameters(path: str, op: Operation, query) -> list[Schema]:
     ]
     if query is not None:
         parameters.extend(query.openapi())
+    if op.responses is None:  # a routed operation (the token endpoint and the description are unversioned)
+        parameters.append(
+            {
+                "name": api_version.HEADER,
+                "in": "header",
+                "required": False,
+                "description": "The API version to answer in (a release date); the current one when absent.",
+                "schema": ref("api_version"),
+            }
+        )
     if op.method == "POST" and op.responses is None:
         parameters.append(
             {
@@ -196,8 +214,16 @@ def _routed_responses(path: str, op: Operation, query) -> Schema:
         "description": "The object." if op.answers is not None else "A JSON object (not yet declared).",
         "content": {"application/json": {"schema": op.answers or {"type": "object"}}},
     }
+    ok["headers"] = {
+        **_REQUEST_ID,
+        api_version.HEADER: {
+            "description": "The API version the answer is in.",
+            "required": True,
+            "schema": ref("api_version"),
+        },
+    }
     if op.method == "POST":
-        ok["headers"] = {
+        ok["headers"] |= {
             "Idempotent-Replayed": {
                 "description": "`true` when this is a stored answer replayed for an Idempotency-Key.",
                 "schema": {"type": "string", "enum": ["true"]},
@@ -209,10 +235,36 @@ def _routed_responses(path: str, op: Operation, query) -> Schema:
     return responses
 
 
+def _singular(name: str) -> str:
+    return name[:-3] + "y" if name.endswith("ies") else name.removesuffix("s")
+
+
+def operation_id(method: str, path: str) -> str:
+    """A generated client's name for an operation, from its method and path, as Stripe's
+    libraries name them: ``list_events``, ``create_payment_intent``, ``retrieve_customer``,
+    ``confirm_payment_intent`` (an action), ``list_webhook_endpoint_deliveries``."""
+    parts = path.strip("/").split("/")[1:]
+    owners: list[str] = []  # the objects the path names by id, singular
+    literals: list[str] = []  # the segments since the last id
+    for part in parts:
+        if part.startswith("{"):
+            owners.append(_singular("_".join(literals)))
+            literals = []
+        else:
+            literals.append(part)
+    owner, tail = "_".join(owners), "_".join(literals)
+    if not tail:
+        return {"GET": "retrieve", "POST": "update", "DELETE": "delete"}[method] + f"_{owner}"
+    if not owner:
+        return f"list_{tail}" if method == "GET" else f"create_{_singular(tail)}"
+    return f"list_{owner}_{tail}" if method == "GET" else f"{tail}_{owner}"
+
+
 def _operation(path: str, view: Any, op: Operation) -> Schema:
     doc = (view.__doc__ or "").strip()
     described: Schema = {
-        "operationId": f"{op.method.lower()}_{path.strip('/').replace('/', '_').replace('{', '').replace('}', '')}",
+        "operationId": op.operation_id or operation_id(op.method, path),
+        "tags": [path.split("/")[2].removesuffix(".json")],
         "summary": op.summary or doc.split("\n\n")[0].replace("\n", " ") or f"{op.method} {path}",
         "parameters": _parameters(path, op, _query(view, op)),
     }
@@ -281,5 +333,5 @@ def describe_api() -> Schema:
         "servers": [{"url": settings.VPAY_PUBLIC_URL.rstrip("/")}],
         "security": merchant_credential,
         "paths": paths,
-        "components": {"schemas": dict(schemas.OBJECTS), "securitySchemes": security_schemes()},
+        "components": {"schemas": {**schemas.OBJECTS, "api_version": schemas.API_VERSION, "event_type_name": schemas.EVENT_TYPE_NAME}, "securitySchemes": security_schemes()},
     }

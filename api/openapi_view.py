@@ -22,6 +22,7 @@ MAX_AGE_SECONDS = 300
         "GET",
         "This description (OpenAPI 3.1), generated from the routes and their declarations.",
         public=True,
+        operation_id="retrieve_openapi_description",
         responses={
             200: Answer("The description.", {"type": "object"}, headers={"ETag": {"type": "string"}}),
             304: Answer("Not modified since the ETag sent as If-None-Match."),

@@ -45,6 +45,7 @@ class Operation:
     - ``responses``: the whole set of answers, for a view that is not wrapped by ``route``
       and so does not answer in the ``/v1`` error shape (the OAuth token endpoint);
       ``form`` is then its form-encoded body.
+    - ``operation_id``: a generated client's name for it, when the path's is wrong.
     """
 
     method: str
@@ -57,6 +58,7 @@ class Operation:
     responses: Mapping[int, Answer] | None = None
     form: Body | None = None
     description: str = ""
+    operation_id: str = ""  # else derived from the method and path (api.openapi.operation_id)
 
 
 def describe(*operations: Operation):

@@ -22,6 +22,7 @@ from charges.states import (
     RefundReason,
     RefundStatus,
 )
+from vpay.api_version import CURRENT, SUPPORTED
 from webhooks.event_types import EventType
 from webhooks.models import AttemptState, DeliveryState
 
@@ -154,16 +155,24 @@ def _deleted(kind: str) -> Schema:
     )
 
 
+# One named enum for every place an event type appears: a client generator names an inline
+# enum after its property (the event's "type", the event_type's "type") and refuses two
+# different enums under one name.
+EVENT_TYPE_NAME: Schema = {**_enum(EventType), "description": "An event's type."}
+
 EVENT = _obj(
     {
         "id": STRING,
         "object": {"const": "event"},
-        "type": _enum(EventType),
+        "type": ref("event_type_name"),
         "created": TIMESTAMP,
         "data": _obj({"object": {"type": "object", "description": "The object as it was when the event happened."}}),
         "livemode": LIVEMODE,
+        "api_version": {**ref("api_version"), "description": "The API version its object was rendered in."},
     },
-    optional=("livemode",),  # an event written before objects carried it renders without
+    # An event written before its object carried livemode, or before events carried their
+    # version, renders without it (its signed body never changes).
+    optional=("livemode", "api_version"),
     description="An event, as it is delivered to webhook endpoints.",
 )
 
@@ -201,7 +210,7 @@ WEBHOOK_DELIVERY = _wire(
     {
         "webhook_endpoint": STRING,
         "event": STRING,
-        "event_type": _enum(EventType),
+        "event_type": ref("event_type_name"),
         "state": _enum(DeliveryState),
         "created": TIMESTAMP,
         "next_attempt": nullable(TIMESTAMP),
@@ -214,7 +223,7 @@ WEBHOOK_DELIVERY = _wire(
 )
 
 EVENT_TYPE = _obj(
-    {"object": {"const": "event_type"}, "type": _enum(EventType), "description": STRING, "livemode": LIVEMODE},
+    {"object": {"const": "event_type"}, "type": ref("event_type_name"), "description": STRING, "livemode": LIVEMODE},
 )
 
 ERROR = _obj(
@@ -225,6 +234,10 @@ ERROR = _obj(
                 "code": {"type": "string", "description": "For machines; the codes each status carries are listed."},
                 "message": {"type": "string", "description": "For humans; never carries a secret."},
                 "param": nullable(STRING),
+                "request_id": {
+                    "type": "string",
+                    "description": "This request's id (req_…), also its Request-Id header: quote it to support.",
+                },
             }
         )
     },
@@ -257,6 +270,12 @@ OAUTH_ERROR = _obj(
     },
     description="The token endpoint's refusals (RFC 6749 §5.2), not the /v1 error shape.",
 )
+
+API_VERSION: Schema = {
+    "type": "string",
+    "enum": list(SUPPORTED),
+    "description": f"A version of the API (its release date); {CURRENT} is the current one.",
+}
 
 OBJECTS: dict[str, Schema] = {
     "payment_intent": PAYMENT_INTENT,

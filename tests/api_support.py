@@ -34,7 +34,9 @@ class MerchantClient:
 
 
 def error_of(response) -> dict:
-    """The body of a refusal, checked to be the common error format; its ``error`` object."""
+    """The body of a refusal, checked to be the common error format, its ``request_id`` the
+    answer's ``Request-Id``; its ``error`` object."""
     body = response.json()
-    assert set(body) == {"error"} and set(body["error"]) == {"type", "code", "message", "param"}
+    assert set(body) == {"error"} and set(body["error"]) == {"type", "code", "message", "param", "request_id"}
+    assert body["error"]["request_id"] == response["Request-Id"]
     return body["error"]

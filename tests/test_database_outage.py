@@ -133,7 +133,8 @@ def test_the_web_process_answers_503_while_the_database_is_down_and_recovers(own
             owned_postgres.start()
         assert down.status == 503, (down, web.output()[-3000:])
         assert down.body["error"]["code"] == "database_unavailable"
-        assert set(down.body["error"]) == {"type", "code", "message", "param"}
+        assert set(down.body["error"]) == {"type", "code", "message", "param", "request_id"}
+        assert down.body["error"]["request_id"] == down.headers["Request-Id"]
         assert int(down.headers["Retry-After"]) >= 1
         assert down.seconds < 3
         up = web.get("/v1/payment_intents", key)

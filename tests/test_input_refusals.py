@@ -29,7 +29,7 @@ RAILS = {"momo": {"base_url": "https://rail.example", "flow": "push", "api_key":
 
 def error_of(response) -> dict:
     body = response.json()
-    assert set(body) == {"error"} and set(body["error"]) == {"type", "code", "message", "param"}, body
+    assert set(body) == {"error"} and set(body["error"]) - {"request_id"} == {"type", "code", "message", "param"}, body
     return body["error"]
 
 
@@ -151,6 +151,7 @@ def test_a_customer_deleted_while_an_intent_is_created_for_it_is_a_400(rails, ca
     response = answer["response"]
     assert response.status_code == 400, response.content
     assert error_of(response) == {
+        "request_id": response["Request-Id"],
         "type": "invalid_request_error",
         "code": "resource_missing",
         "message": f"No such customer: {customer!r}.",

@@ -243,7 +243,7 @@ def test_the_text_formatter_scrubs_exception_text_through_the_filter():
 
 
 def test_settings_put_the_redaction_filter_on_the_console_handler():
-    assert settings.LOGGING["handlers"]["console"]["filters"] == ["count_alerts", "redact"]
+    assert settings.LOGGING["handlers"]["console"]["filters"] == ["request_id", "count_alerts", "redact"]
     assert settings.LOGGING["filters"]["redact"]["()"] == "vpay.logging.RedactSecretsFilter"
     assert settings.LOGGING["filters"]["count_alerts"]["()"] == "vpay.logging.CountAlertsFilter"
 

@@ -31,6 +31,7 @@ def test_over_the_limit_is_a_429_with_retry_after_and_the_error_shape_per_mercha
             "code": "rate_limited",
             "message": "Too many requests: at most 3 per 60 s for a merchant. Retry after the Retry-After seconds.",
             "param": None,
+            "request_id": refused["Request-Id"],
         }
     }
     assert 1 <= int(refused["Retry-After"]) <= 60

@@ -166,6 +166,20 @@ class RedactSecretsFilter(logging.Filter):
         return True
 
 
+class RequestIdFilter(logging.Filter):
+    """Adds ``request_id`` to every record written while a ``/v1`` request is served
+    (``vpay.request_context``), so one request's lines can be found together. Lets every
+    record through."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from vpay.request_context import current_request_id  # Django's signals: not at configure time
+
+        request_id = current_request_id()
+        if request_id is not None and not hasattr(record, "request_id"):
+            record.request_id = request_id
+        return True
+
+
 class CountAlertsFilter(logging.Filter):
     """Counts every record that carries ``alert=True`` in ``vpay_alert_log_lines_total``
     (by logger and level), so that a Prometheus rule sees each line a human must look at,

@@ -70,6 +70,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "api.middleware.ApiRequestMiddleware",  # first: Request-Id on every /v1 answer, even a middleware's refusal
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -311,6 +312,8 @@ LOGGING = {
         "redact": {"()": "vpay.logging.RedactSecretsFilter"},
         # vpay_alert_log_lines_total: every alert=true line, for the Prometheus rules.
         "count_alerts": {"()": "vpay.logging.CountAlertsFilter"},
+        # request_id on every line written while serving a /v1 request (api.middleware).
+        "request_id": {"()": "vpay.logging.RequestIdFilter"},
     },
     "formatters": {
         "json": {"()": "vpay.logging.JsonFormatter"},
@@ -320,7 +323,7 @@ LOGGING = {
         "console": {
             "class": "logging.StreamHandler",
             "formatter": LOG_FORMAT,
-            "filters": ["count_alerts", "redact"],
+            "filters": ["request_id", "count_alerts", "redact"],
         }
     },
     "root": {"handlers": ["console"], "level": LOG_LEVEL},

@@ -61,7 +61,7 @@ def load_delivery(delivery_id: int) -> Loaded | None:
     row = execute_prepared(
         """
         SELECT d.id, d.event_id, d.endpoint_id, e.url, e.deleted_at IS NOT NULL,
-               ev.merchant_id, ev.type, ev.data::text,
+               ev.merchant_id, ev.type, ev.data::text, ev.api_version,
                to_char(ev.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US'),
                array_to_string(ARRAY(
                    SELECT s.sealed FROM webhook_secrets s
@@ -76,13 +76,14 @@ def load_delivery(delivery_id: int) -> Loaded | None:
     )
     if row is None:
         return None
-    did, event_id, endpoint_id, url, deleted, merchant_id, type_, data, created_at, sealed = row
+    did, event_id, endpoint_id, url, deleted, merchant_id, type_, data, version, created_at, sealed = row
     # The event as the ORM would load it: data decoded from the stored JSON text, the instant in UTC.
     event = Event(
         id=event_id,
         merchant_id=merchant_id,
         type=type_,
         data=json.loads(data),
+        api_version=version,
         created_at=datetime.fromisoformat(created_at).replace(tzinfo=UTC),
     )
     return Loaded(int(did), event_id, endpoint_id, url, _bool(deleted), event, sealed.split())

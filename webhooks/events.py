@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from django.db import DatabaseError, connection, transaction
 
 from merchants.models import Merchant
+from vpay import api_version
 from vpay.livemode import with_livemode
 from vpay.prepared import execute_prepared_row
 from webhooks.event_types import EventType
@@ -36,9 +37,10 @@ def emit(merchant: Merchant | str, type: EventType | str, obj: dict) -> Event:
     # emits, and the ORM's insert compile cost the worker more CPU than the statement costs
     # the database. Served by the primary key (the row also enters events_pending_fan_out).
     created_at, fan_out = execute_prepared_row(
-        "INSERT INTO events (id, merchant_id, type, data) VALUES (%s::text, %s::text, %s::text, %s::jsonb)"
+        "INSERT INTO events (id, merchant_id, type, data, api_version)"
+        " VALUES (%s::text, %s::text, %s::text, %s::jsonb, %s::text)"
         " RETURNING to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US'), fan_out",
-        [event_id, merchant_id, event_type.value, json.dumps(data)],
+        [event_id, merchant_id, event_type.value, json.dumps(data), api_version.CURRENT],
     )
     # The instance as the ORM's create() would leave it, the database's defaults read back.
     event = Event.from_db(
@@ -48,6 +50,7 @@ def emit(merchant: Merchant | str, type: EventType | str, obj: dict) -> Event:
             "merchant_id",
             "type",
             "data",
+            "api_version",
             "created_at",
             "fan_out",
             "fan_out_failures",
@@ -59,6 +62,7 @@ def emit(merchant: Merchant | str, type: EventType | str, obj: dict) -> Event:
             merchant_id,
             event_type.value,
             data,
+            api_version.CURRENT,
             datetime.fromisoformat(created_at).replace(tzinfo=UTC),
             fan_out,
             0,
@@ -96,7 +100,8 @@ def render_event(event: Event) -> dict:
 
     The event's ``livemode`` is its object's, as stored when it was written; an event
     written before objects carried it renders as it always did (its signed body must not
-    change between delivery attempts).
+    change between delivery attempts). Its ``api_version`` likewise: the version its object
+    was rendered in when it was written, absent on an event written before events carried it.
     """
     rendered = {
         "id": event.id,
@@ -107,4 +112,6 @@ def render_event(event: Event) -> dict:
     }
     if isinstance(event.data, dict) and "livemode" in event.data:
         rendered["livemode"] = event.data["livemode"]
+    if event.api_version is not None:
+        rendered["api_version"] = event.api_version
     return rendered

@@ -38,6 +38,9 @@ class Event(models.Model):
     merchant = models.ForeignKey("merchants.Merchant", on_delete=models.PROTECT, related_name="events")
     type = models.CharField(max_length=100, choices=EventType.choices)
     data = models.JSONField()
+    # The API version ``data`` was rendered in (vpay.api_version); null for an event written
+    # before events carried one, which renders without it (its signed body never changes).
+    api_version = models.CharField(max_length=10, null=True, blank=True)
     created_at = models.DateTimeField(db_default=Now())
     fan_out = models.CharField(max_length=16, choices=FanOut.choices, db_default=FanOut.PENDING)
     fan_out_failures = models.SmallIntegerField(db_default=0)
