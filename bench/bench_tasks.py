@@ -10,7 +10,8 @@ from __future__ import annotations
 import time
 
 from django.db import connection
-from django_tasks import task
+
+from jobs.tasks_api import task
 
 
 @task

@@ -1,4 +1,5 @@
-"""vpay's queue as a Django Tasks backend (the ``django-tasks`` API, ``django.tasks`` in Django 6).
+"""vpay's queue as a Django Tasks backend: ``django.tasks`` on Django 6, the ``django-tasks``
+backport on Django 5.2 (whichever is installed, through :mod:`jobs.tasks_api`).
 
 Application code writes ``@task`` functions in any importable module and calls
 ``.enqueue()``; the call inserts one ``task`` job in the caller's transaction. The worker
@@ -38,11 +39,6 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
-from django_tasks.backends.base import BaseTaskBackend
-from django_tasks.base import Task, TaskContext, TaskError, TaskResult, TaskResultStatus
-from django_tasks.exceptions import TaskResultDoesNotExist
-from django_tasks.signals import task_enqueued
-from django_tasks.utils import normalize_json
 
 from jobs import queue, registry
 from jobs.context import JobContext
@@ -51,6 +47,17 @@ from jobs.models import DeadLetter, Job, ProcessedJob
 from jobs.outcome import Outcome
 from jobs.retry import RetryPolicy
 from jobs.schema import PayloadSchema
+from jobs.tasks_api import (
+    BaseTaskBackend,
+    Task,
+    TaskContext,
+    TaskError,
+    TaskResult,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+    normalize_json,
+    task_enqueued,
+)
 from vpay.errors import PoisonError, UnrunnableHere
 
 TASK_SCHEMA = PayloadSchema(required={"task": "str", "args": "list", "kwargs": "dict"}, optional={"backend": "str"})

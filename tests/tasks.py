@@ -13,8 +13,8 @@ import threading
 import time
 
 from django.db import connection
-from django_tasks import task
 
+from jobs.tasks_api import task
 from vpay.errors import ConfigurationError, DeferError, PermanentError, TransientError
 
 
@@ -125,7 +125,7 @@ def fail_with_configuration_error(label: str) -> None:
 @task(takes_context=True)
 def record_own_status(context, label: str) -> None:
     """Records the status the Tasks backend reports for this very task while it runs."""
-    from django_tasks import default_task_backend
+    from jobs.tasks_api import default_task_backend
 
     _record(label, default_task_backend.get_result(context.task_result.id).status)
 

@@ -8,13 +8,12 @@ from io import StringIO
 
 import pytest
 from django.core.management import call_command
-from django_tasks import default_task_backend
-from django_tasks.base import TaskResultStatus
 
 from jobs.cancel_decisions import JobPhase
 from jobs.models import DeadLetter
 from jobs.queue import enqueue
 from jobs.services import cancels
+from jobs.tasks_api import TaskResultStatus, default_task_backend
 from tests.conftest import wait_for
 from tests.queue_support import count, scalar
 

@@ -37,7 +37,7 @@ def test_an_older_worker_leaves_a_newer_releases_task_to_a_newer_worker_with_no_
     (newer / "newer_tasks.py").write_text(
         textwrap.dedent(
             """
-            from django_tasks import task
+            from jobs.tasks_api import task
 
             from tests.tasks import _record
 

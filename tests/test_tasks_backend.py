@@ -4,22 +4,22 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
 import uuid
 from datetime import datetime, timedelta
+from pathlib import Path
 
+import django
 import pytest
 from django.db import transaction
 from django.utils import timezone
-from django_tasks import default_task_backend
-from django_tasks.base import TaskResultStatus
-from django_tasks.exceptions import InvalidTaskError, TaskResultDoesNotExist
-from django_tasks.signals import task_enqueued
 
 from jobs import leases, queue, repository
 from jobs.kinds import JobKind
+from jobs.tasks_api import InvalidTask, TaskResultDoesNotExist, TaskResultStatus, default_task_backend, task_enqueued
 from jobs.tasks_backend import VpayTaskBackend, run_after_at
 from jobs.worker import Worker
 from tests import tasks
@@ -71,7 +71,7 @@ def test_a_higher_priority_task_is_claimed_first():
 
 
 def test_enqueue__refuses_a_queue_the_backend_does_not_declare_and_writes_nothing():
-    with pytest.raises(InvalidTaskError, match="Queue 'elsewhere' is not valid"):
+    with pytest.raises(InvalidTask, match="Queue 'elsewhere' is not valid"):
         tasks.record.using(queue_name="elsewhere").enqueue("x")
     assert count("jobs") == 0
 
@@ -82,7 +82,7 @@ def test_enqueue__checks_each_task_object_however_often_its_function_was_enqueue
     tasks.record.enqueue("ok")
     tasks.record.enqueue("ok again")
     for _ in range(2):
-        with pytest.raises(InvalidTaskError, match="Queue 'elsewhere' is not valid"):
+        with pytest.raises(InvalidTask, match="Queue 'elsewhere' is not valid"):
             tasks.record.using(queue_name="elsewhere").enqueue("x")
     assert count("jobs") == 2
 
@@ -261,3 +261,30 @@ def test_run_after_on_a_host_whose_clock_is_off(tmp_path, offset):
 def test_run_after_at_refuses_a_naive_datetime():
     with pytest.raises(ValueError, match="aware"):
         run_after_at(datetime(2030, 1, 1, 9, 0))  # naive: no tzinfo
+
+
+# --- the Tasks API of the installed Django (jobs/tasks_api.py) ------------------------------
+
+
+def test_the_backend_and_its_tasks_speak_the_tasks_api_of_the_installed_django():
+    # Django 6 ships the API as django.tasks; 5.2 has only the backport. A backend built on
+    # the other one would accept a core @task at enqueue and its worker would then refuse it.
+    api = "django.tasks." if django.VERSION >= (6, 0) else "django_tasks."
+    result = tasks.record.enqueue("which api")
+    assert [type(thing).__module__.startswith(api) for thing in (tasks.record, result)] == [True, True]
+    assert any(base.__module__.startswith(api) for base in VpayTaskBackend.__mro__)
+    assert default_task_backend.get_result(result.id).task is tasks.record
+
+
+def test_only_jobs_tasks_api_imports_a_tasks_api_package():
+    # Code written against one of the two (tests' task modules written as text included)
+    # would pass on one Django and break on the other.
+    importing = re.compile(r"^\s*(?:from|import)\s+(?:django_tasks|django\.tasks)\b", re.MULTILINE)
+    offenders = []
+    for folder, subfolders, files in os.walk(ROOT):
+        subfolders[:] = [name for name in subfolders if not name.startswith(".")]  # .venv*, .pgdata, .git
+        for name in files:
+            path = Path(folder, name)
+            if name.endswith(".py") and importing.search(path.read_text()):
+                offenders.append(path.relative_to(ROOT).as_posix())
+    assert offenders == ["jobs/tasks_api.py"]

@@ -7,6 +7,7 @@ from a file named by ``<NAME>_FILE`` (Docker/Kubernetes secrets).
 from __future__ import annotations
 
 from datetime import timedelta
+from importlib.util import find_spec
 from pathlib import Path
 
 import environ
@@ -56,7 +57,9 @@ INSTALLED_APPS = [
     # The ArrayField and the BrinIndex are its; Django 6 refuses to migrate without it (postgres.E005).
     "django.contrib.postgres",
     "django_prometheus",
-    "django_tasks",
+    # The Tasks API: on Django 5.2 the django-tasks backport, an app (its system checks);
+    # Django 6 has it in core (no app). The same test as jobs/tasks_api.py.
+    *([] if find_spec("django.tasks") else ["django_tasks"]),
     "django_otp",
     "django_otp.plugins.otp_totp",
     "axes",
