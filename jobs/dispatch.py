@@ -63,17 +63,21 @@ class Dispatcher:
         self._claiming = threading.Lock()  # one executor claims at a time
         self._handed: queue.SimpleQueue = queue.SimpleQueue()  # claimed for an idle executor
         self._cannot_run: dict[int, float] = {}  # job pk -> until when its claims skip it
+        self._suspect_tries = 0  # --burst: suspects seen since the last claim that took something
 
     def next_job(self) -> ClaimedJob | None:
         """The next job for the calling (idle) executor; None once the worker stops."""
         w = self.worker
         while not w._stopping.is_set():
+            # The generation first: a hand-over and its wake landing after the look at the
+            # queue then end the wait below at once instead of after the idle poll.
+            with w._cv:
+                generation = self._generation
             try:
                 return self._handed.get_nowait()
             except queue.Empty:
                 pass
             with w._cv:
-                generation = self._generation
                 may = self._may_claim()
             if not may or not self._claiming.acquire(blocking=False):
                 self._wait_for_work(generation, w.idle_sleep)  # a hand-over, a turn, a wake
@@ -92,6 +96,7 @@ class Dispatcher:
             finally:
                 self._claiming.release()
             if jobs:
+                self._suspect_tries = 0
                 for job in jobs[1:]:
                     self._handed.put(job)
                 if len(jobs) > 1 or len(jobs) == asked:
@@ -106,6 +111,9 @@ class Dispatcher:
                 continue
             if w.burst and w.running_count() == 0 and self.claim_failures == 0:
                 if self._idle_with_suspects():
+                    if self._suspect_tries:  # one it saw is locked elsewhere: not a busy loop
+                        self._wait_for_work(generation, w.idle_sleep)
+                    self._suspect_tries += 1
                     continue  # the next claim, alone, takes the suspect
                 if w._heartbeating and self._late_holders_waiting():
                     # Jobs held by workers whose beat is late: its reaper (which waits a lease
@@ -211,8 +219,10 @@ class Dispatcher:
         try:
             waiting = leases.suspect_waiting(self.worker.queues, self.worker.kinds)
         except DB_ERRORS:
+            # Not knowing is not "none": back off as a failed claim does, and ask again.
             connection.close()
-            return False
+            self.claim_failures += 1
+            return True
         if waiting:
             with self.worker._cv:
                 self.suspect_waiting = True

@@ -36,7 +36,10 @@ from jobs.repository import (
 # matches). A holder with no row at all (pruned, or a step-method test that never beats) is
 # judged by its leases: one expired lease and all it holds is rescued. The reaper judges
 # nobody until it may (jobs.liveness.MAY_JUDGE: on time for a whole lease, its own last beat
-# on time too), and never itself. `%(judge)s` is NULL for a caller that does not beat.
+# on time too), and never itself. `%(judge)s` is NULL for a caller that does not beat. A
+# supervisor naming a child it saw die (`%(dead)s`) rescues that worker's jobs and judges
+# nobody else: it does not beat, and just after an outage every live worker's beat would
+# look as old as the outage.
 # Then every job of a dead worker is rescued in this one statement (index
 # jobs_job_locked_by_idx), so the count of what it held is whole. Per job, by `together`
 # (what its worker held): stalled (`recoveries` already at the cap) -> dead letter
@@ -44,7 +47,7 @@ from jobs.repository import (
 # otherwise -> back to the queue, attempt spent; beside others -> back, attempt refunded,
 # crashes + 1 (a suspect). Every rescue of a job with a checkpoint counts `recoveries + 1`.
 REAP = f"""
-WITH judge AS (SELECT {MAY_JUDGE} AS ready),
+WITH judge AS (SELECT %(dead)s::text IS NULL AND {MAY_JUDGE} AS ready),
 stale AS (
     SELECT w.id FROM workers w, judge
      WHERE judge.ready AND w.heartbeat_at < now() - make_interval(secs => w.lease_seconds)

@@ -123,7 +123,8 @@ class WorkerProcess:
     def stop(self) -> None:
         if self.proc.poll() is None:
             # A supervisor's children (runworker --processes) would drain for their grace
-            # after it: they go with it.
+            # after it: they go with it. Stopped first, so it forks no replacement meanwhile.
+            self.proc.send_signal(signal.SIGSTOP)
             children = psutil.Process(self.proc.pid).children(recursive=True)
             self.proc.kill()
             for child in children:

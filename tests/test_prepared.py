@@ -15,7 +15,7 @@ from django.test.utils import CaptureQueriesContext, override_settings
 
 from tests.conftest import database_url
 from tests.queue_support import scalar
-from vpay.prepared import _statement, _text, execute_prepared
+from vpay.prepared import _statement, execute_prepared, text_param
 
 INSERT_EFFECT = "INSERT INTO test_effects (label, value) VALUES (%s, %s) RETURNING id, label"
 
@@ -65,13 +65,13 @@ def test_refuses_a_parameter_it_cannot_send_exactly():
     class Id(uuid.UUID):
         pass
 
-    assert _text(Label("x")) == b"x"  # a str subclass is its text
-    assert _text(Id(int=5)) == b"%032x" % 5
+    assert text_param(Label("x")) == b"x"  # a str subclass is its text
+    assert text_param(Id(int=5)) == b"%032x" % 5
     # a list is an array literal, each element sent as itself (vpay.pipelined's array parameters)
-    assert _text([1, None, 'a"b\\']) == b'{"1",NULL,"a\\"b\\\\"}'
-    for value in (Colour.RED, Decimal("1.5"), b"bytes", {1}, [Decimal("1")]):
+    assert text_param([1, None, 'a"b\\']) == b'{"1",NULL,"a\\"b\\\\"}'
+    for value in (Colour.RED, Decimal("1.5"), b"bytes", {1}, [Decimal("1")], [[1]]):
         with pytest.raises(TypeError, match="cannot send"):
-            _text(value)
+            text_param(value)
     with pytest.raises(ValueError, match="placeholders"):
         _statement("SELECT %(name)s")
 

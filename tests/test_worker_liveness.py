@@ -210,3 +210,19 @@ def test_a_burst_worker_sees_work_held_by_a_worker_whose_beat_is_late():
     silence("holder", 7.5)  # later than its 5 s period plus the 2 s margin
     assert liveness.late_holders_waiting("burst")
     assert not liveness.late_holders_waiting("holder")  # never its own
+
+
+@pytest.mark.django_db
+def test_a_supervisors_rescue_of_its_dead_child_judges_nobody_else():
+    from jobs import supervisor
+
+    live, dead = (queue.enqueue(JobKind.TASK, task_payload(), tenant=t) for t in "ab")
+    beat("live-worker")
+    claim("live-worker", lease_seconds=600)
+    silence("live-worker", 60)  # as every worker's beat looks just after an outage
+    beat("sup.1")
+    claim("sup.1", lease_seconds=600)
+    assert supervisor.rescue("sup.1") == 1
+    assert held_by(dead) is None  # the child it saw die: rescued at once, its lease unexpired
+    assert held_by(live) == "live-worker"  # judged by nobody: the supervisor does not beat
+    assert scalar("SELECT count(*) FROM workers WHERE id = 'sup.1'") == 0

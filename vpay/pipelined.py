@@ -5,8 +5,9 @@ The worker's claim is a recursive statement that PostgreSQL took longer to plan 
 (0.8-1.2 ms of planning for 0.8-1.3 ms of execution on a 20,000-job backlog,
 ``bench/out/claim_explain.md``), and the fenced finish pays a round trip for psycopg's
 ``BEGIN`` before its own. Sent as a libpq prepared statement in one pipeline with its
-transaction commands, each costs one round trip and no planning after the first call on a
-connection. Why libpq and not psycopg's ``prepare=True``: psycopg answers every rollback
+transaction commands, each costs one round trip and is parsed once per connection; the
+server plans its first five calls for their parameters and then keeps a generic plan where
+that costs no more (``plan_cache_mode`` auto: seven generic plans after twelve claims). Why libpq and not psycopg's ``prepare=True``: psycopg answers every rollback
 on a connection where it prepared anything with ``DEALLOCATE ALL``, which would also drop
 the statements :mod:`vpay.prepared` keeps there (see that module); here, as there, what is
 prepared is remembered per libpq connection, and psycopg prepares nothing.
@@ -36,7 +37,7 @@ from psycopg import errors as pg_errors
 from psycopg import pq
 from psycopg.adapt import Transformer
 
-from vpay.prepared import _NO_SUCH_STATEMENT, _SQLSTATE, _prepared_names, _text
+from vpay.prepared import NO_SUCH_STATEMENT, SQLSTATE_FIELD, prepared_names, text_param
 
 _IDLE = pq.TransactionStatus.IDLE
 _INTRANS = pq.TransactionStatus.INTRANS
@@ -79,6 +80,10 @@ def execute_pipelined(
     if in_transaction:
         if conn.autocommit or status not in (_IDLE, _INTRANS):
             return None
+        if status == _IDLE and (
+            conn.isolation_level is not None or conn.read_only is not None or conn.deferrable is not None
+        ):
+            return None  # psycopg's BEGIN would carry these; a bare one here would not
         # psycopg sends BEGIN only when it finds the connection idle: once this one has, it
         # finds the transaction open and sends nothing (psycopg's _start_query).
         before = (b"BEGIN", *before) if status == _IDLE else tuple(before)
@@ -87,10 +92,11 @@ def execute_pipelined(
     db.validate_thread_sharing()
     db.validate_no_broken_transaction()
     name, dollar_sql, order = _statement(sql)
-    values = [_text(params[key]) for key in order]
-    # wrap_database_errors: callers see Django's exceptions, as from a Django cursor.
+    # wrap_database_errors: callers see Django's exceptions, as from a Django cursor (a value
+    # psycopg would refuse, such as a NUL in a text, included).
     with db.wrap_database_errors, conn.lock:
-        prepared = _prepared_names(pgconn)
+        values = [text_param(params[key]) for key in order]
+        prepared = prepared_names(pgconn)
         try:
             try:
                 result = _run(pgconn, prepared, name, dollar_sql, values, before, after)
@@ -100,13 +106,20 @@ def execute_pipelined(
                 if in_transaction:
                     raise psycopg.OperationalError("a prepared statement vanished inside a transaction") from None
                 _end_own_transaction(pgconn)
-                result = _run(pgconn, prepared, name, dollar_sql, values, before, after)
-        except (psycopg.Error, _Retry):
+                try:
+                    result = _run(pgconn, prepared, name, dollar_sql, values, before, after)
+                except _Retry:
+                    raise psycopg.OperationalError("a prepared statement vanished twice in a row") from None
+        except psycopg.Error:
             if not in_transaction:
                 _end_own_transaction(pgconn)  # its own transaction, aborted: never leave it open
             raise
         if not result.ntuples:
             return []
+        # set_pgresult/load_rows are the loading protocol psycopg's own cursors use
+        # (psycopg.abc.Transformer), not documented API: they decode the rows exactly as a
+        # cursor would, for the price of two calls (psycopg is pinned; tests/test_pipelined.py
+        # compares the claim's rows with the plain path's, type by type).
         transformer = Transformer(conn)
         transformer.set_pgresult(result)
         return transformer.load_rows(0, result.ntuples, tuple)
@@ -151,7 +164,7 @@ def _run(
                 pgconn.finish()  # results left unread (an error on the way): unusable for anyone else
     failed = next((r for r in results if r is not None and r.status not in _OK and r.status != _ABORTED), None)
     if failed is not None:
-        if failed.error_field(_SQLSTATE) == _NO_SUCH_STATEMENT:
+        if failed.error_field(SQLSTATE_FIELD) == NO_SUCH_STATEMENT:
             prepared.discard(name)
             raise _Retry
         raise pg_errors.error_from_result(failed, encoding="utf-8")
@@ -181,12 +194,27 @@ def _get(pgconn: pq.abc.PGconn) -> pq.abc.PGresult | None:
             return pgconn.get_result()
         if pgconn.status != _CONNECTION_OK:
             raise psycopg.OperationalError("the connection is lost")
-        select.select([pgconn.socket], [], [])
+        _wait(pgconn, select.POLLIN)
 
 
 def _flush(pgconn: pq.abc.PGconn) -> None:
+    # libpq: while a flush is incomplete, read what the server sends meanwhile, or both
+    # sides may wait on full buffers.
     while pgconn.flush():
-        select.select([pgconn.socket], [pgconn.socket], [])
+        if _wait(pgconn, select.POLLIN | select.POLLOUT) & select.POLLIN:
+            pgconn.consume_input()
+
+
+def _wait(pgconn: pq.abc.PGconn, events: int) -> int:
+    """Wait (the GIL released) until the socket is ready; poll, not select: any fd number.
+    No timeout, as psycopg's own wait: the server's statement_timeout bounds a statement,
+    and a dead peer makes the socket readable."""
+    poller = select.poll()
+    poller.register(pgconn.socket, events | select.POLLERR | select.POLLHUP)
+    ready = 0
+    for _, happened in poller.poll():
+        ready |= happened
+    return ready
 
 
 def _statement(sql: str) -> tuple[bytes, bytes, list[str]]:

@@ -44,8 +44,8 @@ _IDLE = pq.TransactionStatus.IDLE
 _COMMAND_OK = pq.ExecStatus.COMMAND_OK
 _CONNECTION_OK = pq.ConnStatus.OK
 _RESULT_OK = (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK)
-_SQLSTATE = pq.DiagnosticField.SQLSTATE
-_NO_SUCH_STATEMENT = b"26000"  # invalid_sql_statement_name
+SQLSTATE_FIELD = pq.DiagnosticField.SQLSTATE
+NO_SUCH_STATEMENT = b"26000"  # invalid_sql_statement_name
 
 # (sql -> (statement name, the sql with $n placeholders)), built once per statement text.
 _STATEMENTS: dict[str, tuple[bytes, bytes]] = {}
@@ -79,14 +79,14 @@ def execute_prepared(sql: str, params: Sequence) -> tuple | None:
 
 def _exec_libpq(pgconn: pq.abc.PGconn, sql: str, params: Sequence, *, own_transaction: bool) -> tuple | None:
     name, dollar_sql = _statement(sql)
-    prepared = _prepared_names(pgconn)
-    values = [_text(p) for p in params]
+    prepared = prepared_names(pgconn)
+    values = [text_param(p) for p in params]
     while True:
         if name not in prepared:
             _check(pgconn, pgconn.prepare(name, dollar_sql), _COMMAND_OK)
             prepared.add(name)
         result = pgconn.exec_prepared(name, values)
-        if result.status in _RESULT_OK or result.error_field(_SQLSTATE) != _NO_SUCH_STATEMENT:
+        if result.status in _RESULT_OK or result.error_field(SQLSTATE_FIELD) != NO_SUCH_STATEMENT:
             break
         # Deallocated under us (DEALLOCATE ALL, DISCARD ALL): prepare it again. In autocommit
         # the failed call was its own transaction and did nothing, so it is simply retried; in
@@ -124,7 +124,7 @@ _PREPARED: dict[int, tuple[pq.abc.PGconn, set[bytes]]] = {}
 _PREPARED_LOCK = threading.Lock()
 
 
-def _prepared_names(pgconn: pq.abc.PGconn) -> set[bytes]:
+def prepared_names(pgconn: pq.abc.PGconn) -> set[bytes]:
     entry = _PREPARED.get(id(pgconn))
     if entry is not None and entry[0] is pgconn:
         return entry[1]
@@ -166,12 +166,14 @@ _TEXT = {
 }
 
 
-def _array_text(values: list | tuple) -> bytes:
+def _array_param(values: list | tuple) -> bytes:
     """A list as a PostgreSQL array literal: every element quoted, ``"`` and ``\\`` escaped,
     None as NULL (the server types it from the statement's cast, ``%s::bigint[]``)."""
     parts = []
     for value in values:
-        text = _text(value)
+        if type(value) is list or type(value) is tuple:
+            raise TypeError("execute_prepared cannot send a nested list (a multi-dimensional array)")
+        text = text_param(value)
         if text is None:
             parts.append(b"NULL")
         else:
@@ -179,11 +181,11 @@ def _array_text(values: list | tuple) -> bytes:
     return b"{" + b",".join(parts) + b"}"
 
 
-def _text(value) -> bytes | None:
+def text_param(value) -> bytes | None:
     if value is None:
         return None
     if type(value) is list or type(value) is tuple:
-        return _array_text(value)
+        return _array_param(value)
     try:
         return _TEXT[type(value)](value)
     except KeyError:

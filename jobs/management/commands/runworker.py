@@ -178,8 +178,9 @@ class Command(BaseCommand):
         return 0
 
     def _run_worker(self, opts: dict, queues: list[str], options, worker_id: str, *, interrupt: bool = True) -> None:
-        """Run one Worker in this process until drained or stopped. ``interrupt``: SIGINT
-        stops it too (a supervised child leaves SIGINT to its supervisor)."""
+        """Run one Worker in this process until drained or stopped. ``interrupt``: SIGTERM and
+        SIGINT each count (the second exits now); a supervised child (False) leaves SIGINT to
+        its supervisor, drains at any SIGTERM and exits now at SIGQUIT."""
         worker = Worker(
             worker_id=worker_id,
             concurrency=opts["concurrency"],
@@ -207,9 +208,23 @@ class Command(BaseCommand):
             # Only set flags here; the main loop does the work.
             worker.request_stop()
 
-        signal.signal(signal.SIGTERM, on_signal)
+        def on_supervised_signal(signum, frame):
+            # Under a supervisor (jobs.supervisor): every SIGTERM means drain (one may come
+            # from the supervisor and one from a signal to the whole group); SIGQUIT, the
+            # supervisor's second, means exit now.
+            if signum == signal.SIGQUIT:
+                if not worker.stopping:
+                    worker.request_stop()
+                worker.request_stop()  # a second call: exit now
+            elif not worker.stopping:
+                worker.request_stop()
+
         if interrupt:
+            signal.signal(signal.SIGTERM, on_signal)
             signal.signal(signal.SIGINT, on_signal)
+        else:
+            signal.signal(signal.SIGTERM, on_supervised_signal)
+            signal.signal(signal.SIGQUIT, on_supervised_signal)
 
         report, abandoned = worker.run()
         self.stdout.write(f"runworker report: {report.line()}")
