@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.api_support import error_of
+from tests.api_support import error_of, refusal_of
 from tests.charges_support import (
     Merchant,
     charge_of,
@@ -114,7 +114,7 @@ def test_an_amount_outside_its_currencys_bounds_is_a_400_naming_them_and_the_bou
         before = counts()
         response = acme.call("POST", path, {"amount": amount, "currency": currency, "rail": "sandbox_push"})
         assert response.status_code == 400, response.content
-        assert error_of(response) == {
+        assert refusal_of(response) == {
             "type": "invalid_request_error",
             "code": "parameter_out_of_range",
             "param": "amount",
