@@ -42,9 +42,12 @@ def test_the_migration_gives_every_existing_delivery_a_random_id_and_new_ones_ge
         assert "public_id" not in [
             c.name for c in connection.introspection.get_table_description(connection.cursor(), "webhook_deliveries")
         ]
-        with transaction.atomic():
-            for i in range(3):
-                emit(merchant, EventType.PAYMENT_INTENT_SUCCEEDED, {"id": f"pi_{i}", "object": "payment_intent"})
+        # Events as that schema holds them (today's emit writes columns it did not have yet).
+        for i in range(3):
+            sql(
+                "INSERT INTO events (id, merchant_id, type, data) VALUES (%s, %s, %s, %s::jsonb)",
+                [f"evt_old_{i}", merchant.id, EventType.PAYMENT_INTENT_SUCCEEDED.value, f'{{"id": "pi_{i}"}}'],
+            )
         # The fan-out's own insert, on the old schema (it names no public_id).
         with transaction.atomic():
             from webhooks import repository
