@@ -13,8 +13,9 @@ PostgreSQL, the kernel) and the worker processes' own CPU per job, from /proc an
                              [--workers 1] [--processes 1]
 
 ``--ref``: a commit (exported with ``git archive`` to a scratch folder) or ``WORKTREE`` (this
-checkout as it is). Both run on the schema of this checkout's migrations: compare versions
-without a migration between them. Results: bench/out/drain_ab.jsonl and one line per turn on
+checkout as it is). Each turn makes the database afresh with its version's own migrations;
+the backlog is enqueued by this checkout's code, so the versions compared must share the
+``jobs`` table's shape. Results: bench/out/drain_ab.jsonl and one line per turn on
 stdout. Nothing else heavy should run meanwhile (bench/run.sh's quiet-machine rule).
 """
 
@@ -58,7 +59,24 @@ def export(ref: str, into: Path) -> Path:
     return tree
 
 
+def migrated_for(tree: Path) -> None:
+    """The bench database made afresh with ``tree``'s own migrations: a worker refuses a
+    database holding migrations its code does not know."""
+    from django.db import connection
+
+    connection.close()
+    bv.ensure_db(fresh=True)
+    subprocess.run(
+        [sys.executable, str(tree / "manage.py"), "migrate", "--no-input", "-v", "0"],
+        cwd=str(tree),
+        env=bv.worker_env(),
+        check=True,
+    )
+    bv.sql(bv.LAT_DDL)  # bench_vpay's own table, which its reset empties
+
+
 def turn(tree: Path, ref: str, concurrency: int, n: int, workers: int, processes: int, rep: int) -> dict:
+    migrated_for(tree)
     bv.reset()
     bv.prefill(n)
     bv.settle()
