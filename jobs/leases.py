@@ -94,6 +94,9 @@ _UNRUNNABLE_FOR = "extract(epoch FROM now() - j.unrunnable_since)::float8"
 # worker leaves a newer release's kinds for the newer workers, no attempt spent (a kind no
 # worker claims for long is reported: jobs.unclaimable). `skip`: jobs this worker found it
 # cannot run a moment ago (a newer task path), left to the others for a while (jobs.dispatch).
+# Never a job whose cancel was requested while it ran and that is free again (rescued from a
+# dead worker, handed back): the cancel sweep ends it (jobs.cancels); the rescue's NOTIFY
+# would otherwise let a claim run it again in the moment before the sweep.
 # Neither is in jobs_job_claimable_idx: an older worker steps over a tenant's backlog of a
 # kind it lacks row by row, on every claim, for as long as the deploy lasts (cost not yet
 # measured with a large such backlog; an index led by kind would remove it).
@@ -132,6 +135,7 @@ locked AS (
         SELECT j.id, j.tenant, j.priority, j.run_at FROM jobs j
          WHERE j.locked_at IS NULL AND j.run_at <= now() AND j.queue = ANY(%(queues)s) AND j.kind = ANY(%(kinds)s)
            AND j.tenant = tenants.tenant AND j.crashes = 0 AND j.id <> ALL(%(skip)s)
+           AND j.cancel_requested_at IS NULL
          ORDER BY j.priority, j.run_at
          LIMIT (SELECT k FROM share)
          FOR UPDATE SKIP LOCKED) c
@@ -224,7 +228,7 @@ UPDATE jobs j
 {_TAKE_LEASE}
   FROM (SELECT id FROM jobs
          WHERE locked_at IS NULL AND crashes > 0 AND run_at <= now() AND queue = ANY(%(queues)s)
-           AND kind = ANY(%(kinds)s)
+           AND kind = ANY(%(kinds)s) AND cancel_requested_at IS NULL
          ORDER BY run_at LIMIT 1
          FOR UPDATE SKIP LOCKED) s
  WHERE j.id = s.id
@@ -264,7 +268,7 @@ def claim_suspect(
 # dispatcher's claim stays one statement.
 _SUSPECT_WAITING = """
 SELECT EXISTS (SELECT 1 FROM jobs WHERE locked_at IS NULL AND crashes > 0 AND run_at <= now() AND queue = ANY(%s)
-                 AND kind = ANY(%s))
+                 AND kind = ANY(%s) AND cancel_requested_at IS NULL)
 """
 
 

@@ -290,3 +290,32 @@ def test_the_command_refuses_a_bad_id_an_unknown_id_a_blank_reason_and_a_charge_
     with pytest.raises(CommandError, match="no such user"):
         call_command("jobs", "cancel", str(poll), "--reason", "stuck", "--user", "nobody")
     assert count("dead_letters") == 0
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("suspect", [False, True], ids=["ordinary", "suspect"])
+def test_a_free_job_whose_cancel_was_requested_is_never_claimed_again(suspect):
+    # Rescued from a dead worker or handed back with its request on the row: the cancel
+    # sweep ends it. A claim woken by the rescue's NOTIFY must not run it again first.
+    job_id = queue.enqueue(JobKind.TASK, task_payload())
+    live_worker()
+    claim("worker-a")
+    cancel(job_id, "stop it")
+    execute(
+        "UPDATE jobs SET locked_at = NULL, locked_by = NULL, lease_token = NULL, lease_expires_at = NULL,"
+        " crashes = %s WHERE job_id = %s",
+        [1 if suspect else 0, job_id],
+    )
+    assert claim("worker-b").jobs == []
+    taken = leases.claim_suspect(
+        worker="worker-b",
+        queues=["default"],
+        kinds=[JobKind.TASK.value],
+        lease_seconds=30.0,
+        kind_leases={},
+        default_lease=30.0,
+    )
+    assert taken is None
+    assert not leases.suspect_waiting(["default"], [JobKind.TASK.value])
+    worker = Worker(worker_id="worker-b", concurrency=1)
+    assert worker.run_once() == 0
