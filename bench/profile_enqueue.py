@@ -71,7 +71,7 @@ def main() -> None:
         "noop.enqueue() (Tasks API)": noop.enqueue,
         "jobs.queue.enqueue()": lambda: queue.enqueue(JobKind.TASK, payload),
         "vpay.prepared.execute_prepared()": lambda: prepared.execute_prepared(repository._INSERT_ONE_FRESH, params()),
-        "PQexecPrepared alone (the floor)": lambda: pgconn.exec_prepared(name, [prepared._text(p) for p in params()]),
+        "PQexecPrepared alone (the floor)": lambda: pgconn.exec_prepared(name, [prepared.text_param(p) for p in params()]),
     }
     wall: dict[str, list[float]] = {k: [] for k in layers}
     cpu: dict[str, list[float]] = {k: [] for k in layers}
