@@ -150,6 +150,7 @@ def main() -> None:
     bv.setup()
     with tempfile.TemporaryDirectory(prefix="vpay-drain-ab-") as scratch:
         trees = {ref: export(ref, Path(scratch)) for ref in args.ref}
+        bv.OUT.mkdir(parents=True, exist_ok=True)
         with open(bv.OUT / "drain_ab.jsonl", "a") as out:
             for rep in range(1, args.reps + 1):
                 for ref, tree in trees.items():

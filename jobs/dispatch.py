@@ -101,10 +101,10 @@ class Dispatcher:
                     self._handed.put(job)
                 if len(jobs) > 1 or len(jobs) == asked:
                     # The idle executors these were claimed for; and, when the claim took all
-                    # it asked for (more may be due), any executor that wanted its turn at
-                    # the lock meanwhile. A claim that came up short wakes nobody: the queue
-                    # is drained, and the next NOTIFY or idle poll brings the next claim.
-                    self.wake()
+                    # it asked for (more may be due), one more, for the next claim. A claim
+                    # that came up short wakes nobody else: the queue is drained, and the
+                    # next NOTIFY or idle poll brings the next claim.
+                    self.wake(len(jobs) - 1 + (len(jobs) == asked))
                 return jobs[0]
             if jobs is None:  # the claim failed: back off
                 self._wait_for_work(generation, self._backoff())
@@ -238,11 +238,19 @@ class Dispatcher:
     def _backoff(self) -> float:
         return min(self.worker.idle_sleep * (2 ** min(self.claim_failures - 1, 10)), CLAIM_BACKOFF_CAP)
 
-    def wake(self) -> None:
+    def wake(self, executors: int | None = None) -> None:
+        """A new generation; ``executors``: how many idle executors it is for (all when None).
+        One per job handed over, not all: waking every idle executor per claim had each of
+        them take the GIL only to find the hand-over queue empty (a tenth of the worker's
+        time in a no-op drain, bench/RESULTS.md). One left asleep still sees the new
+        generation at its next wake or idle poll."""
         w = self.worker
         with w._cv:
             self._generation += 1
-            w._cv.notify_all()
+            if executors is None:
+                w._cv.notify_all()
+            elif executors > 0:
+                w._cv.notify(executors)
 
     def _wait_for_work(self, generation: int, timeout: float) -> None:
         """Wait for a wake newer than ``generation`` (taken before the claim, so a NOTIFY

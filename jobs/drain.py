@@ -45,7 +45,7 @@ def wait_and_drain(w: Worker) -> bool:
         # The completer is gone or stuck: acknowledge what it holds here, or a clean exit
         # would leave finished jobs leased by a worker whose row is about to go, for the
         # reaper to rescue as if it had crashed (attempts spent, the last a dead letter).
-        w.settler.finish(w._completer.take_unflushed())
+        w.settler.finish(*w._completer.take_unflushed())
         release_pending_settles(w)
     if abandoned and not w._exit_now.is_set():
         release_everything_held(w)
@@ -87,7 +87,7 @@ def release_everything_held(w: Worker) -> None:
     at every deploy (its last one a dead letter). Except a handler already past its
     kind's timeout: that attempt failed on its own, and is spent.
     """
-    w.settler.finish(w._completer.take_unflushed())
+    w.settler.finish(*w._completer.take_unflushed())
     w.dispatcher.unstarted()
     with w._cv:
         held = list(w._running.values())

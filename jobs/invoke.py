@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import connection, transaction
+from psycopg import pq
 
 from jobs import cancels, fence, registry, repository
 from jobs.context import JobContext, LeaseLost
@@ -52,6 +53,9 @@ class Ran:
     settle: Settle
     committed: bool = False  # the fenced transaction already deleted the row: nothing left to write
     duplicate: bool = False  # the fence says its effect already happened
+    # A fenced job whose handler wrote nothing: its fence row (this subject) goes with its
+    # finish in the completer's batch (run_job's ``defer_fence``).
+    fence_subject: str | None = None
 
 
 class _Undo(Exception):
@@ -77,11 +81,15 @@ def run_job(
     concurrency: int | None,
     worker_id: str | None = None,
     unrunnable_window: float | None = None,
+    defer_fence: bool = False,
 ) -> Ran:
     """Run ``job``'s handler and decide its settle. ``ctx_holder`` receives the
     :class:`JobContext` as soon as it exists (the maintenance thread watches its clock).
     ``unrunnable_window``: how long a job this process cannot run is left for another
-    (``VPAY_JOB_UNRUNNABLE_WINDOW_SECONDS`` when None; 0 where no other process could run it)."""
+    (``VPAY_JOB_UNRUNNABLE_WINDOW_SECONDS`` when None; 0 where no other process could run it).
+    ``defer_fence``: the caller acknowledges finishes with their fences in batches
+    (:class:`jobs.settling.Completer`), so a fenced handler that wrote nothing need not
+    commit a transaction of its own."""
     window = settings.VPAY_JOB_UNRUNNABLE_WINDOW_SECONDS if unrunnable_window is None else unrunnable_window
     spec = registry.get(job.kind)
     poison = poison_reason(spec, job)
@@ -110,6 +118,14 @@ def run_job(
             outcome = _call(spec, ctx)
             if outcome.action is not Action.DONE:
                 raise _Undo(outcome)  # no effect and no fence row for an unfinished body
+            if defer_fence and not rowless(job) and wrote_nothing():
+                # Nothing reached the database in this transaction and nothing waits on
+                # its commit, so there is no effect for the fence to hold together with the
+                # finish: both go in the completer's next batch, one statement for many
+                # jobs, instead of a transaction and a WAL flush of this job's own. Lost
+                # with that batch (a crash first), the job runs again, as it would had
+                # this transaction been lost; its fence row still arrives with its delete.
+                return Ran(Settle(Disposition.FINISHED), fence_subject=subject(spec, job))
             fenced, finished, overtaken = repository.fence_and_finish(
                 fences=[(job.job_id, job.kind, subject(spec, job))],
                 leases=[(job.id, job.lease_token)],
@@ -208,6 +224,15 @@ def database_went_away(exc: BaseException, own: psycopg.Connection | None) -> bo
     # The job's connection is gone, and the error is one of losing a connection (a handler
     # that closed its own connection and then hit a statement timeout on a new one is not).
     return (own.closed or own.broken) and connection_lost(exc, closed=False)
+
+
+def wrote_nothing() -> bool:
+    """Inside the fenced ``atomic()``: no statement has reached the server (psycopg sends
+    ``BEGIN`` with the first one) and no ``on_commit`` callback waits for the commit."""
+    raw = connection.connection
+    return (
+        raw is not None and raw.pgconn.transaction_status == pq.TransactionStatus.IDLE and not connection.run_on_commit
+    )
 
 
 def _call(spec: registry.KindSpec, ctx: JobContext) -> Outcome:

@@ -154,23 +154,69 @@ def copy_jobs(rows: Iterable[tuple]) -> int:
 
 # --- settle ---------------------------------------------------------------------------
 
+# The completer's batch: delete finished jobs still held under their leases (primary key,
+# guarded on the token) and, for the fenced ones whose handler wrote nothing (jobs.invoke:
+# no transaction of theirs to fence), insert their fence rows, only for the rows whose
+# delete matched: a lost lease writes neither. A fence row already there (another run of
+# the job_id committed first) is left alone and the job is reported as a duplicate; its
+# delete stands, as the fenced path's duplicate is finished too. Fence rows by primary key
+# (ON CONFLICT on processed_jobs_pkey).
 _FINISH_MANY = """
-DELETE FROM jobs j
- USING unnest(%s::bigint[], %s::uuid[]) AS s(id, token)
- WHERE j.id = s.id AND j.lease_token = s.token
-RETURNING j.id, j.cancel_requested_at IS NOT NULL, j.cancel_requested_by, j.cancel_reason
+WITH finished AS (
+    DELETE FROM jobs j
+     USING unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS s(id, token)
+     WHERE j.id = s.id AND j.lease_token = s.token
+    RETURNING j.id, j.job_id, j.cancel_requested_at IS NOT NULL AS requested, j.cancel_requested_by, j.cancel_reason
+),
+fenced AS (
+    INSERT INTO processed_jobs (job_id, kind, subject, processed_at, expires_at)
+    SELECT d.job_id, f.kind, f.subject, now(), now() + make_interval(secs => %(ttl)s)
+      FROM unnest(%(fence_ids)s::bigint[], %(fence_kinds)s::text[], %(fence_subjects)s::text[])
+           AS f(id, kind, subject)
+      JOIN finished d ON d.id = f.id
+    ON CONFLICT (job_id) DO NOTHING
+    RETURNING job_id
+)
+SELECT d.id, d.requested, d.cancel_requested_by, d.cancel_reason,
+       d.job_id IN (SELECT job_id FROM fenced)
+  FROM finished d
 """
 
 
-def finish_many(leases: Sequence[tuple[int, uuid.UUID]], overtaken: list | None = None) -> set[int]:
+def finish_many(
+    leases: Sequence[tuple[int, uuid.UUID]],
+    overtaken: list | None = None,
+    *,
+    fences: dict[int, tuple[str, str]] | None = None,
+    ttl_seconds: float = 0.0,
+    duplicates: set[int] | None = None,
+) -> set[int]:
     """Delete finished jobs still held under these leases; returns the ids that matched.
     ``overtaken`` receives (id, requested_by, reason) of each deleted job that carried a
-    cancel request its handler never saw (jobs.cancels: the finish overtook it)."""
+    cancel request its handler never saw (jobs.cancels: the finish overtook it).
+
+    ``fences``: job pk -> (kind, subject) of the fenced jobs among them whose handler wrote
+    nothing; each gets its fence row (kept ``ttl_seconds``) in the same statement, if its
+    delete matched. ``duplicates`` receives the pks whose fence row already existed."""
     if not leases:
         return set()
-    rows = sql.bookkeeping_rows(_FINISH_MANY, [[i for i, _ in leases], [t for _, t in leases]])
+    fences = fences or {}
+    rows = sql.bookkeeping_rows(
+        _FINISH_MANY,
+        {
+            "ids": [i for i, _ in leases],
+            "tokens": [t for _, t in leases],
+            "ttl": ttl_seconds,
+            "fence_ids": list(fences),
+            "fence_kinds": [kind for kind, _ in fences.values()],
+            "fence_subjects": [subject[:255] for _, subject in fences.values()],
+        },
+        prepared=True,
+    )
     if overtaken is not None:
         overtaken.extend((r[0], r[2], r[3]) for r in rows if r[1])
+    if duplicates is not None:
+        duplicates.update(r[0] for r in rows if r[0] in fences and not r[4])
     return {r[0] for r in rows}
 
 

@@ -23,7 +23,7 @@ import uuid
 import psycopg
 from django.db import DatabaseError, InterfaceError, connection
 
-from jobs import cancels, leases, repository
+from jobs import cancels, fence, leases, repository
 from jobs.decisions import Disposition, Settle
 from jobs.invoke import job_fields
 from jobs.kinds import JobKind
@@ -49,20 +49,32 @@ class Settler:
 
     # --- writes -------------------------------------------------------------------------
 
-    def finish(self, jobs: list[ClaimedJob]) -> None:
-        """Delete finished jobs (one statement), guarded on their tokens."""
+    def finish(self, jobs: list[ClaimedJob], fences: dict[int, str] | None = None) -> None:
+        """Delete finished jobs (one statement), guarded on their tokens. ``fences``: job pk
+        -> fence subject of the fenced jobs among them whose handler wrote nothing
+        (:attr:`jobs.invoke.Ran.fence_subject`): their fence rows go in the same statement."""
         if not jobs:
             return
         overtaken: list = []
+        duplicates: set[int] = set()
+        by_id = {j.id: j for j in jobs}
         try:
-            matched = repository.finish_many([(j.id, j.lease_token) for j in jobs], overtaken)
+            matched = repository.finish_many(
+                [(j.id, j.lease_token) for j in jobs],
+                overtaken,
+                fences={pk: (by_id[pk].kind, subject) for pk, subject in (fences or {}).items() if pk in by_id},
+                ttl_seconds=fence.ttl_seconds(),
+                duplicates=duplicates,
+            )
         except DB_ERRORS as exc:
             for job in jobs:
                 self.failed(job, exc)
             return
-        by_id = {j.id: j for j in jobs}
         for job_pk, requested_by, reason in overtaken:
             cancels.note_overtaken(by_id[job_pk], requested_by, reason)
+        for job_pk in duplicates:
+            metrics.DUPLICATES_SKIPPED.labels(kind=by_id[job_pk].kind).inc()
+            logger.info("duplicate job skipped by the fence", extra=job_fields(by_id[job_pk]))
         for job in jobs:
             if job.id in matched:
                 self.count(job, Disposition.FINISHED)
@@ -207,13 +219,16 @@ class Completer:
     def __init__(self, settler: Settler) -> None:
         self.settler = settler
         self._finished: list[ClaimedJob] = []
+        self._fences: dict[int, str] = {}  # job pk -> fence subject (Settler.finish)
         self._cv = threading.Condition()
         self._closed = False
         self._busy = False
 
-    def add(self, job: ClaimedJob) -> None:
+    def add(self, job: ClaimedJob, fence_subject: str | None = None) -> None:
         with self._cv:
             self._finished.append(job)
+            if fence_subject is not None:
+                self._fences[job.id] = fence_subject
             self._cv.notify()
 
     def run(self) -> None:
@@ -224,10 +239,10 @@ class Completer:
                     self._cv.wait_for(lambda: self._finished or self._closed)
                     if not self._finished and self._closed:
                         return
-                    batch, self._finished = self._finished, []
+                    batch, fences = self._take()
                     self._busy = True
                 try:
-                    self.settler.finish(batch)
+                    self.settler.finish(batch, fences)
                 finally:
                     with self._cv:
                         self._busy = False
@@ -246,8 +261,12 @@ class Completer:
         with self._cv:
             return self._cv.wait_for(lambda: not self._finished and not self._busy, timeout)
 
-    def take_unflushed(self) -> list[ClaimedJob]:
-        """What was never written (the thread is gone): the caller settles it."""
+    def take_unflushed(self) -> tuple[list[ClaimedJob], dict[int, str]]:
+        """What was never written (the thread is gone), with its fences: the caller settles it."""
         with self._cv:
-            batch, self._finished = self._finished, []
-            return batch
+            return self._take()
+
+    def _take(self) -> tuple[list[ClaimedJob], dict[int, str]]:
+        batch, fences = self._finished, self._fences
+        self._finished, self._fences = [], {}
+        return batch, fences

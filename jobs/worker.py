@@ -234,7 +234,7 @@ class Worker:
     def _listener(self, source: WakeSource):
         params = connect_params(source, self.worker_id)
         return lambda: listen(
-            params=params, queues=self.queues, wake=self._wake, stopping=self._stopping, poll=self.idle_sleep
+            params=params, queues=self.queues, wake=self._wake_one, stopping=self._stopping, poll=self.idle_sleep
         )
 
     def _guarded(self, name: str, target) -> None:
@@ -285,6 +285,9 @@ class Worker:
     def _wake(self) -> None:
         self.dispatcher.wake()
 
+    def _wake_one(self) -> None:  # new work (a NOTIFY): one executor claims, and wakes more if it fills
+        self.dispatcher.wake(1)
+
     def check_suspects(self) -> None:
         self.dispatcher.check_suspects()
 
@@ -309,6 +312,7 @@ class Worker:
                 running.ctx_holder,
                 concurrency=self.concurrency,
                 worker_id=self.worker_id if self._heartbeating else None,
+                defer_fence=True,
             )
             faultpoints.reached("job.ran", job.kind)
             disposition = ran.settle.disposition
@@ -318,9 +322,9 @@ class Worker:
                 self.settler.count(job, Disposition.FINISHED)
             elif disposition is Disposition.FINISHED:
                 if self._heartbeating:
-                    self._completer.add(job)
+                    self._completer.add(job, ran.fence_subject)
                 else:
-                    self.settler.finish([job])
+                    self.settler.finish([job], None if ran.fence_subject is None else {job.id: ran.fence_subject})
             else:
                 self.settler.apply(job, ran.settle)
             return disposition
@@ -392,7 +396,9 @@ class Worker:
     def run_once(self) -> int:
         """Claim one job (a due suspect first), run it on this thread and settle it. Returns
         how many jobs were claimed (0 or 1). Leases are the kinds' own (no heartbeat)."""
-        self.dispatcher.suspect_waiting = self.dispatcher.suspect_waiting or leases.suspect_waiting(self.queues, self.kinds)
+        self.dispatcher.suspect_waiting = self.dispatcher.suspect_waiting or leases.suspect_waiting(
+            self.queues, self.kinds
+        )
         jobs = self._claim(1, alone=True)
         for job in jobs or []:
             self.run_claimed(job)

@@ -106,6 +106,14 @@ def noop() -> None:
 
 
 @task
+def record_on_commit(label: str) -> None:
+    """Writes nothing itself, but leaves its effect for the commit of its transaction."""
+    from django.db import transaction
+
+    transaction.on_commit(lambda: _record(label))
+
+
+@task
 def record_pid(label: str) -> None:
     _record(label, str(os.getpid()))
 

@@ -14,6 +14,8 @@ from prometheus_client import REGISTRY
 from jobs import fence, queue, repository
 from jobs.kinds import JobKind
 from jobs.models import DeadLetter
+from jobs.report import Report
+from jobs.settling import Settler
 from jobs.worker import Worker
 from tests import tasks
 from tests.queue_support import claim, count, execute, expire_lease, rows, scalar, task_payload
@@ -301,3 +303,64 @@ def test_replaying_a_dead_letter_in_bulk_twice_has_exactly_one_effect(effects, s
     assert worker.report().finished == 2
     assert effects("bulk") == [("bulk", "")]
     assert count("processed_jobs", "job_id = %s", [job_id]) == 1
+
+
+# --- 9. a fenced handler that wrote nothing: its fence rides with the batched finish -------
+
+
+def _run_deferring(path: str, *args):
+    from jobs.invoke import run_job
+
+    queue.enqueue(JobKind.TASK, task_payload(path, *args), tenant="t")
+    job = claim().jobs[0]
+    return job, run_job(job, [], concurrency=1, defer_fence=True)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_fenced_handler_that_wrote_nothing_leaves_its_fence_to_the_batched_finish():
+    job, ran = _run_deferring("tests.tasks.noop")
+    assert (ran.committed, ran.fence_subject) == (False, "tests.tasks.noop")
+    assert count("processed_jobs") == 0 and count("jobs") == 1  # nothing written yet
+    settler = Settler(Report())
+    settler.finish([job], {job.id: ran.fence_subject})
+    assert count("jobs") == 0
+    assert rows("SELECT job_id, kind, subject FROM processed_jobs") == [(job.job_id, "task", "tests.tasks.noop")]
+    assert settler.report.finished == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_fenced_handler_that_wrote_or_waits_on_its_commit_commits_its_own_transaction(effects):
+    _, ran = _run_deferring("tests.tasks.record", "own")
+    assert (ran.committed, ran.fence_subject) == (True, None)
+    _, ran = _run_deferring("tests.tasks.record_on_commit", "after-commit")
+    assert (ran.committed, ran.fence_subject) == (True, None)  # its callback ran after the fence's commit
+    assert effects("after-commit") == [("after-commit", "")]
+    assert count("processed_jobs") == 2 and count("jobs") == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_batched_fence_is_written_only_with_a_delete_that_matched_and_a_second_one_is_a_duplicate():
+    held, ran_held = _run_deferring("tests.tasks.noop")
+    lost, ran_lost = _run_deferring("tests.tasks.noop")
+    again, ran_again = _run_deferring("tests.tasks.noop")
+    plain = queue.enqueue(JobKind.TASK, task_payload(), tenant="t")
+    unfenced = claim().jobs[0]
+    assert unfenced.job_id == plain
+    execute("UPDATE jobs SET lease_token = gen_random_uuid() WHERE id = %s", [lost.id])  # taken over
+    # Another run of `again`'s job_id committed its fence first.
+    execute(
+        "INSERT INTO processed_jobs (job_id, kind, subject, processed_at, expires_at)"
+        " VALUES (%s, 'task', '', now(), now() + interval '1 day')",
+        [again.job_id],
+    )
+    before = duplicates_skipped()
+    settler = Settler(Report())
+    settler.finish(
+        [held, lost, again, unfenced],
+        {held.id: ran_held.fence_subject, lost.id: ran_lost.fence_subject, again.id: ran_again.fence_subject},
+    )
+    assert {r[0] for r in rows("SELECT job_id FROM processed_jobs")} == {held.job_id, again.job_id}
+    assert rows("SELECT subject FROM processed_jobs WHERE job_id = %s", [again.job_id]) == [("",)]
+    assert rows("SELECT id FROM jobs") == [(lost.id,)]  # the successor holds it
+    assert duplicates_skipped() == before + 1
+    assert settler.report.finished == 3 and settler.report.lost == 1

@@ -125,13 +125,14 @@ def test_the_claim_answers_the_same_rows_prepared_and_plain():
     assert fast.next_after and plain.next_after
 
 
-def test_a_fenced_job_finishes_through_the_prepared_fence_in_its_own_transaction():
+def test_a_fenced_job_that_writes_finishes_through_the_prepared_fence_in_its_own_transaction():
     from jobs import repository
     from jobs.worker import Worker
 
-    job_id = queue.enqueue(JobKind.TASK, task_payload(), tenant="t")
+    job_id = queue.enqueue(JobKind.TASK, task_payload("tests.tasks.record", "wrote"), tenant="t")
     assert Worker(worker_id="w", concurrency=1).run_once() == 1
     assert prepared_here(repository._FENCE_AND_FINISH) == 1
+    assert committed("wrote")
     with connection.cursor() as cursor:
         cursor.execute("SELECT count(*) FROM processed_jobs WHERE job_id = %s", [job_id])
         assert cursor.fetchone()[0] == 1
