@@ -10,7 +10,7 @@ one version, from launch until the last task row is gone. Reported per turn: job
 PostgreSQL, the kernel) and the worker processes' own CPU per job, from /proc and rusage.
 
     python bench/drain_ab.py --ref HEAD~1 --ref WORKTREE [--concurrency 16] [--n 10000] [--reps 2]
-                             [--workers 1] [--processes 1]
+                             [--workers 1] [--processes N]
 
 ``--ref``: a commit (exported with ``git archive`` to a scratch folder) or ``WORKTREE`` (this
 checkout as it is). Each turn makes the database afresh with its version's own migrations;
@@ -75,7 +75,7 @@ def migrated_for(tree: Path) -> None:
     bv.sql(bv.LAT_DDL)  # bench_vpay's own table, which its reset empties
 
 
-def turn(tree: Path, ref: str, concurrency: int, n: int, workers: int, processes: int, rep: int) -> dict:
+def turn(tree: Path, ref: str, concurrency: int, n: int, workers: int, processes: int | None, rep: int) -> dict:
     migrated_for(tree)
     bv.reset()
     bv.prefill(n)
@@ -93,7 +93,7 @@ def turn(tree: Path, ref: str, concurrency: int, n: int, workers: int, processes
                 "--burst",
                 "--concurrency",
                 str(concurrency),
-                *(["--processes", str(processes)] if processes > 1 else []),
+                *(["--processes", str(processes)] if processes else []),
             ],
             cwd=str(tree),
             stdout=log,
@@ -145,7 +145,9 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=10000)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--workers", type=int, default=1, help="runworker commands started per turn")
-    ap.add_argument("--processes", type=int, default=1, help="each runworker's --processes (a ref that has it)")
+    ap.add_argument(
+        "--processes", type=int, default=None, help="each runworker's --processes (default: runworker's own default)"
+    )
     args = ap.parse_args()
     bv.setup()
     with tempfile.TemporaryDirectory(prefix="vpay-drain-ab-") as scratch:

@@ -38,11 +38,16 @@ class Ceiling:
     source: str
 
 
+# The cores this process may run on (its CPU affinity, which a container's cpuset narrows).
+MACHINE_CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
 # runworker's options: (flag, env var, default, parse). The env var is the deployment's
 # knob (a container's environment); the flag wins over it; the default is the runner's.
 _OPTIONS: dict[str, tuple[str, str | None, object, Callable[[str], object]]] = {
     "concurrency": ("--concurrency", "VPAY_WORKER_CONCURRENCY", 4, int),
-    "processes": ("--processes", "VPAY_WORKER_PROCESSES", 1, int),
+    # A process per core: one worker's Python runs on one core at a time (bench/RESULTS.md,
+    # "Cost per job": two processes of 16 drained the no-op backlog 1.4-1.75x faster than one).
+    "processes": ("--processes", "VPAY_WORKER_PROCESSES", MACHINE_CORES, int),
     "queues": ("--queues", "VPAY_WORKER_QUEUES", "default", str),
     "heartbeat": ("--heartbeat", "VPAY_WORKER_HEARTBEAT_SECONDS", 5.0, float),
     "grace": ("--grace", "VPAY_WORKER_GRACE_SECONDS", 30.0, float),

@@ -75,6 +75,10 @@ class WorkerProcess:
     def __init__(self, *args: str, env: dict[str, str] | None = None, log_path: Path | None = None) -> None:
         full_env = {
             **os.environ,
+            # One process, the worker itself, unless a test asks for more or for the default
+            # (VPAY_WORKER_PROCESSES="": a process per core, as the rehearsals run): most
+            # tests name, signal and count one worker.
+            "VPAY_WORKER_PROCESSES": "1",
             "DATABASE_URL": database_url(),
             "VPAY_LOG_FORMAT": "json",
             "PYTHONUNBUFFERED": "1",

@@ -34,7 +34,10 @@ def test_a_15s_outage_under_two_busy_workers_at_the_defaults_rescues_nothing(
     )
     manage(url, "shell", "-c", code)
     workers = [
-        start_worker("--concurrency", "1", "--worker-id", f"live-{i}", env={"DATABASE_URL": url}).wait_started()
+        # runworker's defaults but the slots: a process per core (VPAY_WORKER_PROCESSES unset).
+        start_worker(
+            "--concurrency", "1", "--worker-id", f"live-{i}", env={"DATABASE_URL": url, "VPAY_WORKER_PROCESSES": ""}
+        ).wait_started()
         for i in range(2)
     ]
     wait_for(

@@ -1,7 +1,8 @@
 """``runworker --processes N``: real supervisor and worker processes against the test database
 (jobs.supervisor). They drain one backlog together, each effect once; a child killed with
 SIGKILL has its jobs rescued by the supervisor at once (not a lease later) and is replaced;
-SIGTERM drains every child."""
+SIGTERM drains every child. The kill and the drain run at runworker's default process count
+(a process per core), as a deployment does."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import time
 import psutil
 import pytest
 
+from jobs.ceilings import MACHINE_CORES
 from jobs.queue import enqueue_many
 from tests.conftest import wait_for
 from tests.test_worker_process import (
@@ -25,6 +27,10 @@ from tests.test_worker_process import (
 )
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("effects")]
+
+# runworker's own default (the suite pins one process per runworker otherwise: tests/conftest.py).
+DEFAULT_PROCESSES = {"VPAY_WORKER_PROCESSES": ""}
+several_cores = pytest.mark.skipif(MACHINE_CORES < 2, reason="the default is one process on a one-core machine")
 
 
 def records(worker) -> list[dict]:
@@ -52,16 +58,17 @@ def test_processes_drain_one_backlog_together_each_effect_once(start_worker):
     assert task_rows() == 0 and dead_letters() == []
 
 
+@several_cores
 def test_a_killed_child_has_its_jobs_rescued_at_once_and_is_replaced(start_worker):
     total = 40
     # Slow enough that a child always holds jobs when it is killed; the default beat (5 s)
     # makes the lease 12 s: a rescue well inside that is the supervisor's, not a lease's.
     enqueue_many(task_request("record_pid_slowly", f"kill-{i:03d}", 0.5, max_attempts=5) for i in range(total))
-    supervisor = start_worker("--processes", "2", "--concurrency", "2", "--worker-id", "sup")
+    supervisor = start_worker("--concurrency", "2", "--worker-id", "sup", env=DEFAULT_PROCESSES)
     wait_for(lambda: scalar("SELECT count(*) FROM jobs WHERE locked_by = 'sup.1'") > 0, 60, 0.05, "sup.1 holding jobs")
     pids = {p.pid for p in psutil.Process(supervisor.proc.pid).children()}
     (victim_pid,) = sql("SELECT pid FROM workers WHERE id = 'sup.1'")[0]
-    assert len(pids) == 2 and victim_pid in pids, (pids, victim_pid)
+    assert len(pids) == MACHINE_CORES and victim_pid in pids, (pids, victim_pid)
     victim = psutil.Process(victim_pid)
     victim.kill()
 
@@ -90,11 +97,13 @@ def test_a_killed_child_has_its_jobs_rescued_at_once_and_is_replaced(start_worke
     assert task_rows() == 0 and dead_letters() == []
 
 
+@several_cores
 def test_sigterm_drains_every_child_and_exits_zero_even_when_the_whole_group_gets_it(start_worker):
     enqueue_many(task_request("record_pid_slowly", f"term-{i:02d}", 1.0) for i in range(4))
-    supervisor = start_worker("--processes", "2", "--concurrency", "2", "--worker-id", "sup")
+    supervisor = start_worker("--concurrency", "2", "--worker-id", "sup", env=DEFAULT_PROCESSES)
     wait_for(lambda: scalar("SELECT count(*) FROM jobs WHERE locked_at IS NOT NULL") == 4, 60, 0.05, "4 jobs running")
     children = psutil.Process(supervisor.proc.pid).children()
+    assert len(children) == MACHINE_CORES
     supervisor.signal(signal.SIGTERM)
     # As a stop sent to the whole process group (systemd, kill -- -PGID) also reaches each
     # child: a second SIGTERM is still "drain", never "exit now". (A moment apart: two
@@ -108,3 +117,39 @@ def test_sigterm_drains_every_child_and_exits_zero_even_when_the_whole_group_get
     assert scalar("SELECT count(*) FROM workers WHERE id LIKE 'sup.%'") == 0  # clean exits deregister
     for child in children:
         assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
+
+
+@several_cores
+@pytest.mark.slow
+def test_a_backlog_survives_repeated_sigkills_of_children_at_the_defaults_each_effect_once(start_worker):
+    """The SIGKILL rehearsal at runworker's defaults (a process per core, 4 slots each, the
+    5 s beat): three children killed mid-backlog, one after another; the supervisor rescues
+    each one's jobs and replaces it, and every effect lands exactly once."""
+    total = 400
+    enqueue_many(task_request("record_pid_slowly", f"kills-{i:04d}", 0.05) for i in range(total))
+    supervisor = start_worker("--worker-id", "sup", env=DEFAULT_PROCESSES)
+    killed = []
+    for round_ in range(3):
+        before = effect_count("kills-")
+        wait_for(lambda before=before: effect_count("kills-") >= before + 40, 60, 0.05, f"40 more effects ({round_})")
+        holders = sql("SELECT w.id, w.pid FROM workers w JOIN jobs j ON j.locked_by = w.id GROUP BY w.id, w.pid")
+        assert holders, "no child holds a job"
+        victim_id, victim_pid = holders[0]
+        psutil.Process(victim_pid).kill()
+        killed.append(victim_id)
+        wait_for(
+            lambda victim_id=victim_id: scalar("SELECT count(*) FROM jobs WHERE locked_by = %s", [victim_id]) == 0,
+            20,
+            0.05,
+            f"{victim_id}'s jobs rescued",
+        )
+    assert effect_count("kills-") < total, "the backlog ran out before the last kill; the rehearsal proves nothing"
+    wait_for(lambda: effect_count("kills-") >= total and task_rows() == 0, 180, 0.1, "the backlog to drain")
+    supervisor.signal(signal.SIGTERM)
+    assert supervisor.wait(timeout=60) == 0, supervisor.output()[-3000:]
+    ended = [r["worker_id"] for r in records(supervisor) if r.get("message", "").startswith("a worker process ended")]
+    assert sorted(ended) == sorted(killed)
+    assert duplicated_labels("kills-") == []
+    assert effect_count("kills-") == total
+    assert dead_letters() == []
+    assert scalar("SELECT count(*) FROM processed_jobs WHERE kind = 'task'") == total

@@ -51,8 +51,8 @@ class Command(BaseCommand):
             type=int,
             default=None,
             help="Worker processes, each with --concurrency executors, forked after setup and supervised: "
-            "a dead one's jobs are rescued at once and it is replaced (default 1: this process is the "
-            "worker; VPAY_WORKER_PROCESSES). See docs/runner.md, 'Processes'.",
+            "a dead one's jobs are rescued at once and it is replaced (default: the cores this process may "
+            "run on; 1 makes this process the worker; VPAY_WORKER_PROCESSES). See docs/runner.md, 'Processes'.",
         )
         parser.add_argument(
             "--queues",
