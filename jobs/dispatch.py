@@ -46,6 +46,9 @@ CANNOT_RUN_SECONDS = 60.0
 SUSPECT_DRAIN_SECONDS = 30.0
 SUSPECT_DRAIN_PAUSE_SECONDS = 60.0
 CANNOT_RUN_MEMORY = 1000
+# How long an executor that has connected waits for its siblings to connect before claiming
+# (Dispatcher.executor_ready): a bound, so one whose connect hangs holds nobody back for long.
+EXECUTORS_READY_SECONDS = 5.0
 
 
 class Dispatcher:
@@ -64,6 +67,25 @@ class Dispatcher:
         self._handed: queue.SimpleQueue = queue.SimpleQueue()  # claimed for an idle executor
         self._cannot_run: dict[int, float] = {}  # job pk -> until when its claims skip it
         self._suspect_tries = 0  # --burst: suspects seen since the last claim that took something
+        self._unconnected = worker.concurrency  # executors that have not yet tried to connect
+        self._all_connected = threading.Event()
+
+    def executor_ready(self) -> None:
+        """An executor opens its connection, then waits (bounded) until every executor has,
+        before any of them claims. A claim hands jobs to the idle executors at once; at a
+        cold start one still connecting would start its job tens of milliseconds after its
+        siblings (two slow jobs claimed together, one of them late). A connect that fails is
+        left to the claim, which backs off while the database is away."""
+        try:
+            connection.ensure_connection()
+        except DB_ERRORS:
+            pass
+        w = self.worker
+        with w._cv:
+            self._unconnected -= 1
+            if self._unconnected <= 0:
+                self._all_connected.set()
+        self._all_connected.wait(EXECUTORS_READY_SECONDS)
 
     def next_job(self) -> ClaimedJob | None:
         """The next job for the calling (idle) executor; None once the worker stops."""

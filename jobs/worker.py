@@ -296,6 +296,7 @@ class Worker:
     def _execute(self) -> None:
         """An executor: run one job at a time, claiming when idle (jobs.dispatch)."""
         try:
+            self.dispatcher.executor_ready()
             while (job := self.dispatcher.next_job()) is not None:
                 self.run_claimed(job)
         finally:
