@@ -17,6 +17,7 @@ at a time stops claiming until what it runs has finished, then claims the suspec
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -76,10 +77,8 @@ class Dispatcher:
         cold start one still connecting would start its job tens of milliseconds after its
         siblings (two slow jobs claimed together, one of them late). A connect that fails is
         left to the claim, which backs off while the database is away."""
-        try:
+        with contextlib.suppress(*DB_ERRORS):
             connection.ensure_connection()
-        except DB_ERRORS:
-            pass
         w = self.worker
         with w._cv:
             self._unconnected -= 1
