@@ -480,9 +480,17 @@ def explain(n: int) -> dict:
     held = [(j.id, j.lease_token) for j in res.jobs]
     texts.append(
         _explain(
-            f"finish_many (DELETE of one batch of {len(held)})",
+            f"finish_many (DELETE of one batch of {len(held)}, each with its fence row, as the completer"
+            " acknowledges fenced no-ops)",
             repository._FINISH_MANY,
-            [[i for i, _ in held], [t for _, t in held]],
+            {
+                "ids": [i for i, _ in held],
+                "tokens": [t for _, t in held],
+                "ttl": 3600.0,
+                "fence_ids": [i for i, _ in held],
+                "fence_kinds": [j.kind for j in res.jobs],
+                "fence_subjects": [NOOP_PATH for _ in res.jobs],
+            },
         )
     )
     timings["finish_many"] = _exec_ms(texts[-1])
