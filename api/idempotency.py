@@ -19,8 +19,8 @@ from typing import NamedTuple
 
 from django.db import connection
 
-from jobs.context import JobContext
-from jobs.housekeeping import StepResult, delete_in_rounds
+from jobs.maintenance.housekeeping import StepResult, delete_in_rounds
+from jobs.runner.context import JobContext
 from vpay import sealing
 
 TTL_SQL = "interval '24 hours'"

@@ -25,8 +25,8 @@ import math
 from django.conf import settings
 from django.db import connection
 
-from jobs.context import JobContext
-from jobs.housekeeping import StepResult, delete_in_rounds
+from jobs.maintenance.housekeeping import StepResult, delete_in_rounds
+from jobs.runner.context import JobContext
 from vpay.errors import RateLimited
 
 KEY_MAX = 200  # api_rate_limit_keys.key

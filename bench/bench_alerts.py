@@ -7,7 +7,7 @@ missing, migrations applied, emptied first):
 
 * dead-letter write: ``--jobs`` task jobs (default 2000) are enqueued and claimed, then
   dead-lettered one by one with the worker's own settle statement
-  (``jobs.repository.dead_letter``: delete + dead letter + ``alerts`` row + ``send_alert``
+  (``jobs.storage.repository.dead_letter``: delete + dead letter + ``alerts`` row + ``send_alert``
   job, one asynchronous-commit round trip), and, as the baseline, the same number through
   the statement as it was before alerts (delete + dead letter only). Median and p95 per
   job, in microseconds.
@@ -68,8 +68,10 @@ def empty_tables() -> None:
 
 
 def claimed_jobs(n: int) -> list:
-    from jobs import leases, queue, registry
+    from jobs import registry
+    from jobs.adapters import postgres as queue
     from jobs.kinds import JobKind
+    from jobs.storage import leases
 
     queue.enqueue_many(
         queue.JobRequest("task", {"task": "bench.nowhere", "args": [i], "kwargs": {}}, max_attempts=1) for i in range(n)
@@ -107,7 +109,7 @@ RETURNING id
 
 
 def time_dead_letters(n: int, *, with_alerts: bool) -> list[float]:
-    from jobs import repository, sql
+    from jobs.storage import repository, sql
 
     jobs = claimed_jobs(n)
     samples = []

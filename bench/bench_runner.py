@@ -105,7 +105,7 @@ def vpay_mixed(rep: int) -> dict:
     from django.db import connection
 
     from bench.bench_vpay import noop_payload
-    from jobs import queue
+    from jobs.adapters import postgres as queue
 
     connection.close()
     with psycopg.connect(dsn(), autocommit=True) as c:
@@ -163,7 +163,7 @@ def pgqueuer_mixed(rep: int, peers_dir: Path) -> dict:
 def crash_cost(rep: int, neighbours: int = 30) -> dict:
     from django.db import connection
 
-    from jobs import queue
+    from jobs.adapters import postgres as queue
 
     connection.close()
     with psycopg.connect(dsn(), autocommit=True) as c:

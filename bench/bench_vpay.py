@@ -7,7 +7,7 @@ same PostgreSQL (127.0.0.1:5432, role root), database ``bench_vpay`` (created if
 
 * enqueue of 10,000 no-op jobs: ``tests.tasks.noop.enqueue()`` one by one in autocommit
   (the Django Tasks API), ``jobs.queue.enqueue()`` one by one (diagnostic: the queue
-  without the Tasks layer), ``jobs.queue.enqueue_many`` of all 10,000 in one call, and in
+  without the Tasks layer), ``jobs.adapters.postgres.enqueue_many`` of all 10,000 in one call, and in
   chunks of 1,000. One warm-up call before the clock starts, like the peers.
 * drain of 20,000 pre-enqueued ``tests.tasks.noop`` jobs by one
   ``manage.py runworker --burst --concurrency N`` process (VPAY_LOG_LEVEL=WARNING),
@@ -178,7 +178,7 @@ def enqueue_tasks_one_by_one(n: int) -> float:
 
 
 def enqueue_queue_one_by_one(n: int) -> float:
-    from jobs import queue
+    from jobs.adapters import postgres as queue
     from jobs.kinds import JobKind
 
     reset()
@@ -196,9 +196,9 @@ def enqueue_bulk(n: int, chunk: int, distinct: bool = False) -> float:
     the timed region. As the peers' harness does (``[PAYLOAD] * n``), the list repeats one
     request; ``distinct`` builds a fresh request and payload dict per job instead (what an
     application holding 10,000 different payloads pays on top, mostly allocation)."""
-    from jobs import queue
+    from jobs.adapters import postgres as queue
+    from jobs.adapters.postgres import JobRequest
     from jobs.kinds import JobKind
-    from jobs.queue import JobRequest
 
     reset()
     queue.enqueue_many([JobRequest(JobKind.TASK, noop_payload())])
@@ -218,9 +218,9 @@ def enqueue_bulk(n: int, chunk: int, distinct: bool = False) -> float:
 def prefill(n: int) -> None:
     from django.db import connection
 
-    from jobs import queue
+    from jobs.adapters import postgres as queue
+    from jobs.adapters.postgres import JobRequest
     from jobs.kinds import JobKind
-    from jobs.queue import JobRequest
 
     for start in range(0, n, 1000):
         k = min(n, start + 1000) - start
@@ -384,7 +384,7 @@ def latency(n: int, rep: int, concurrency: int, spacing: float = 0.2, idle: floa
 
 # ---------- EXPLAIN ANALYZE of the claim ----------
 def default_batch() -> int:
-    # A worker claims one job per free executor (jobs.worker): a claim for 16 free executors.
+    # A worker claims one job per free executor (jobs.runner.worker): a claim for 16 free executors.
     return 16
 
 
@@ -422,7 +422,8 @@ def _explain(label: str, statement: str, params) -> str:
 def explain(n: int) -> dict:
     from django.db import connection, transaction
 
-    from jobs import leases, registry, repository
+    from jobs import registry
+    from jobs.storage import leases, repository
 
     reset()
     prefill(n)

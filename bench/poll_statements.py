@@ -1,7 +1,7 @@
 """Statements per settled charge, and the limits a run is compared with.
 
 ``count_statements``: a backlog (``charges_backlog``) polled in this process by a
-``jobs.worker.Worker`` at concurrency 1, one claimed job at a time, every statement its
+``jobs.runner.worker.Worker`` at concurrency 1, one claimed job at a time, every statement its
 connection sends counted (``connection.execute_wrapper``: savepoints included) and
 grouped by shape, and the transactions committed counted from ``pg_stat_database`` (this
 process is the database's only client meanwhile). The claim takes one job per statement
@@ -35,7 +35,7 @@ def count_statements(merchant_and_ids) -> dict:
     from django.db import connection
 
     from bench.charges_backlog import make_backlog
-    from jobs.worker import Worker
+    from jobs.runner.worker import Worker
 
     merchant, ids = merchant_and_ids
     make_backlog(merchant, ids)

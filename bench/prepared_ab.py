@@ -6,7 +6,7 @@ machine's drift cancels out of the ratio.
 
 Uses ``bench/bench_vpay.py``'s database and its unchanged ``enqueue_tasks_one_by_one``
 (``noop.enqueue()`` through the Tasks API, one durable commit each) and
-``enqueue_queue_one_by_one`` (``jobs.queue.enqueue``). ``VPAY_DB_PREPARED_STATEMENTS`` is
+``enqueue_queue_one_by_one`` (``jobs.adapters.postgres.enqueue``). ``VPAY_DB_PREPARED_STATEMENTS`` is
 what turns the path off in production (behind a transaction-pooling PgBouncer); here it is
 flipped on the live settings between turns. Writes ``bench/out/prepared_ab.jsonl``.
 """

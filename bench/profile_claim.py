@@ -3,7 +3,7 @@
     python bench/profile_claim.py [--n 1000] [--backlog 6000]
 
 Three ways to run the fair claim for one job on a backlog of no-op tasks, each N times on one
-connection: as the worker runs it today (``jobs.sql.bookkeeping``: one simple-protocol round
+connection: as the worker runs it today (``jobs.storage.sql.bookkeeping``: one simple-protocol round
 trip, planned every time, asynchronous commit); prepared once with libpq and executed in
 autocommit (synchronous commit); prepared and executed inside ``BEGIN; SET LOCAL
 synchronous_commit TO off`` … ``COMMIT`` (three round trips). Prints microseconds per claim.
@@ -39,7 +39,9 @@ def main() -> None:
     from django.db import connection
 
     from bench.bench_vpay import noop_payload
-    from jobs import leases, queue, registry, sql
+    from jobs import registry
+    from jobs.adapters import postgres as queue
+    from jobs.storage import leases, sql
 
     with connection.cursor() as c:
         c.execute("TRUNCATE jobs, processed_jobs, dead_letters RESTART IDENTITY")

@@ -53,8 +53,9 @@ def main() -> None:
     django.setup()
     from django.db import connection
 
-    from jobs import queue, repository
+    from jobs.adapters import postgres as queue
     from jobs.kinds import JobKind
+    from jobs.storage import repository
     from tests.tasks import noop
     from vpay import prepared
 

@@ -74,9 +74,9 @@ class Producer(threading.Thread):
     def run(self) -> None:
         from django.db import connection
 
-        from jobs import queue
+        from jobs.adapters import postgres as queue
+        from jobs.adapters.postgres import JobRequest
         from jobs.kinds import JobKind
-        from jobs.queue import JobRequest
 
         per_tick = max(self.rate // 10, 1)
         rng = random.Random(7)
@@ -124,7 +124,8 @@ class ClaimProbe(threading.Thread):
     def run(self) -> None:
         from django.db import connection, transaction
 
-        from jobs import leases, registry
+        from jobs import registry
+        from jobs.storage import leases
 
         kind_leases = {s.kind.value: s.lease_seconds for s in registry.all_specs()}
         try:
@@ -249,9 +250,9 @@ def main() -> None:
     emit(held)
 
     bench_vpay.reset()
-    from jobs import queue
+    from jobs.adapters import postgres as queue
+    from jobs.adapters.postgres import JobRequest
     from jobs.kinds import JobKind
-    from jobs.queue import JobRequest
 
     t0 = time.monotonic()
     for start in range(0, args.delayed, 10_000):

@@ -43,7 +43,7 @@ def main() -> int:
         from django.db import connection
         from django.test.utils import CaptureQueriesContext
 
-        from jobs.worker import Worker
+        from jobs.runner.worker import Worker
         from webhooks.services.fanout import drain_once
 
         merchant = bw.setup_merchant(receiver, 1)

@@ -14,8 +14,8 @@ class ChargesConfig(AppConfig):
         from charges.services import polling, refund_polling  # noqa: F401
         from charges.services.checkout_expiry import expire_checkout_sessions
         from customers.retention import register_in_use
-        from jobs.ceilings import register_ceilings
-        from jobs.housekeeping import register_sweep_step
+        from jobs.maintenance.housekeeping import register_sweep_step
+        from jobs.primitives.ceilings import register_ceilings
 
         register_ceilings("charges", rail_ceilings)
         # Checkout sessions past 24 h expire in the hourly sweep_expired.

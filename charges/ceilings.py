@@ -1,9 +1,9 @@
-"""The charges app's ceilings for ``jobs.ceilings``: rails in flight, a worker's share of
+"""The charges app's ceilings for ``jobs.primitives.ceilings``: rails in flight, a worker's share of
 them, the rails' breakers, and the recovery policy's caps (charges/policy.py)."""
 
 from __future__ import annotations
 
-from jobs.ceilings import Ceiling, Scope, setting
+from jobs.primitives.ceilings import Ceiling, Scope, setting
 
 
 def rail_ceilings(scope: Scope) -> list[Ceiling]:

@@ -7,7 +7,7 @@ read the charge); neither ever reads this host's clock.
 from __future__ import annotations
 
 from charges.policy import RecoveryPolicy
-from jobs.ask_again import Ladder
+from jobs.primitives.ask_again import Ladder
 
 
 def ladder(policy: RecoveryPolicy) -> Ladder:

@@ -1,7 +1,7 @@
 """``RefundPolicy`` and the two pure tables a refund's poll decides with. No clock, no database.
 
 A refund is driven like a charge (docs/charges.md, "Refunds"): its own ladder and horizon,
-as data for the runner's poll-with-backoff primitive (``jobs.ask_again.Ladder``), and a
+as data for the runner's poll-with-backoff primitive (``jobs.primitives.ask_again.Ladder``), and a
 crash-recovery table over the same evidence a charge's uses. The table is smaller than a
 charge's because only the worker ever sends a refund: no web request can be inside a rail
 call for it (so there is nothing to ``Wait`` for), and there is no redirect flow (so no
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from charges.recovery import SubmitEvidence
 from charges.settlement import Settlement, settle
 from charges.states import ChargeStatus, RailStatus, RefundStatus
-from jobs.ask_again import Ladder
+from jobs.primitives.ask_again import Ladder
 
 # Refunds settle more slowly than payments (the rail moves money back through its own
 # batches), so the ladder starts at 30 s and reaches its hourly rung sooner.

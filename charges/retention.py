@@ -17,9 +17,9 @@ from django.conf import settings
 from django.db import connection
 
 from charges.states import CHARGE_LIVE, REFUND_LIVE
-from jobs.context import JobContext
-from jobs.housekeeping import StepResult
-from jobs.paging import delete_in_pages
+from jobs.maintenance.housekeeping import StepResult
+from jobs.maintenance.paging import delete_in_pages
+from jobs.runner.context import JobContext
 
 PAGE = 1000
 _LIVE = sorted(CHARGE_LIVE)

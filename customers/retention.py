@@ -18,11 +18,11 @@ from django.db import connection, transaction
 
 from customers.wire import render_deleted
 from jobs import registry
-from jobs.context import JobContext
 from jobs.kinds import JobKind
-from jobs.outcome import Outcome
-from jobs.paging import sweep_in_pages
-from jobs.schema import PayloadSchema
+from jobs.maintenance.paging import sweep_in_pages
+from jobs.primitives.schema import PayloadSchema
+from jobs.runner.context import JobContext
+from jobs.runner.outcome import Outcome
 from webhooks.event_types import EventType
 from webhooks.events import emit
 

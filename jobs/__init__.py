@@ -4,6 +4,6 @@ Code running inside a job reaches the runner through ``current_job()``; its
 ``heartbeat()`` raises ``JobCancelled`` once an operator has cancelled the job.
 """
 
-from jobs.current import JobCancelled, NoCurrentJob, current_job
+from jobs.runner.current import JobCancelled, NoCurrentJob, current_job
 
 __all__ = ["JobCancelled", "NoCurrentJob", "current_job"]

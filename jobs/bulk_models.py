@@ -1,5 +1,5 @@
 """Bulk operations: an operator's "do this to everything matching a filter", submitted in
-O(1) rows and expanded by the queue (``jobs.expansion``).
+O(1) rows and expanded by the queue (``jobs.primitives.expansion``).
 
 Submit writes the envelope (:class:`BulkOperation`) and one ``bulk_expand`` job, whatever
 the number of matches. The expansion pages through the matches and writes one
@@ -16,7 +16,7 @@ from django.db.models.functions import Now
 
 
 class BulkOperationKind(models.TextChoices):
-    """The closed set of bulk operations; each is registered in ``jobs.expansion``."""
+    """The closed set of bulk operations; each is registered in ``jobs.primitives.expansion``."""
 
     REPLAY_DEAD_LETTERS = "replay_dead_letters", "Replay pending dead letters matching a filter"
     RESEND_DELIVERIES = "resend_deliveries", "Resend webhook deliveries that failed in a window"

@@ -31,7 +31,7 @@ class JobKind(models.TextChoices):
     """Singleton: recovers expired attempt leases, re-enqueues due deliveries that lost their job."""
 
     SEND_ALERT = "send_alert", "Send one alert (log line and webhook)"
-    """One row of ``alerts`` (``jobs.alerts``): its ``alert=true`` log line and its POST to
+    """One row of ``alerts`` (``jobs.operator.alerts``): its ``alert=true`` log line and its POST to
     ``ALERT_WEBHOOK_URL``, each at most once."""
 
     POLL_CHARGE = "poll_charge", "Poll a charge's rail until it settles"
@@ -47,7 +47,7 @@ class JobKind(models.TextChoices):
     """Singleton, every 10 minutes: a live charge whose poll job was lost gets a new one."""
 
     BULK_EXPAND = "bulk_expand", "Expand one bulk operation into its per-item units"
-    """One per bulk operation (``jobs.expansion``): pages through the operation's filter and
+    """One per bulk operation (``jobs.primitives.expansion``): pages through the operation's filter and
     creates one ``bulk_item`` unit per match under a deterministic name."""
 
     BULK_ITEM = "bulk_item", "One item of a bulk operation"

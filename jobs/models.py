@@ -69,7 +69,7 @@ class Job(models.Model):
     deferrals = models.IntegerField(db_default=0, help_text="Deferrals spend no attempt.")
     # Crashes of a worker that held this job among others, whose attempt was refunded
     # because the crash cannot be pinned on it. Non-zero makes the job a suspect: it runs
-    # alone in its worker until it settles (jobs/leases.py, "crash attribution").
+    # alone in its worker until it settles (jobs/storage/leases.py, "crash attribution").
     crashes = models.IntegerField(db_default=0)
     dedupe_key = models.TextField(null=True, blank=True)
     correlation_id = models.CharField(max_length=128, db_default="", blank=True)
@@ -90,13 +90,13 @@ class Job(models.Model):
     # Where an iterating handler got to (JobContext.checkpoint), written with its lease's
     # heartbeat; the next run, after a crash, a retry or a reschedule, starts from it. NULL
     # on a fresh pass. `recoveries` counts the reaper's rescues since it last moved: past
-    # VPAY_JOB_RECOVERY_CAP the reaper dead-letters the job as no_progress (jobs.reaper).
+    # VPAY_JOB_RECOVERY_CAP the reaper dead-letters the job as no_progress (jobs.maintenance.reaper).
     checkpoint = models.JSONField(null=True, blank=True)
     recoveries = models.IntegerField(db_default=0)
     # Since when the workers that claimed it could not run it (a task path or a payload shape
     # of a newer release, during a rolling deploy): handed back with its attempt refunded for
     # a worker that can; past VPAY_JOB_UNRUNNABLE_WINDOW_SECONDS it is poison. NULL once
-    # any run settles it (jobs.decisions.settle_unrunnable).
+    # any run settles it (jobs.runner.decisions.settle_unrunnable).
     unrunnable_since = models.DateTimeField(null=True, blank=True)
 
     objects = JobQuerySet.as_manager()
@@ -145,27 +145,27 @@ class Job(models.Model):
             ),
         ]
         indexes = [
-            # Used by jobs.leases.CLAIM: the tenant skip-scan and each tenant's
+            # Used by jobs.storage.leases.CLAIM: the tenant skip-scan and each tenant's
             # ORDER BY priority, run_at; partial so leased rows cost the claim nothing.
             models.Index(
                 fields=["tenant", "priority", "run_at"],
                 condition=Q(locked_at__isnull=True),
                 name="jobs_job_claimable_idx",
             ),
-            # Used by jobs.reaper.REAP: leases past their expiry.
+            # Used by jobs.maintenance.reaper.REAP: leases past their expiry.
             models.Index(
                 fields=["lease_expires_at"],
                 condition=Q(locked_at__isnull=False),
                 name="jobs_job_lease_expiry_idx",
             ),
-            # Used by jobs.leases: a worker's heartbeat extends its leases, and the reaper
+            # Used by jobs.storage.leases: a worker's heartbeat extends its leases, and the reaper
             # rescues all of a dead worker's jobs at once.
             models.Index(fields=["locked_by"], condition=Q(locked_at__isnull=False), name="jobs_job_locked_by_idx"),
-            # Used by jobs.leases.SUSPECT_WAITING: is a suspect waiting to run alone.
+            # Used by jobs.storage.leases.SUSPECT_WAITING: is a suspect waiting to run alone.
             models.Index(
                 fields=["run_at"], condition=Q(locked_at__isnull=True, crashes__gt=0), name="jobs_job_suspect_idx"
             ),
-            # Used by jobs.cancels.SWEEP: waiting jobs that carry a cancel request (a handed-back
+            # Used by jobs.primitives.cancels.SWEEP: waiting jobs that carry a cancel request (a handed-back
             # or rescued run). Almost always empty, so probing it every beat costs nothing.
             models.Index(
                 fields=["id"],
@@ -211,7 +211,7 @@ class DeadLetterState(models.TextChoices):
 class WorkerProcess(models.Model):
     """A running ``runworker`` process, heartbeating on the database clock.
 
-    A worker is dead when this row's heartbeat is older than its own lease (jobs.reaper):
+    A worker is dead when this row's heartbeat is older than its own lease (jobs.maintenance.reaper):
     death is read from the worker's own beat, never from a job's lapsed lease. The beat
     also extends the leases of every job the worker holds (for holders without a row).
     """
@@ -232,7 +232,7 @@ class WorkerProcess(models.Model):
     # beaten on time for a whole lease, so that the others had time to beat too.
     alive_since = models.DateTimeField(db_default=Now())
     # Until when this worker is the one that stops claiming so that a suspect can run alone
-    # on it (jobs.dispatch): one worker at a time drains for suspects, not the whole fleet.
+    # on it (jobs.runner.dispatch): one worker at a time drains for suspects, not the whole fleet.
     drains_until = models.DateTimeField(null=True, blank=True)
 
     class Meta:
@@ -322,11 +322,11 @@ class DeadLetter(models.Model):
         ]
         indexes = [
             models.Index(fields=["state", "created_at"], name="jobs_deadletter_review_idx"),
-            # A bulk replay's keyset pages (jobs.bulk_replay): pending letters in id order.
+            # A bulk replay's keyset pages (jobs.operator.bulk_replay): pending letters in id order.
             models.Index(
                 fields=["id"], name="jobs_deadletter_pending_id", condition=Q(state=DeadLetterState.PENDING_REVIEW)
             ),
-            # Retention's keyset pages (jobs.retention): settled letters by when they were settled.
+            # Retention's keyset pages (jobs.maintenance.retention): settled letters by when they were settled.
             models.Index(
                 Coalesce("replayed_at", "discarded_at"),
                 "id",
@@ -340,7 +340,7 @@ class DeadLetter(models.Model):
 
 
 class Alert(models.Model):
-    """Something a human must look at, raised once per ``key`` (``jobs.alerts.raise_alert``).
+    """Something a human must look at, raised once per ``key`` (``jobs.operator.alerts.raise_alert``).
 
     Kept as a row so that "alerted exactly once" survives retries, racing workers and a
     failing alert endpoint: the ``send_alert`` job logs the line and POSTs the webhook, and
@@ -361,7 +361,7 @@ class Alert(models.Model):
 
     class Meta:
         db_table = "alerts"
-        # Retention's keyset pages (jobs.retention): oldest first.
+        # Retention's keyset pages (jobs.maintenance.retention): oldest first.
         indexes = [models.Index(fields=["created_at", "id"], name="jobs_alert_created")]
         constraints = [
             models.CheckConstraint(
@@ -377,7 +377,7 @@ class Alert(models.Model):
 
 
 class SweepStepStreak(models.Model):
-    """A ``sweep_expired`` step's current run of failed passes (``jobs.sweep_health``): one
+    """A ``sweep_expired`` step's current run of failed passes (``jobs.maintenance.sweep_health``): one
     row while the step keeps failing, deleted by its next good pass. In the database so the
     count survives the worker restarting between hourly passes."""
 
@@ -410,10 +410,10 @@ BREAKER_ERROR_MAX = 500
 
 class Breaker(models.Model):
     """One vendor's circuit breaker (``rail:<code>``, ``webhook_host:<merchant>:<host>:<port>``), shared by
-    every worker and the web process (``jobs.breakers``).
+    every worker and the web process (``jobs.primitives.breakers``).
 
     A row is created by its vendor's first failure: no row means closed. Every write is a
-    compare-and-swap on ``version`` (``jobs.breaker_repository``); every instant is the
+    compare-and-swap on ``version`` (``jobs.primitives.breaker_repository``); every instant is the
     database's.
     """
 

@@ -2,9 +2,9 @@
 
 One interface, two adapters chosen by ``VPAY_QUEUE_ADAPTER``:
 
-* ``postgres`` (the default): :mod:`jobs.queue`, a row in ``jobs`` written in the caller's
+* ``postgres`` (the default): :mod:`jobs.adapters.postgres`, a row in ``jobs`` written in the caller's
   transaction, worked by ``runworker``. Durable.
-* ``inprocess``: :mod:`jobs.inprocess`, jobs run at commit in this process. Not durable;
+* ``inprocess``: :mod:`jobs.adapters.inprocess`, jobs run at commit in this process. Not durable;
   live mode refuses it.
 
 The contract both keep (tests/test_queue_port.py runs it on each):
@@ -32,9 +32,9 @@ from typing import Protocol
 
 from django.conf import settings
 
-from jobs import queue
+from jobs.adapters import postgres as queue
+from jobs.adapters.postgres import EnqueueError, JobRequest
 from jobs.kinds import JobKind
-from jobs.queue import EnqueueError, JobRequest
 
 __all__ = ["EnqueueError", "JobRequest", "adapter", "enqueue", "enqueue_many", "pull_forward", "use"]
 
@@ -67,7 +67,7 @@ class QueueAdapter(Protocol):
 
 
 class PostgresQueue:
-    """:mod:`jobs.queue` exactly as it is, behind the port (a named job is required)."""
+    """:mod:`jobs.adapters.postgres` exactly as it is, behind the port (a named job is required)."""
 
     name = "postgres"
     durable = True
@@ -115,7 +115,7 @@ def build(name: str) -> QueueAdapter:
     if name == "postgres":
         return PostgresQueue()
     if name == "inprocess":
-        from jobs.inprocess import InProcessQueue
+        from jobs.adapters.inprocess import InProcessQueue
 
         return InProcessQueue(singletons=True)  # the drain and sweeps live in this process too
     raise ValueError(f"VPAY_QUEUE_ADAPTER must be one of {', '.join(ADAPTERS)}, not {name!r}")
@@ -146,7 +146,7 @@ def enqueue(
     max_attempts: int | None = None,
 ) -> uuid.UUID | None:
     """Enqueue the job named ``dedupe_key``; its id, or ``None`` if that name is live.
-    The arguments mean what :func:`jobs.queue.enqueue`'s do."""
+    The arguments mean what :func:`jobs.adapters.postgres.enqueue`'s do."""
     return adapter().enqueue(
         kind,
         payload,

@@ -11,12 +11,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from jobs.kinds import JobKind
-from jobs.retry import DEFAULT_RETRY, RetryPolicy
-from jobs.schema import PayloadSchema
+from jobs.primitives.retry import DEFAULT_RETRY, RetryPolicy
+from jobs.primitives.schema import PayloadSchema
 
 if TYPE_CHECKING:
-    from jobs.context import JobContext
-    from jobs.outcome import Outcome
+    from jobs.runner.context import JobContext
+    from jobs.runner.outcome import Outcome
 
 # What a lease adds on top of a kind's timeout: the handler gives up (timeout) well before
 # anyone else may take the job over (lease expiry), so a slow handler is not run twice.

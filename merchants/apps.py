@@ -7,7 +7,7 @@ class MerchantsConfig(AppConfig):
 
     def ready(self) -> None:
         # Expired assertion jtis and access tokens leave through the hourly sweep.
-        from jobs.housekeeping import register_sweep_step
+        from jobs.maintenance.housekeeping import register_sweep_step
         from merchants import sweeps
 
         register_sweep_step("oauth_assertion_jtis", sweeps.sweep_expired_jtis)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from django.db import connection
 
-from jobs.context import JobContext
-from jobs.housekeeping import StepResult, delete_in_rounds
+from jobs.maintenance.housekeeping import StepResult, delete_in_rounds
+from jobs.runner.context import JobContext
 
 SWEEP_PAGE = 1000
 MAX_SWEEP_PAGES = 50

@@ -22,7 +22,7 @@ def enqueue_backlog(database_url: str, prefix: str, count: int, seconds: float) 
     """``count`` ``record_slowly`` tasks (``prefix-00000`` …, ``seconds`` each), enqueued
     through the queue's own code in a ``manage.py shell`` against ``database_url``."""
     code = (
-        "from jobs.queue import JobRequest, enqueue_many\n"
+        "from jobs.adapters.postgres import JobRequest, enqueue_many\n"
         "enqueue_many(JobRequest(kind='task', payload={'task': 'tests.tasks.record_slowly',"
         f" 'args': [f'{prefix}-{{i:05d}}', {seconds!r}], 'kwargs': {{}}}}) for i in range({count}))\n"
     )

@@ -8,9 +8,10 @@ from contextlib import contextmanager
 
 from django.db import connection
 
-from jobs import leases, registry
-from jobs.context import JobContext
-from jobs.leases import ClaimedJob
+from jobs import registry
+from jobs.runner.context import JobContext
+from jobs.storage import leases
+from jobs.storage.leases import ClaimedJob
 
 
 def one(sql: str, params: Sequence | dict | None = None):
@@ -43,7 +44,7 @@ def count(table: str, where: str = "TRUE", params: Sequence | None = None) -> in
 
 def seconds_until_run(job_id: uuid.UUID | str) -> float:
     """``run_at`` minus the current statement's time, in seconds, on the database clock (a delay
-    counts from its enqueueing statement, see jobs.repository._RUN_AT)."""
+    counts from its enqueueing statement, see jobs.storage.repository._RUN_AT)."""
     return scalar(
         "SELECT extract(epoch FROM run_at - statement_timestamp())::float8 FROM jobs WHERE job_id = %s", [str(job_id)]
     )
@@ -63,7 +64,7 @@ def claim(
     queues: Sequence[str] = ("default",),
     kinds: Sequence[str] | None = None,
 ) -> leases.ClaimResult:
-    """One claim statement with the arguments a :class:`jobs.worker.Worker` passes."""
+    """One claim statement with the arguments a :class:`jobs.runner.worker.Worker` passes."""
     kind_leases = {s.kind.value: s.lease_seconds for s in registry.all_specs()}
     return leases.claim(
         worker=worker,

@@ -7,10 +7,10 @@ import uuid
 from django.db import connection, transaction
 
 from charges.models import Charge, PaymentIntent, ProviderRequest, Refund
-from jobs import queue
+from jobs.adapters import postgres as queue
 from jobs.kinds import JobKind
 from jobs.models import Alert
-from jobs.worker import Worker
+from jobs.runner.worker import Worker
 from tests.ops_support import make_letter
 from webhooks.event_types import EventType
 from webhooks.events import emit

@@ -10,7 +10,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import resolve
 
-from jobs.alerts import admin_change_path, admin_path
+from jobs.operator.alerts import admin_change_path, admin_path
 from merchants.models import Merchant
 
 

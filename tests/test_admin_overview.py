@@ -8,7 +8,7 @@ import pytest
 from django.urls import reverse
 
 from charges.models import Charge, PaymentIntent
-from jobs import queue
+from jobs.adapters import postgres as queue
 from jobs.services import dead_letters as ops
 from merchants.services import create_merchant
 from tests.ops_support import OPERATOR_PERMS, make_letter, staff_user

@@ -13,10 +13,11 @@ import threading
 import pytest
 from django.db import connection, transaction
 
-from jobs import alert_sql, alerts, queue
-from jobs.alerts import ALERT_RETRY, raise_alert
+from jobs.adapters import postgres as queue
 from jobs.models import Alert, DeadLetter, DeadLetterState
-from jobs.worker import Worker
+from jobs.operator import alert_sql, alerts
+from jobs.operator.alerts import ALERT_RETRY, raise_alert
+from jobs.runner.worker import Worker
 from tests import tasks
 from tests.alert_endpoint import TOKEN, AlertEndpoint
 from tests.conftest import wait_for
@@ -30,7 +31,7 @@ WAITING_HERE = (
 
 
 def alert_lines(caplog) -> list[logging.LogRecord]:
-    return [r for r in caplog.records if getattr(r, "alert", False) and r.name == "jobs.alerts"]
+    return [r for r in caplog.records if getattr(r, "alert", False) and r.name == "jobs.operator.alerts"]
 
 
 def dead_letter_a_task(label: str = "boom") -> DeadLetter:
@@ -344,7 +345,7 @@ def test_two_real_workers_racing_over_failing_jobs_send_one_alert_per_dead_lette
         for line in worker.output().splitlines()
         if line.startswith("{") and '"alert": true' in line
     ]
-    assert {entry["logger"] for entry in alert_logs} == {"jobs.alerts"}  # one alert line each, no other
+    assert {entry["logger"] for entry in alert_logs} == {"jobs.operator.alerts"}  # one alert line each, no other
     assert sorted(entry["alert_id"] for entry in alert_logs) == sorted(Alert.objects.values_list("pk", flat=True))
     assert TOKEN not in "".join(worker.output() for worker in workers)
     assert count("jobs", "kind IN ('task', 'send_alert')") == 0

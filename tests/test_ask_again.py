@@ -1,4 +1,4 @@
-"""The runner's poll-with-backoff primitive (jobs.ask_again.Ladder), cell by cell, and its two
+"""The runner's poll-with-backoff primitive (jobs.primitives.ask_again.Ladder), cell by cell, and its two
 users: the charge poll's ladder and the webhook delivery's retry schedule."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 
 from charges.ladder import past_the_horizon, poll_delay
 from charges.policy import RecoveryPolicy
-from jobs.ask_again import Ladder
+from jobs.primitives.ask_again import Ladder
 from webhooks.decisions import DEFAULT_SCHEDULE, delivery_delay
 
 RUNGS = (1.0, 2.0, 5.0)

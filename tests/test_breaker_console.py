@@ -8,8 +8,8 @@ from django.db import connection
 from django.urls import reverse
 from prometheus_client import REGISTRY, generate_latest
 
-from jobs import breaker_gauges, breakers
-from jobs.breakers import Limits
+from jobs.primitives import breaker_gauges, breakers
+from jobs.primitives.breakers import Limits
 from tests.ops_support import staff_user
 
 pytestmark = pytest.mark.django_db(transaction=True)

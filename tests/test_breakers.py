@@ -1,4 +1,4 @@
-"""The breaker primitive (``jobs.breakers``): its pure decision tables cell by cell, then the
+"""The breaker primitive (``jobs.primitives.breakers``): its pure decision tables cell by cell, then the
 shared state in PostgreSQL under real concurrent connections, on the database clock."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import time
 import pytest
 from django.db import connection
 
-from jobs import breakers
-from jobs.breakers import Admission, BreakerOpen, Limits, Transition, Verdict, admission, after_result
 from jobs.models import Breaker, BreakerState
+from jobs.primitives import breakers
+from jobs.primitives.breakers import Admission, BreakerOpen, Limits, Transition, Verdict, admission, after_result
 
 CLOSED, OPEN, HALF = BreakerState.CLOSED, BreakerState.OPEN, BreakerState.HALF_OPEN
 LIMITS = Limits(failures=3, cool_down=10.0, probe_lease=4.0)

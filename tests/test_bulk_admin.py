@@ -12,7 +12,7 @@ from django.contrib.messages import get_messages
 from django.urls import reverse
 
 from jobs.bulk_models import BulkOperation
-from jobs.worker import Worker
+from jobs.runner.worker import Worker
 from tests.ops_support import OPERATOR_PERMS, staff_user
 from tests.queue_support import count, execute
 from tests.test_bulk_replay import letters, written_rows

@@ -12,12 +12,12 @@ import pytest
 from django.core.management import CommandError
 from django.db import connection
 
-from jobs import bulk_watch
 from jobs.bulk_models import BulkItem, BulkItemState, BulkOperation, BulkOperationState
-from jobs.maintenance import reap
+from jobs.maintenance.thread import reap
 from jobs.models import DeadLetter
+from jobs.operator import bulk_watch
+from jobs.runner.worker import Worker
 from jobs.services import cancels, dead_letters
-from jobs.worker import Worker
 from tests.queue_support import claim, execute, rows, scalar
 from tests.test_bulk_replay import expand_once, letters, run_all, submit
 

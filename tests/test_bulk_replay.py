@@ -8,11 +8,11 @@ import io
 import pytest
 from django.core.management import CommandError, call_command
 
-from jobs import expansion
 from jobs.bulk_models import BulkItem, BulkOperation, BulkOperationKind, BulkOperationState
 from jobs.models import DeadLetter, DeadLetterState
+from jobs.primitives import expansion
+from jobs.runner.worker import Worker
 from jobs.services import bulk
-from jobs.worker import Worker
 from tests.ops_support import db_ago, make_letter
 from tests.queue_support import claim, claimed_context, count, execute, rows, scalar, task_payload
 

@@ -11,7 +11,7 @@ from django.core.management import CommandError, call_command
 from django.db import transaction
 
 from jobs.bulk_models import BulkOperation
-from jobs.worker import Worker
+from jobs.runner.worker import Worker
 from merchants.services import create_merchant
 from tests.queue_support import count, execute, scalar
 from webhooks.event_types import EventType

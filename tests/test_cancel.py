@@ -9,13 +9,16 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 
-from jobs import JobCancelled, NoCurrentJob, current_job, leases, liveness, queue, registry
-from jobs.cancel_decisions import JobPhase, Refusal
-from jobs.context import JobContext
+from jobs import JobCancelled, NoCurrentJob, current_job, registry
+from jobs.adapters import postgres as queue
 from jobs.kinds import JobKind
+from jobs.maintenance import liveness
 from jobs.models import DeadLetter, DeadLetterState, Job
+from jobs.primitives.cancel_decisions import JobPhase, Refusal
+from jobs.runner.context import JobContext
+from jobs.runner.worker import Worker
 from jobs.services import cancels
-from jobs.worker import Worker
+from jobs.storage import leases
 from tests.queue_support import claim, claimed_context, count, execute, expire_lease, one, task_payload
 
 
@@ -222,8 +225,8 @@ def test_a_task_that_finishes_before_its_next_heartbeat_keeps_its_answer_and_the
 
 @pytest.mark.django_db
 def test_a_finish_acknowledged_by_the_completer_records_the_request_it_overtook(caplog):
-    from jobs.report import Report
-    from jobs.settling import Settler
+    from jobs.runner.report import Report
+    from jobs.runner.settling import Settler
 
     asked = queue.enqueue(JobKind.TASK, task_payload())
     quiet = queue.enqueue(JobKind.TASK, task_payload())

@@ -1,4 +1,4 @@
-"""The pure cancel table (jobs.cancel_decisions), every cell."""
+"""The pure cancel table (jobs.primitives.cancel_decisions), every cell."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from jobs.cancel_decisions import CancelAction, CancelDecision, JobPhase, Refusal, decide
+from jobs.primitives.cancel_decisions import CancelAction, CancelDecision, JobPhase, Refusal, decide
 
 
 @pytest.mark.parametrize(

@@ -9,9 +9,9 @@ from io import StringIO
 import pytest
 from django.core.management import call_command
 
-from jobs.cancel_decisions import JobPhase
+from jobs.adapters.postgres import enqueue
 from jobs.models import DeadLetter
-from jobs.queue import enqueue
+from jobs.primitives.cancel_decisions import JobPhase
 from jobs.services import cancels
 from jobs.tasks_api import TaskResultStatus, default_task_backend
 from tests.conftest import wait_for

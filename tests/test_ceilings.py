@@ -12,8 +12,8 @@ from django.core.management.base import CommandError
 from django.test import override_settings
 from prometheus_client import REGISTRY
 
-from jobs import ceilings
-from jobs.worker import Worker
+from jobs.primitives import ceilings
+from jobs.runner.worker import Worker
 from tests.test_worker_process import free_port, log_records, scrape, wait_exit, wait_started
 
 # What the issue names: concurrency, prefetch, queues, per-tenant, per-rail, per-endpoint,

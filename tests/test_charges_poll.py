@@ -15,10 +15,10 @@ from charges.models import Charge, PaymentIntent
 from charges.rails import get_rail
 from charges.rails.adapter import adapter_for
 from charges.services import polling
+from jobs.adapters.postgres import enqueue
 from jobs.kinds import JobKind
 from jobs.models import DeadLetter
-from jobs.queue import enqueue
-from jobs.worker import Worker
+from jobs.runner.worker import Worker
 from tests.charges_support import FAST_POLICY, apply_policy, charge_of, events, scalar, sql, use_rails
 from tests.conftest import database_url
 from vpay import sealing

@@ -20,8 +20,8 @@ import pytest
 from django.db import connection
 
 from charges.models import Charge, PaymentIntent
+from jobs.adapters.postgres import enqueue
 from jobs.kinds import JobKind
-from jobs.queue import enqueue
 from tests.charges_support import (
     FAST_POLICY,
     Merchant,

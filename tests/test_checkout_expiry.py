@@ -12,9 +12,9 @@ from django.db import connection, connections
 
 from charges.models import Charge, CheckoutSession, PaymentIntent
 from charges.services import checkout_expiry
-from jobs import queue
+from jobs.adapters import postgres as queue
 from jobs.kinds import JobKind
-from jobs.worker import Worker
+from jobs.runner.worker import Worker
 from merchants.services import create_merchant
 from tests.queue_support import failing_row, scalar
 from webhooks.models import Event

@@ -1,6 +1,6 @@
 """The checkpoint primitive in-process against the real database: a cursor stored with the
 lease's heartbeat and read back by the next run, what is refused, and the reaper's
-recovery cap (jobs/reaper.py). The crash itself, with real worker processes, is in
+recovery cap (jobs/maintenance/reaper.py). The crash itself, with real worker processes, is in
 tests/test_checkpoint_crash.py."""
 
 from __future__ import annotations
@@ -10,11 +10,12 @@ import json
 import pytest
 from django.test import override_settings
 
-from jobs import checkpoints, queue
-from jobs.checkpoints import CheckpointRefused
-from jobs.context import JobContext, LeaseLost
+from jobs.adapters import postgres as queue
 from jobs.kinds import JobKind
-from jobs.worker import Worker
+from jobs.primitives import checkpoints
+from jobs.primitives.checkpoints import CheckpointRefused
+from jobs.runner.context import JobContext, LeaseLost
+from jobs.runner.worker import Worker
 from tests.queue_support import claim, claimed_context, execute, expire_lease, one, scalar, task_payload
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -134,7 +135,7 @@ def test_a_job_without_a_checkpoint_is_bounded_by_its_attempts_not_the_recovery_
 
 
 def test_each_sweep_step_keeps_its_own_cursor_in_the_sweeps_one_checkpoint():
-    from jobs.housekeeping import StepContext
+    from jobs.maintenance.housekeeping import StepContext
 
     job_id = queue.enqueue(JobKind.SWEEP_EXPIRED, {}, dedupe_key="singleton:sweep_expired")
     [job] = claim().jobs

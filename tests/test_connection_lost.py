@@ -1,4 +1,4 @@
-"""The runner's table for "the database went away under the handler" (jobs.invoke.connection_lost):
+"""The runner's table for "the database went away under the handler" (jobs.runner.invoke.connection_lost):
 a job whose connection failed is handed back with its attempt refunded; one whose statement
 failed on a healthy connection is an ordinary failure. Every row of the table."""
 
@@ -43,12 +43,12 @@ def test_only_a_failed_connection_counts_as_the_database_going_away(exc, closed,
     assert connection_lost(exc, closed=closed) is lost
 
 
-# --- whose connection: only the job's own (jobs.invoke.database_went_away) -------------------
+# --- whose connection: only the job's own (jobs.runner.invoke.database_went_away) -------------------
 
 
 @pytest.mark.django_db(transaction=True)
 def test_a_second_database_that_is_down_is_the_handlers_failure_not_an_outage():
-    from jobs.worker import Worker
+    from jobs.runner.worker import Worker
     from tests import tasks
     from tests.owned_postgres import free_port
     from tests.queue_support import one
@@ -65,7 +65,7 @@ def test_a_second_database_that_is_down_is_the_handlers_failure_not_an_outage():
 
 @pytest.mark.django_db(transaction=True)
 def test_the_jobs_own_connection_terminated_under_the_handler_is_an_outage():
-    from jobs.worker import Worker
+    from jobs.runner.worker import Worker
     from tests import tasks
     from tests.queue_support import one
 

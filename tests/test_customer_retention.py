@@ -14,9 +14,9 @@ from charges.models import PaymentIntent
 from charges.services.intents import create_intent
 from customers import retention
 from customers.models import Customer
-from jobs import queue
+from jobs.adapters import postgres as queue
 from jobs.kinds import JobKind
-from jobs.worker import Worker
+from jobs.runner.worker import Worker
 from merchants.services import create_merchant
 from tests.queue_support import failing_row, rows, scalar
 from webhooks.models import Event

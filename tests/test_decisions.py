@@ -1,4 +1,4 @@
-"""jobs.decisions, cell by cell: a handler's answer (or error) to exactly one settle."""
+"""jobs.runner.decisions, cell by cell: a handler's answer (or error) to exactly one settle."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ import random
 import pytest
 from django.db import OperationalError
 
-from jobs.decisions import (
+from jobs.models import DeadLetterCause
+from jobs.primitives.retry import RetryPolicy
+from jobs.runner.decisions import (
     UNRUNNABLE_RETRY_SECONDS,
     AttemptsChange,
     Disposition,
@@ -17,9 +19,7 @@ from jobs.decisions import (
     settle_outcome,
     settle_unrunnable,
 )
-from jobs.models import DeadLetterCause
-from jobs.outcome import Action, Outcome
-from jobs.retry import RetryPolicy
+from jobs.runner.outcome import Action, Outcome
 from vpay.errors import (
     Category,
     Classification,
@@ -253,7 +253,7 @@ def test_settle_error__each_error_class_lands_in_its_row_of_the_table(exc, dispo
     assert (settle.disposition, settle.cause, settle.error_category) == (disposition, cause, category)
 
 
-# --- a job this worker cannot run (jobs.decisions.settle_unrunnable) ----------------------------
+# --- a job this worker cannot run (jobs.runner.decisions.settle_unrunnable) ----------------------------
 
 UNRUNNABLE_CASES = {
     # (window, unrunnable_for): disposition

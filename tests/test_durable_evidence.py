@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from django.db import connection
 
-from jobs.worker import Worker
+from jobs.runner.worker import Worker
 from tests import tasks
 from tests.queue_support import expire_lease
 
@@ -80,7 +80,7 @@ def test_lease_bookkeeping_runs_without_jit_whatever_the_session_says():
     """A claim planned against a million delayed jobs is costed high enough to be JIT-compiled,
     and the compile cost 1.2 s against 7 ms of execution (bench/SOAK.md). Direct connections
     start with jit=off; behind a pooler only the claim's own transaction can say so."""
-    from jobs import sql as job_sql
+    from jobs.storage import sql as job_sql
 
     with connection.cursor() as cursor:
         cursor.execute("SET jit = on")  # as a pooled server session may have it

@@ -1,8 +1,8 @@
-"""jobs.durations.humanize_seconds, cell by cell."""
+"""jobs.operator.durations.humanize_seconds, cell by cell."""
 
 import pytest
 
-from jobs.durations import humanize_seconds
+from jobs.operator.durations import humanize_seconds
 
 
 @pytest.mark.parametrize(

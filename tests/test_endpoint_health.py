@@ -177,7 +177,7 @@ def test_a_disabled_endpoint_holds_its_pending_deliveries_and_re_enabling_resume
 
 
 def test_re_enabling_makes_a_held_deliverys_job_waiting_for_a_later_rung_due_now(merchant):
-    from jobs import queue
+    from jobs.adapters import postgres as queue
     from jobs.kinds import JobKind
     from tests.queue_support import seconds_until_run
 

@@ -7,10 +7,12 @@ import json
 import pytest
 from django.db import connection, transaction
 
-from jobs import leases, queue, registry
+from jobs import registry
+from jobs.adapters import postgres as queue
+from jobs.adapters.postgres import JobRequest
 from jobs.kinds import JobKind
-from jobs.queue import JobRequest
-from jobs.worker import Worker
+from jobs.runner.worker import Worker
+from jobs.storage import leases
 from tests.conftest import wait_for
 from tests.queue_support import claim, count, execute, task_payload
 
@@ -111,8 +113,8 @@ def test_housekeeping_and_alerts_are_claimed_among_the_first_starts_behind_merch
     """The system's own work is tenant '' (the singletons, send_alert): one more tenant in
     the walk, so a due sweep or alert waits one round of the merchants with work, not their
     backlogs. 20 merchants with 50 jobs each, then the singletons and an alert."""
-    from jobs.alerts import raise_alert
-    from jobs.singletons import seed_singletons
+    from jobs.maintenance.singletons import seed_singletons
+    from jobs.operator.alerts import raise_alert
 
     for m in range(20):
         queue.enqueue_many([JobRequest("task", NOOP, tenant=f"mer_{m:02d}") for _ in range(50)])

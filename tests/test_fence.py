@@ -11,12 +11,14 @@ import pytest
 from django.db import connection, transaction
 from prometheus_client import REGISTRY
 
-from jobs import fence, queue, repository
+from jobs.adapters import postgres as queue
 from jobs.kinds import JobKind
 from jobs.models import DeadLetter
-from jobs.report import Report
-from jobs.settling import Settler
-from jobs.worker import Worker
+from jobs.primitives import fence
+from jobs.runner.report import Report
+from jobs.runner.settling import Settler
+from jobs.runner.worker import Worker
+from jobs.storage import repository
 from tests import tasks
 from tests.queue_support import claim, count, execute, expire_lease, rows, scalar, task_payload
 
@@ -309,7 +311,7 @@ def test_replaying_a_dead_letter_in_bulk_twice_has_exactly_one_effect(effects, s
 
 
 def _run_deferring(path: str, *args):
-    from jobs.invoke import run_job
+    from jobs.runner.invoke import run_job
 
     queue.enqueue(JobKind.TASK, task_payload(path, *args), tenant="t")
     job = claim().jobs[0]

@@ -10,9 +10,9 @@ import pytest
 from django.db import connection, transaction
 
 from jobs import port, registry
-from jobs.decisions import Disposition, Settle
-from jobs.inprocess import SINGLETON_RESEED_SECONDS, InProcessQueue
+from jobs.adapters.inprocess import SINGLETON_RESEED_SECONDS, InProcessQueue
 from jobs.kinds import JobKind
+from jobs.runner.decisions import Disposition, Settle
 from merchants.services import create_merchant
 from tests.conftest import wait_for
 from webhooks.event_types import EventType

@@ -1,9 +1,9 @@
 """The job state machine under Hypothesis, against the real database.
 
-Every rule drives the real code path: enqueue (``jobs.queue``), claim
-(``jobs.leases.claim``, after the worker's heartbeat), settle (the decision table and the
+Every rule drives the real code path: enqueue (``jobs.adapters.postgres``), claim
+(``jobs.storage.leases.claim``, after the worker's heartbeat), settle (the decision table and the
 runner's ``Settler``), crash (the worker's row dropped and its leases expired on the
-database clock), reap (``jobs.reaper``), cancel (``jobs.services.cancels.job_cancel``),
+database clock), reap (``jobs.maintenance.reaper``), cancel (``jobs.services.cancels.job_cancel``),
 replay and discard (``jobs.services.dead_letters``). After every step each job row and
 dead letter is compared with what it was: every change must be an edge of
 docs/architecture.md §8 (job: claimable ↔ leased, leaves by finish, dead letter or
@@ -20,15 +20,17 @@ import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
-from jobs import leases, liveness, reaper, registry
-from jobs.decisions import JobState, settle_error, settle_outcome
+from jobs import registry
+from jobs.adapters.postgres import enqueue
 from jobs.kinds import JobKind
-from jobs.outcome import Outcome
-from jobs.queue import enqueue
-from jobs.report import Report
+from jobs.maintenance import liveness, reaper
+from jobs.runner.decisions import JobState, settle_error, settle_outcome
+from jobs.runner.outcome import Outcome
+from jobs.runner.report import Report
+from jobs.runner.settling import Settler
 from jobs.services.cancels import CancelRefused, job_cancel
 from jobs.services.dead_letters import dead_letter_discard, dead_letter_replay
-from jobs.settling import Settler
+from jobs.storage import leases
 from tests.queue_support import claim as claim_jobs
 from tests.queue_support import task_payload
 from tests.state_machine_support import FAST, HEAVY, check_edges, sql, truncate

@@ -20,8 +20,8 @@ import pytest
 from django.db import transaction
 
 from charges.models import Charge, PaymentIntent
+from jobs.adapters.postgres import enqueue
 from jobs.kinds import JobKind
-from jobs.queue import enqueue
 from tests.charges_support import FAST_POLICY, Merchant, apply_policy, scalar, sql, use_rails, worker_env
 from tests.conftest import wait_for
 from tests.killpoints_support import kill_env

@@ -11,7 +11,7 @@ import collections
 
 import pytest
 
-from jobs.queue import JobRequest, enqueue_many
+from jobs.adapters.postgres import JobRequest, enqueue_many
 from tests.conftest import wait_for
 from tests.test_worker_process import dead_letters, duplicated_labels, effect_count, scalar, wait_started
 

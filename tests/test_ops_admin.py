@@ -11,9 +11,12 @@ from django.contrib.admin.models import LogEntry
 from django.contrib.messages import get_messages
 from django.urls import reverse
 
-from jobs import health_sql, liveness, operator_sql, queue
+from jobs.adapters import postgres as queue
+from jobs.maintenance import liveness
 from jobs.models import DeadLetter, DeadLetterState, Job
+from jobs.operator import dead_letter_sql as operator_sql
 from jobs.services import dead_letters as ops
+from jobs.storage import health_sql
 from tests.ops_support import OPERATOR_PERMS, db_ago, make_letter, staff_user
 from tests.queue_support import claim, count, execute, scalar, task_payload
 

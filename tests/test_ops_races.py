@@ -8,9 +8,10 @@ import threading
 import pytest
 from django.db import connection, transaction
 
-from jobs import liveness, queue
-from jobs.cancel_decisions import JobPhase
+from jobs.adapters import postgres as queue
+from jobs.maintenance import liveness
 from jobs.models import DeadLetter, DeadLetterState
+from jobs.primitives.cancel_decisions import JobPhase
 from jobs.services import cancels
 from jobs.services import dead_letters as ops
 from tests.conftest import wait_for

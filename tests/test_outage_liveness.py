@@ -28,7 +28,7 @@ def test_a_15s_outage_under_two_busy_workers_at_the_defaults_rescues_nothing(
 ):
     url = owned_database
     code = (
-        "from jobs.queue import JobRequest, enqueue_many\n"
+        "from jobs.adapters.postgres import JobRequest, enqueue_many\n"
         "enqueue_many(JobRequest(kind='task', max_attempts=1, payload={'task': 'tests.tasks.record_slowly_once',"
         f" 'args': [f'outage-{{i}}', 20.0, f'{tmp_path}/marker-{{i}}'], 'kwargs': {{}}}}) for i in range(2))\n"
     )

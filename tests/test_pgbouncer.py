@@ -191,7 +191,7 @@ def test_web_and_worker_settle_concurrent_payments_through_pgbouncer(
 def test_a_worker_with_only_the_pooled_url_polls_says_so_and_runs_under_the_roles_timeouts(
     pooler, effects, start_worker
 ):
-    from jobs.queue import JobRequest, enqueue_many
+    from jobs.adapters.postgres import JobRequest, enqueue_many
     from tests.tasks import record_setting
 
     enqueue_many(

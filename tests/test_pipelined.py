@@ -10,8 +10,9 @@ import pytest
 from django.db import connection, transaction
 from django.test.utils import override_settings
 
-from jobs import leases, queue, sql
+from jobs.adapters import postgres as queue
 from jobs.kinds import JobKind
+from jobs.storage import leases, sql
 from tests.conftest import database_url
 from tests.queue_support import task_payload
 from vpay.pipelined import _statement, execute_pipelined
@@ -126,8 +127,8 @@ def test_the_claim_answers_the_same_rows_prepared_and_plain():
 
 
 def test_a_fenced_job_that_writes_finishes_through_the_prepared_fence_in_its_own_transaction():
-    from jobs import repository
-    from jobs.worker import Worker
+    from jobs.runner.worker import Worker
+    from jobs.storage import repository
 
     job_id = queue.enqueue(JobKind.TASK, task_payload("tests.tasks.record", "wrote"), tenant="t")
     assert Worker(worker_id="w", concurrency=1).run_once() == 1

@@ -1,4 +1,4 @@
-"""jobs.queue: enqueue and enqueue_many against the real database (pull_forward:
+"""jobs.adapters.postgres: enqueue and enqueue_many against the real database (pull_forward:
 tests/test_queue_pull_forward.py)."""
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
-from jobs import queue, repository
+from jobs.adapters import postgres as queue
+from jobs.adapters.postgres import EnqueueError, JobRequest
 from jobs.kinds import JobKind
-from jobs.queue import EnqueueError, JobRequest
+from jobs.storage import repository
 from tests.conftest import database_url
 from tests.queue_support import claim, count, one, rows, scalar, seconds_until_run, task_payload
 
@@ -182,7 +183,7 @@ def test_a_circular_payload_is_refused_on_both_paths():
 
 
 def test_the_batch_encoder_writes_exactly_what_the_one_by_one_encoder_writes():
-    from jobs.queue import _batch_encoder, _encode
+    from jobs.adapters.postgres import _batch_encoder, _encode
 
     circular: list = []
     circular.append(circular)
@@ -406,7 +407,7 @@ def test_enqueue_runs_as_a_prepared_statement_that_an_execute_wrapper_still_sees
 
 
 def test_bulk_job_ids_are_distinct_version_4_uuids():
-    from jobs.queue import _uuid4_texts
+    from jobs.adapters.postgres import _uuid4_texts
 
     texts = _uuid4_texts(2000)
     assert len(set(texts)) == 2000

@@ -1,9 +1,9 @@
 """The queue port's conformance suite, run on both adapters (``postgres``, ``inprocess``):
 what payment and webhook code may rely on whichever adapter the configuration chose.
 
-The PostgreSQL adapter's jobs are worked by a real :class:`~jobs.worker.Worker` on its own
+The PostgreSQL adapter's jobs are worked by a real :class:`~jobs.runner.worker.Worker` on its own
 thread and connection (its step method, until the queue is empty); the in-process
-adapter's by its own thread, through the same ``jobs.invoke.run_job``.
+adapter's by its own thread, through the same ``jobs.runner.invoke.run_job``.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from django.db import connection, transaction
 from django.test import override_settings
 
 from jobs import port, registry
-from jobs.inprocess import InProcessQueue
-from jobs.outcome import Outcome
+from jobs.adapters.inprocess import InProcessQueue
 from jobs.port import EnqueueError, JobRequest, PostgresQueue
-from jobs.worker import Worker
+from jobs.runner.outcome import Outcome
+from jobs.runner.worker import Worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 ROOT = Path(__file__).resolve().parent.parent
@@ -231,7 +231,7 @@ def test_payment_and_webhook_code_reach_the_queue_only_through_the_port():
         str(path.relative_to(ROOT))
         for app in ("charges", "webhooks")
         for path in (ROOT / app).rglob("*.py")
-        if "jobs.queue" in path.read_text() or "from jobs import queue" in path.read_text()
+        if "jobs.adapters.postgres" in path.read_text() or "from jobs.adapters import postgres" in path.read_text()
     ]
     assert offenders == []
 

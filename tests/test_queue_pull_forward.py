@@ -1,4 +1,4 @@
-"""jobs.queue.pull_forward against the real database: a waiting job made due now, a running
+"""jobs.adapters.postgres.pull_forward against the real database: a waiting job made due now, a running
 one woken (its plain reschedule then due at once), a floor respected, and a pull-forward
 that lands while a settle commits not lost."""
 
@@ -11,9 +11,10 @@ import psycopg
 import pytest
 from django.db import connection
 
-from jobs import queue, repository
+from jobs.adapters import postgres as queue
+from jobs.adapters.postgres import EnqueueError
 from jobs.kinds import JobKind
-from jobs.queue import EnqueueError
+from jobs.storage import repository
 from tests.conftest import database_url, wait_for
 from tests.queue_support import claim, scalar, seconds_until_run
 from tests.test_webhook_fast_path import blocked_on_a_lock

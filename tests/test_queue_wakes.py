@@ -7,9 +7,10 @@ import psycopg
 import pytest
 from django.db import connection
 
-from jobs import leases, queue
+from jobs.adapters import postgres as queue
 from jobs.kinds import JobKind
-from jobs.maintenance import reap
+from jobs.maintenance.thread import reap
+from jobs.storage import leases
 from tests.conftest import database_url
 from tests.queue_support import claim, expire_lease, task_payload
 

@@ -12,10 +12,10 @@ from charges.models import Charge, PaymentIntent
 from charges.rails.adapter import HttpRailAdapter, RailUnavailable
 from charges.rails.config import RailConfig
 from charges.states import RailFlow, RailStatus
+from jobs.adapters.postgres import enqueue
 from jobs.kinds import JobKind
 from jobs.models import DeadLetter
-from jobs.queue import enqueue
-from jobs.worker import Worker
+from jobs.runner.worker import Worker
 from tests.charges_support import FAST_POLICY, Merchant, apply_policy, charge_of, poll_job, sql, use_rails
 from tests.rail_support import API_KEY, ScriptedRail
 from tests.rail_support import scripted_rail as scripted_rail  # the fixture

@@ -18,7 +18,7 @@ from charges.models import RequestOperation
 from charges.services import rail_calls, rail_gate
 from charges.services.rail_gate import SHARES, RailDeferred
 from jobs.models import Breaker, DeadLetter
-from jobs.worker import Worker
+from jobs.runner.worker import Worker
 from tests.charges_support import FAST_POLICY, Merchant, apply_policy, charge_of, events, scalar, sql, use_rails
 from tests.rail_support import API_KEY
 from tests.test_charges_poll import job_of, live_charge

@@ -11,7 +11,7 @@ import pytest
 
 from charges import refund_repository
 from charges.services.polling import _restore_refund_polls
-from jobs.worker import Worker
+from jobs.runner.worker import Worker
 from tests.charges_support import FAST_POLICY, apply_policy, scalar, sql, use_rails
 from tests.refund_support import RefundingMerchant, amount_refunded
 

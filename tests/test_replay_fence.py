@@ -10,9 +10,9 @@ from django.contrib.messages import get_messages
 from django.urls import reverse
 from prometheus_client import REGISTRY
 
-from jobs import queue
+from jobs.adapters import postgres as queue
 from jobs.models import DeadLetter, DeadLetterState
-from jobs.worker import Worker
+from jobs.runner.worker import Worker
 from tests.ops_support import OPERATOR_PERMS, staff_user
 from tests.queue_support import claim, count, expire_lease, task_payload
 

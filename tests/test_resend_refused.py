@@ -18,9 +18,9 @@ import pytest
 from django.db import connection
 
 from charges.models import Charge, PaymentIntent
+from jobs.adapters.postgres import enqueue
 from jobs.kinds import JobKind
-from jobs.queue import enqueue
-from jobs.worker import Worker
+from jobs.runner.worker import Worker
 from tests.charges_support import FAST_POLICY, apply_policy, charge_of, events, scalar, sql, use_rails, worker_env
 from tests.conftest import database_url, wait_for
 from tests.refund_support import RefundingMerchant, amount_refunded

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from jobs import ceilings, queue
+from jobs.adapters import postgres as queue
 from jobs.kinds import JobKind
-from jobs.worker import Worker
+from jobs.primitives import ceilings
+from jobs.runner.worker import Worker
 from tests.queue_support import task_payload
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from charges import retention as charge_retention
-from jobs import queue
-from jobs import retention as job_retention
+from jobs.adapters import postgres as queue
 from jobs.kinds import JobKind
+from jobs.maintenance import retention as job_retention
 from merchants.services import create_merchant
 from tests.retention_support import (
     DAY,

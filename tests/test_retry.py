@@ -1,4 +1,4 @@
-"""jobs.retry.RetryPolicy: ceilings, full-jitter backoff, the longest window, validation."""
+"""jobs.primitives.retry.RetryPolicy: ceilings, full-jitter backoff, the longest window, validation."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from jobs.retry import DEFAULT_RETRY, RetryPolicy
+from jobs.primitives.retry import DEFAULT_RETRY, RetryPolicy
 
 
 def test_the_default_policy_is_five_attempts_base_30_seconds_cap_one_hour():

@@ -15,9 +15,9 @@ import textwrap
 
 import pytest
 
-from jobs import queue
+from jobs.adapters import postgres as queue
 from jobs.kinds import JobKind
-from jobs.unclaimable import UnclaimableWatch
+from jobs.maintenance.unclaimable import UnclaimableWatch
 from tests.conftest import wait_for
 from tests.queue_support import count, execute, one, task_payload
 
@@ -81,7 +81,7 @@ def test_a_kind_no_worker_here_can_claim_alerts_once_it_has_waited_past_the_wind
     watch = UnclaimableWatch(["default"], older_kinds)
     assert watch.check() == []  # due, but not yet past the window
     execute("UPDATE jobs SET run_at = now() - interval '5 minutes' WHERE job_id = %s", [str(job_id)])
-    with caplog.at_level(logging.ERROR, logger="jobs.worker"):
+    with caplog.at_level(logging.ERROR, logger="jobs.runner.worker"):
         found = watch.check()
         assert watch.check() == found  # found again, but alerted once per window
     assert [(kind, n) for kind, n, _ in found] == [("task", 1)]

@@ -13,8 +13,9 @@ import time
 
 import pytest
 
-from jobs import queue, registry
-from jobs.queue import JobRequest
+from jobs import registry
+from jobs.adapters import postgres as queue
+from jobs.adapters.postgres import JobRequest
 from tests.conftest import wait_for
 from tests.queue_support import scalar, task_payload
 from tests.test_worker_process import log_records, logged, wait_exit, wait_started

@@ -1,11 +1,11 @@
-"""jobs.schema.PayloadSchema: the strict validator a payload passes at enqueue and at claim."""
+"""jobs.primitives.schema.PayloadSchema: the strict validator a payload passes at enqueue and at claim."""
 
 from __future__ import annotations
 
 import pytest
 
-from jobs.schema import PayloadError, PayloadSchema
-from jobs.tasks_backend import TASK_SCHEMA
+from jobs.adapters.tasks_backend import TASK_SCHEMA
+from jobs.primitives.schema import PayloadError, PayloadSchema
 
 SCHEMA = PayloadSchema(
     required={"name": "str", "count": "int", "ratio": "float", "flag": "bool", "items": "list", "meta": "dict"},

@@ -76,7 +76,7 @@ def test_fence_pressure_is_the_live_jobs_that_already_have_a_fence_row(settings)
 
 
 def test_fence_pressure_reads_processed_jobs_by_key_never_by_a_scan():
-    from jobs import gauge_sql
+    from jobs.storage import gauge_sql
 
     with connection.cursor() as cursor:
         # A few rows are cheaper to scan: whether the statement CAN read by key is the

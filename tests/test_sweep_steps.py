@@ -8,12 +8,14 @@ import uuid
 import pytest
 from django.db import connection
 
-from jobs import JobCancelled, current_job, housekeeping, queue
-from jobs.housekeeping import StepResult
+from jobs import JobCancelled, current_job
+from jobs.adapters import postgres as queue
 from jobs.kinds import JobKind
+from jobs.maintenance import housekeeping
+from jobs.maintenance.housekeeping import StepResult
 from jobs.models import Alert
+from jobs.runner.worker import Worker
 from jobs.services import cancels
-from jobs.worker import Worker
 from tests.queue_support import execute, make_due, rows
 
 pytestmark = pytest.mark.django_db

@@ -1,4 +1,4 @@
-"""The Django Tasks API through the ``default`` backend (jobs.tasks_backend.VpayTaskBackend)."""
+"""The Django Tasks API through the ``default`` backend (jobs.adapters.tasks_backend.VpayTaskBackend)."""
 
 from __future__ import annotations
 
@@ -17,11 +17,12 @@ import pytest
 from django.db import transaction
 from django.utils import timezone
 
-from jobs import leases, queue, repository
+from jobs.adapters import postgres as queue
+from jobs.adapters.tasks_backend import VpayTaskBackend, run_after_at
 from jobs.kinds import JobKind
+from jobs.runner.worker import Worker
+from jobs.storage import leases, repository
 from jobs.tasks_api import InvalidTask, TaskResultDoesNotExist, TaskResultStatus, default_task_backend, task_enqueued
-from jobs.tasks_backend import VpayTaskBackend, run_after_at
-from jobs.worker import Worker
 from tests import tasks
 from tests.clock_support import skewed_env
 from tests.conftest import ROOT, database_url
@@ -212,7 +213,7 @@ def enqueue_on_a_skewed_host(tmp_path, offset_seconds: int, at: datetime) -> dic
         import json, os
         from datetime import datetime, timedelta
         from django.utils import timezone
-        from jobs.tasks_backend import run_after_at
+        from jobs.adapters.tasks_backend import run_after_at
         from tests import tasks
 
         at = datetime.fromisoformat(os.environ["VPAY_TEST_AT"])

@@ -12,9 +12,9 @@ import logging
 import pytest
 from django.db import connection
 
-from jobs.alerts import display_title
 from jobs.models import Alert, Job
-from jobs.worker import Worker
+from jobs.operator.alerts import display_title
+from jobs.runner.worker import Worker
 from tests.api_support import MerchantClient
 from webhooks.models import DeliveryState, WebhookDelivery
 from webhooks.services import delivery, endpoints
@@ -80,7 +80,7 @@ def test_a_test_event_loop_to_a_private_host_pages_once_and_counts_the_rest(capl
     assert Alert.objects.filter(details__endpoint_id=other.pk).count() == 1
 
     # The worker logs the first now; the tally waits for its period's end.
-    caplog.set_level(logging.INFO, logger="jobs.alerts")
+    caplog.set_level(logging.INFO, logger="jobs.operator.alerts")
     worker = Worker(concurrency=1, queues=["alerts"])
     while worker.run_once():
         pass

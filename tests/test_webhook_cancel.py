@@ -11,8 +11,8 @@ import pytest
 from django.db import transaction
 
 from jobs.models import Alert, DeadLetter
+from jobs.runner.worker import Worker
 from jobs.services import cancels
-from jobs.worker import Worker
 from merchants.services import create_merchant
 from tests.queue_support import claim, expire_lease, scalar
 from webhooks.event_types import EventType

@@ -11,8 +11,8 @@ import json
 import pytest
 from django.db import connection, transaction
 
-from jobs.alerts import admin_change_path
 from jobs.models import Alert
+from jobs.operator.alerts import admin_change_path
 from merchants.services import create_merchant
 from sandbox.receiver import fingerprint
 from webhooks import repository
@@ -128,7 +128,7 @@ def test_an_event_that_fails_every_pass_is_abandoned_after_five_with_one_alert(r
         assert fanout.drain_once().seen == 0  # abandoned: no longer read
     assert sql("SELECT fan_out, fan_out_failures FROM events WHERE id = %s", [poison.pk]) == [("abandoned", 5)]
     assert Event.objects.get(pk=healthy.pk).fan_out == "fanned_out"
-    # One alert, raised by the pass that made the transition (jobs.alerts: logged and sent by the worker).
+    # One alert, raised by the pass that made the transition (jobs.operator.alerts: logged and sent by the worker).
     assert list(Alert.objects.filter(source="webhooks.event_abandoned").values_list("key", flat=True)) == [
         f"webhook_event_abandoned:{poison.pk}"
     ]

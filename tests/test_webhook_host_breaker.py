@@ -11,7 +11,7 @@ import pytest
 from django.db import connection, transaction
 
 from jobs.models import Breaker, DeadLetter
-from jobs.worker import Worker
+from jobs.runner.worker import Worker
 from merchants.services import create_merchant
 from webhooks.event_types import EventType
 from webhooks.events import emit

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from django.db import connection, transaction
 
+from jobs.adapters.postgres import enqueue
 from jobs.kinds import JobKind
-from jobs.queue import enqueue
 from jobs.registry import Singleton
 from merchants.services import create_merchant
 from webhooks.checks import check_webhook_settings, lease_problems

@@ -124,7 +124,7 @@ def test_500s_timeouts_drops_and_redirects_ride_the_ladder_to_exhausted_with_one
     # The receiver saw three tries of each; the redirect target was never requested.
     assert Counter(r["path"] for r in receiver.received()) == {"/fail": 3, "/hang": 3, "/drop": 3, "/moved": 3}
     # One alert per endpoint (each has one exhausted delivery: the period's first), logged
-    # once by the worker (jobs.alerts' send_alert job).
+    # once by the worker (jobs.operator.alerts' send_alert job).
     expected = sorted(Alert.objects.values_list("key", flat=True))
     assert sorted(k.rsplit(":", 1)[0] for k in expected) == sorted(
         f"webhook_endpoint_exhausted:{d.endpoint_id}" for d in WebhookDelivery.objects.all()

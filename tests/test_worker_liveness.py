@@ -1,4 +1,4 @@
-"""Death is read from a worker's own beat, on the database clock (jobs.reaper, jobs.leases):
+"""Death is read from a worker's own beat, on the database clock (jobs.maintenance.reaper, jobs.storage.leases):
 a lapsed lease under a worker that still beats is not a death, a reaper just back from an
 outage judges nobody for a lease, a stale row is judged again under its lock, and a beat
 never waits on a row someone else holds. The real-process rehearsal of a database outage
@@ -12,9 +12,10 @@ import psycopg
 import pytest
 from django.db import connection
 
-from jobs import liveness, queue
+from jobs.adapters import postgres as queue
 from jobs.kinds import JobKind
-from jobs.maintenance import reap
+from jobs.maintenance import liveness
+from jobs.maintenance.thread import reap
 from tests.conftest import database_url
 from tests.queue_support import claim, execute, expire_lease, one, scalar, task_payload
 
@@ -214,7 +215,7 @@ def test_a_burst_worker_sees_work_held_by_a_worker_whose_beat_is_late():
 
 @pytest.mark.django_db
 def test_a_supervisors_rescue_of_its_dead_child_judges_nobody_else():
-    from jobs import supervisor
+    from jobs.runner import supervisor
 
     live, dead = (queue.enqueue(JobKind.TASK, task_payload(), tenant=t) for t in "ab")
     beat("live-worker")

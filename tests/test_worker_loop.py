@@ -1,4 +1,4 @@
-"""jobs.worker.Worker driven in-process through its step methods (run_once, reap)."""
+"""jobs.runner.worker.Worker driven in-process through its step methods (run_once, reap)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,14 @@ import pytest
 from django.conf import settings
 from prometheus_client import REGISTRY
 
-from jobs import drain, leases, queue, registry, repository
-from jobs.context import LeaseLost
+from jobs import registry
+from jobs.adapters import postgres as queue
 from jobs.kinds import JobKind
 from jobs.models import DeadLetter
-from jobs.worker import Worker
+from jobs.runner import drain
+from jobs.runner.context import LeaseLost
+from jobs.runner.worker import Worker
+from jobs.storage import leases, repository
 from tests import tasks
 from tests.queue_support import (
     claim,
@@ -490,7 +493,7 @@ def test_a_failed_fenced_body_loses_its_on_commit_callbacks(tmp_path):
 
 
 def test_a_loop_fenced_handler_may_not_insert_its_own_fence_row():
-    from jobs.context import JobContext
+    from jobs.runner.context import JobContext
 
     job = leases.ClaimedJob(
         id=1,
@@ -546,9 +549,9 @@ def test_a_dying_helper_thread_stops_the_worker_as_a_dying_executor_does(monkeyp
         raise RuntimeError(f"{thread} bug")
 
     if thread == "vpay-listen":
-        monkeypatch.setattr("jobs.worker.listen", boom)
+        monkeypatch.setattr("jobs.runner.worker.listen", boom)
     else:
-        monkeypatch.setattr("jobs.maintenance.Maintenance.run", boom)
+        monkeypatch.setattr("jobs.maintenance.thread.Maintenance.run", boom)
     worker = Worker(worker_id=f"w-{thread}", concurrency=2, idle_sleep=0.1, heartbeat_seconds=0.5)
     ran = threading.Thread(target=worker.run)
     ran.start()

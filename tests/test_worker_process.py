@@ -23,7 +23,7 @@ from django.db import connection
 from prometheus_client.parser import text_string_to_metric_families
 
 from jobs import registry
-from jobs.queue import JobRequest, enqueue, enqueue_many
+from jobs.adapters.postgres import JobRequest, enqueue, enqueue_many
 from tests.clock_support import skewed_env
 from tests.conftest import wait_for
 
@@ -134,7 +134,7 @@ def free_port() -> int:
 @pytest.mark.slow
 def test_a_backlog_survives_repeated_sigkills_with_every_effect_applied_exactly_once(effects, start_worker):
     total = 2000
-    # A kill with several jobs running refunds their attempts (jobs.leases, crash
+    # A kill with several jobs running refunds their attempts (jobs.storage.leases, crash
     # attribution); the budget is raised all the same so no dead letter can hide
     # duplicates or gaps (the subject here).
     enqueue_many(task_request("record", f"kill-{i:05d}", max_attempts=20) for i in range(total))
@@ -159,7 +159,7 @@ def test_a_backlog_survives_repeated_sigkills_with_every_effect_applied_exactly_
     # The killed workers' leases are still held: nobody has settled them.
     assert killed_with_leases > 0
     # The replacement's reaper frees them once it has beaten on time for a lease of its own
-    # (a reaper judges nobody sooner: jobs.reaper), while it works through the backlog.
+    # (a reaper judges nobody sooner: jobs.maintenance.reaper), while it works through the backlog.
     replacement = start_worker("--concurrency", "4", "--heartbeat", "0.5", "--burst")
     assert wait_exit(replacement, timeout=120) == 0, replacement.output()[-3000:]
     messages = [r["message"] for r in log_records(replacement)]

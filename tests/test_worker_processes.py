@@ -1,5 +1,5 @@
 """``runworker --processes N``: real supervisor and worker processes against the test database
-(jobs.supervisor). They drain one backlog together, each effect once; a child killed with
+(jobs.runner.supervisor). They drain one backlog together, each effect once; a child killed with
 SIGKILL has its jobs rescued by the supervisor at once (not a lease later) and is replaced;
 SIGTERM drains every child. The kill and the drain run at runworker's default process count
 (a process per core), as a deployment does."""
@@ -13,8 +13,8 @@ import time
 import psutil
 import pytest
 
-from jobs.ceilings import MACHINE_CORES
-from jobs.queue import enqueue_many
+from jobs.adapters.postgres import enqueue_many
+from jobs.primitives.ceilings import MACHINE_CORES
 from tests.conftest import wait_for
 from tests.test_worker_process import (
     dead_letters,

@@ -7,7 +7,7 @@ transaction to whichever server connection is free, so nothing may ride on the s
 the timeouts come from the role (``ALTER ROLE … IN DATABASE … SET``, written by
 ``manage.py dbroletimeouts``), a worker's long fenced transaction raises its own
 idle-in-transaction allowance with ``SET LOCAL`` (:func:`fenced_idle_in_tx_ms`, in
-``jobs.invoke``), no statement is prepared on the server, and ``LISTEN`` goes over
+``jobs.runner.invoke``), no statement is prepared on the server, and ``LISTEN`` goes over
 ``DATABASE_DIRECT_URL`` or not at all (:func:`wake_source`). Pure functions only.
 """
 
@@ -36,7 +36,7 @@ def wake_source(*, pooler: str, direct_url: bool) -> WakeSource:
 def startup_options(*, pooler: str, statement_timeout_ms: int, idle_in_tx_timeout_ms: int) -> dict[str, str]:
     """The libpq ``options`` a connection sends at startup: the timeouts and JIT off (vpay's
     statements are short; a JIT compile costs a claim a second on a big table), or nothing
-    behind a pooler (the claim turns JIT off in its own transaction, ``jobs.sql``)."""
+    behind a pooler (the claim turns JIT off in its own transaction, ``jobs.storage.sql``)."""
     if pooler == "transaction":
         return {}
     return {

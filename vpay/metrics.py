@@ -15,7 +15,7 @@ SETTLE_FAILURES = Counter(
     "vpay_jobs_settle_failures_total", "Settle writes that failed; the lease is handed back when the database answers"
 )
 RUNNING_JOBS = Gauge("vpay_worker_running_jobs", "Jobs this worker's executors are running now")
-# Every numeric ceiling the worker runs under (jobs.ceilings), by name.
+# Every numeric ceiling the worker runs under (jobs.primitives.ceilings), by name.
 CEILING = Gauge("vpay_ceiling", "A ceiling this worker runs under (runworker --print-config lists them)", ["name"])
 WORKER_CONCURRENCY = Gauge("vpay_worker_concurrency", "This worker's executor threads (its ceiling on running jobs)")
 LEASES_REAPED = Counter(

@@ -168,7 +168,7 @@ _db["TEST"] = {"NAME": env.str("VPAY_TEST_DATABASE_NAME", default=f"test_{_db['N
 DATABASES = {"default": _db}
 
 # The server itself, bypassing the pooler, for what needs a session of its own: the
-# worker's LISTEN connection (jobs/listener.py). Unset behind a transaction pooler, workers
+# worker's LISTEN connection (jobs/runner/listener.py). Unset behind a transaction pooler, workers
 # poll for new work (VPAY_DB_POOLER above). A secret like DATABASE_URL (DATABASE_DIRECT_URL_FILE).
 DATABASE_DIRECT_URL = env_secret("DATABASE_DIRECT_URL", default="")
 VPAY_DATABASE_DIRECT = environ.Env.db_url_config(DATABASE_DIRECT_URL) if DATABASE_DIRECT_URL else {}
@@ -196,7 +196,7 @@ STATIC_ROOT = BASE_DIR / "staticfiles"
 # dead letters and fence.
 TASKS = {
     "default": {
-        "BACKEND": "jobs.tasks_backend.VpayTaskBackend",
+        "BACKEND": "jobs.adapters.tasks_backend.VpayTaskBackend",
         "QUEUES": env.list("VPAY_TASK_QUEUES", default=["default"]),
         "OPTIONS": {},
     }
@@ -206,7 +206,7 @@ TASKS = {
 # How long a processed_jobs fence row is kept. Startup refuses a TTL shorter than the
 # longest retry window of any kind plus margin (jobs/checks.py).
 VPAY_PROCESSED_JOBS_TTL_SECONDS = env.int("VPAY_PROCESSED_JOBS_TTL_SECONDS", default=7 * 24 * 3600)
-# Bulk operations (jobs.expansion): matches expanded per transaction, and the queue their
+# Bulk operations (jobs.primitives.expansion): matches expanded per transaction, and the queue their
 # expansion and per-item units go to (one your workers claim from).
 VPAY_BULK_PAGE_SIZE = env.int("VPAY_BULK_PAGE_SIZE", default=500)
 VPAY_BULK_QUEUE = env.str("VPAY_BULK_QUEUE", default="default")
@@ -219,7 +219,7 @@ if VPAY_QUEUE_ADAPTER not in ("postgres", "inprocess"):
 if LIVE_MODE and VPAY_QUEUE_ADAPTER == "inprocess":
     raise ImproperlyConfigured("VPAY_QUEUE_ADAPTER=inprocess cannot be used in live mode: its jobs are not durable")
 # Rescues a checkpointing job (JobContext.checkpoint) may have since its cursor last moved;
-# the next rescue dead-letters it as no_progress rather than hand it out again (jobs/reaper.py).
+# the next rescue dead-letters it as no_progress rather than hand it out again (jobs/maintenance/reaper.py).
 # How long a job that the workers claiming it cannot run (an unknown task path, a payload off
 # their schema: a newer release's work during a rolling deploy) waits, handed back with no
 # attempt spent, for a worker that can, before it is dead-lettered as poison. 0: at once.
@@ -252,7 +252,7 @@ VPAY_RAILS_FILE = env.str("VPAY_RAILS_FILE", default="")
 VPAY_SANDBOX_RAIL_URL = env.str("VPAY_SANDBOX_RAIL_URL", default="http://127.0.0.1:8701")
 VPAY_RAIL_CONNECT_TIMEOUT_SECONDS = env.float("VPAY_RAIL_CONNECT_TIMEOUT_SECONDS", default=3.0)
 VPAY_RAIL_TIMEOUT_SECONDS = env.float("VPAY_RAIL_TIMEOUT_SECONDS", default=20.0)
-# Each rail's circuit breaker (jobs.breakers, shared by every process): it opens after this
+# Each rail's circuit breaker (jobs.primitives.breakers, shared by every process): it opens after this
 # many consecutive transient failures (no answer, 5xx, 408/409/425/429, an unreadable 2xx),
 # refuses calls for the cool-down, then lets one probe through (docs/charges.md).
 VPAY_RAIL_BREAKER_FAILURES = env.int("VPAY_RAIL_BREAKER_FAILURES", default=5)
@@ -291,8 +291,8 @@ VPAY_CURRENCIES = env.list("VPAY_CURRENCIES", default=["usd", "eur", "gbp", "ghs
 # Where a checkout session's url points (the hosted payment page); the session id is appended.
 VPAY_CHECKOUT_BASE_URL = env.str("VPAY_CHECKOUT_BASE_URL", default="http://127.0.0.1:8000/checkout/")
 
-# --- Alerts (jobs.alerts) -----------------------------------------------------------------
-# Where each new dead letter (and anything an app raises with jobs.alerts.raise_alert) is
+# --- Alerts (jobs.operator.alerts) -----------------------------------------------------------------
+# Where each new dead letter (and anything an app raises with jobs.operator.alerts.raise_alert) is
 # POSTed once, as JSON an incident tool accepts. Unset: alerts are log lines only. It may
 # embed a token, so it is a secret (ALERT_WEBHOOK_URL_FILE works too) and never logged.
 ALERT_WEBHOOK_URL = env_secret("ALERT_WEBHOOK_URL", default="")

@@ -14,8 +14,9 @@ from django.conf import settings
 
 from charges import gauge_sql as charge_sql
 from charges import metrics as charge_metrics
-from jobs import breaker_gauges, health_sql
-from jobs import gauge_sql as job_sql
+from jobs.primitives import breaker_gauges
+from jobs.storage import gauge_sql as job_sql
+from jobs.storage import health_sql
 from vpay import metrics
 from webhooks import gauge_sql as webhook_sql
 from webhooks import metrics as webhook_metrics

@@ -13,7 +13,7 @@ from django.core.exceptions import PermissionDenied
 
 from jobs.admin.bulk_submit import submit_view
 from jobs.bulk_models import BulkOperationKind
-from jobs.durations import parse_time_bound
+from jobs.operator.durations import parse_time_bound
 from webhooks.bulk_resend import FAILED_STATES
 
 OPERATION = BulkOperationKind.RESEND_DELIVERIES

@@ -7,8 +7,8 @@ class WebhooksConfig(AppConfig):
 
     def ready(self) -> None:
         # Registering the job kinds and the system checks is a side effect of import.
-        from jobs.ceilings import register_ceilings
-        from jobs.housekeeping import register_sweep_step
+        from jobs.maintenance.housekeeping import register_sweep_step
+        from jobs.primitives.ceilings import register_ceilings
         from webhooks import bulk_resend, checks, handlers, retention  # noqa: F401
         from webhooks.ceilings import webhook_ceilings
         from webhooks.services import endpoint_health

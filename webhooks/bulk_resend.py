@@ -11,8 +11,8 @@ from __future__ import annotations
 from datetime import datetime
 
 from jobs.bulk_models import BulkOperationKind
-from jobs.bulk_sql import Envelope
-from jobs.expansion import BulkOp, BulkRefused, ItemOutcome, register_operation
+from jobs.primitives.bulk_sql import Envelope
+from jobs.primitives.expansion import BulkOp, BulkRefused, ItemOutcome, register_operation
 from webhooks.models import DeliveryState
 from webhooks.services.resend import resend_delivery
 

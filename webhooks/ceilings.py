@@ -1,11 +1,11 @@
-"""The webhooks app's ceilings for ``jobs.ceilings``: deliveries in flight per endpoint, a
+"""The webhooks app's ceilings for ``jobs.primitives.ceilings``: deliveries in flight per endpoint, a
 worker's share of them, the receiver hosts' breakers, and the delivery ladder's length."""
 
 from __future__ import annotations
 
 from django.conf import settings
 
-from jobs.ceilings import Ceiling, Scope, setting
+from jobs.primitives.ceilings import Ceiling, Scope, setting
 
 
 def webhook_ceilings(scope: Scope) -> list[Ceiling]:

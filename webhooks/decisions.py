@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 
-from jobs.ask_again import Ladder
+from jobs.primitives.ask_again import Ladder
 
 # Roughly 5 s, 5 min, 30 min, 2 h, 5 h, 10 h, 10 h: eight tries over about 27.6 hours, so a
 # receiver that is down for a day still gets its events once it is back.
@@ -28,7 +28,7 @@ def delivery_delay(attempt: int, schedule: Sequence[float] = DEFAULT_SCHEDULE) -
     ``None`` rather than a last rung because "the ladder ran out" is the ``exhausted``
     transition of the delivery and must not be expressible as one more delay: a delivery
     that kept rescheduling forever would be a queue that never drains. This is not the
-    job retry policy (``jobs.retry``): a merchant's 500 is not a rail failure and shares
+    job retry policy (``jobs.primitives.retry``): a merchant's 500 is not a rail failure and shares
     nothing with it.
     """
     if attempt < 1:

@@ -6,12 +6,13 @@ import logging
 
 from django.conf import settings
 
-from jobs import breakers, registry
-from jobs.context import JobContext
+from jobs import registry
 from jobs.kinds import JobKind
-from jobs.outcome import Outcome
-from jobs.retry import RetryPolicy
-from jobs.schema import PayloadSchema
+from jobs.primitives import breakers
+from jobs.primitives.retry import RetryPolicy
+from jobs.primitives.schema import PayloadSchema
+from jobs.runner.context import JobContext
+from jobs.runner.outcome import Outcome
 from vpay import faultpoints
 from webhooks.services import delivery, fanout, host_breakers, scan
 

@@ -22,9 +22,9 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import connection, transaction
 
-from jobs.context import JobContext
-from jobs.housekeeping import StepResult
-from jobs.paging import delete_in_pages
+from jobs.maintenance.housekeeping import StepResult
+from jobs.maintenance.paging import delete_in_pages
+from jobs.runner.context import JobContext
 from webhooks.models import FINISHED_STATES
 
 PAGE = 500

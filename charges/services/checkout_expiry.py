@@ -17,9 +17,9 @@ from django.db.models.functions import Now
 from charges.models import CheckoutSession
 from charges.states import CHARGE_LIVE, CheckoutSessionStatus
 from charges.wire import render_session
-from jobs.context import JobContext
-from jobs.housekeeping import StepResult
-from jobs.paging import sweep_in_pages
+from jobs.maintenance.housekeeping import StepResult
+from jobs.maintenance.paging import sweep_in_pages
+from jobs.runner.context import JobContext
 from webhooks.event_types import EventType
 from webhooks.events import emit
 

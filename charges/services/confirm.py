@@ -50,8 +50,8 @@ from charges.services import rail_calls, rail_gate, transitions
 from charges.services.rail_gate import RailDeferred
 from charges.states import INTENT_TERMINAL, CheckoutSessionStatus, IntentStatus, RailFlow
 from jobs import port as queue
-from jobs.alerts import Severity, raise_alert
 from jobs.kinds import JobKind
+from jobs.operator.alerts import Severity, raise_alert
 from merchants.models import Merchant
 from vpay.errors import InvalidState, NotFound, Unavailable
 

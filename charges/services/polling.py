@@ -25,11 +25,11 @@ from charges.settlement import Settlement, settle
 from charges.states import CHARGE_TERMINAL, ChargeStatus, RailFlow, RailStatus
 from jobs import port as queue
 from jobs import registry
-from jobs.context import JobContext
 from jobs.kinds import JobKind
-from jobs.outcome import Outcome
 from jobs.port import JobRequest
-from jobs.schema import PayloadSchema
+from jobs.primitives.schema import PayloadSchema
+from jobs.runner.context import JobContext
+from jobs.runner.outcome import Outcome
 from vpay.errors import ConfigurationError, error_chain
 
 logger = logging.getLogger(__name__)

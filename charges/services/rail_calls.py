@@ -28,7 +28,7 @@ from charges.rails import RailConfig
 from charges.rails.adapter import RailAnswer, RailError, RailRejected, RailUnavailable, adapter_for
 from charges.services import rail_gate
 from charges.services.rail_gate import SHARES, RailDeferred
-from jobs.breakers import Ticket
+from jobs.primitives.breakers import Ticket
 from vpay import faultpoints
 from vpay.errors import error_chain
 

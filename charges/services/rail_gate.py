@@ -2,7 +2,7 @@
 
 Three guards, each for its own harm, checked before a request row is written:
 
-1. **The breaker** (``rail:<code>``, ``jobs.breakers``): a rail failing transiently again
+1. **The breaker** (``rail:<code>``, ``jobs.primitives.breakers``): a rail failing transiently again
    and again is not asked at all for a cool-down, then probed once. Shared by every
    process through PostgreSQL.
 2. **The worker's share**: one rail may hold at most half of a worker's executors
@@ -27,7 +27,7 @@ from collections import Counter
 from django.conf import settings
 from django.db import DatabaseError
 
-from jobs import breakers
+from jobs.primitives import breakers
 from vpay.errors import DeferError
 
 logger = logging.getLogger(__name__)

@@ -22,10 +22,10 @@ from charges.services.rail_gate import RailDeferred, worker_share
 from charges.settlement import Settlement
 from charges.states import REFUND_TERMINAL, RailStatus, RefundStatus
 from jobs import registry
-from jobs.context import JobContext
 from jobs.kinds import JobKind
-from jobs.outcome import Outcome
-from jobs.schema import PayloadSchema
+from jobs.primitives.schema import PayloadSchema
+from jobs.runner.context import JobContext
+from jobs.runner.outcome import Outcome
 from vpay.errors import ConfigurationError, error_chain
 
 logger = logging.getLogger(__name__)

@@ -23,8 +23,8 @@ from charges.refund_repository import RefundRow
 from charges.states import ChargeStatus, IntentStatus, RefundReason, RefundStatus
 from charges.wire import render_refund
 from jobs import port as queue
-from jobs.alerts import Severity, admin_path, raise_alert
 from jobs.kinds import JobKind
+from jobs.operator.alerts import Severity, admin_path, raise_alert
 from merchants.models import Merchant
 from vpay.errors import InvalidInput, InvalidState, NotFound
 from webhooks.event_types import EventType

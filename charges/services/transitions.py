@@ -17,7 +17,7 @@ from charges.models import Charge, CheckoutSession, PaymentIntent
 from charges.repository import ChargeRow
 from charges.states import ChargeStatus, IntentStatus
 from charges.wire import render_charge, render_intent, render_session
-from jobs.alerts import Severity, admin_path, raise_alert
+from jobs.operator.alerts import Severity, admin_path, raise_alert
 from webhooks.event_types import EventType
 from webhooks.events import emit
 

@@ -8,8 +8,8 @@ from django.db.models.expressions import ExpressionWrapper
 from django.utils.text import Truncator
 
 from jobs.admin.base import EXCERPT, ReadOnlyAdmin
-from jobs.durations import humanize_seconds
 from jobs.models import Alert, Breaker, BreakerState, TransactionNow
+from jobs.operator.durations import humanize_seconds
 
 
 @admin.register(Alert)
@@ -32,7 +32,7 @@ class AlertAdmin(ReadOnlyAdmin):
 
 @admin.register(Breaker)
 class BreakerAdmin(ReadOnlyAdmin):
-    """Every vendor breaker (``jobs.breakers``), open ones first. Read-only: a breaker moves
+    """Every vendor breaker (``jobs.primitives.breakers``), open ones first. Read-only: a breaker moves
     only by its vendor's answers; an operator who wants a vendor tried again waits out the
     cool-down (the next call is the probe)."""
 

@@ -14,8 +14,8 @@ from django.core.exceptions import PermissionDenied
 
 from jobs.admin.bulk_submit import submit_view
 from jobs.bulk_models import BulkOperationKind
-from jobs.durations import parse_time_bound
 from jobs.models import DeadLetter
+from jobs.operator.durations import parse_time_bound
 
 OPERATION = BulkOperationKind.REPLAY_DEAD_LETTERS
 FILTER_FIELDS = ("kind", "queue", "cause", "since", "all_pending")
@@ -69,7 +69,7 @@ class BulkReplayFilterForm(forms.Form):
         return cleaned
 
     def bulk_filter(self) -> dict:
-        """The filter as the operation stores it (``jobs.bulk_replay.filter_params``)."""
+        """The filter as the operation stores it (``jobs.operator.bulk_replay.filter_params``)."""
         since_seconds, since_at = self.cleaned_data["since"] or (None, None)
         return {
             "kinds": self.cleaned_data["kind"] or None,

@@ -20,12 +20,12 @@ from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.text import Truncator
 
-from jobs import fence
 from jobs.admin import bulk_replay
 from jobs.admin.base import EXCERPT, ReadOnlyAdmin, result_messages
 from jobs.admin.forms import ReplayForm, bound_on_confirm
-from jobs.durations import humanize_seconds
 from jobs.models import DeadLetter, DeadLetterState, TransactionNow, db_ago
+from jobs.operator.durations import humanize_seconds
+from jobs.primitives import fence
 from jobs.services import dead_letters as ops
 
 

@@ -9,10 +9,10 @@ from django.utils.text import Truncator
 
 from jobs import registry
 from jobs.admin.base import EXCERPT, ReadOnlyAdmin
-from jobs.durations import humanize_seconds
-from jobs.health_sql import queue_summary
 from jobs.models import Job, ProcessedJob, TransactionNow
+from jobs.operator.durations import humanize_seconds
 from jobs.services import cancels
+from jobs.storage.health_sql import queue_summary
 
 
 @admin.register(Job)

@@ -1,7 +1,7 @@
 """Submitting and reading bulk operations (the admin and the shell call these).
 
 Submit is O(1) in items: one envelope row and one expansion job, in one transaction,
-whatever the filter matches; ``jobs.expansion`` does the rest on the queue.
+whatever the filter matches; ``jobs.primitives.expansion`` does the rest on the queue.
 """
 
 from __future__ import annotations
@@ -11,10 +11,11 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.db import transaction
 
-from jobs import bulk_sql, expansion, queue
+from jobs.adapters import postgres as queue
 from jobs.bulk_models import FINISHED_STATES, BulkOperation
-from jobs.expansion import BulkRefused
 from jobs.kinds import JobKind
+from jobs.primitives import bulk_sql, expansion
+from jobs.primitives.expansion import BulkRefused
 
 __all__ = [
     "BulkRefused",

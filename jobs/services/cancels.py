@@ -1,8 +1,8 @@
 """Cancelling a job, waiting or running: the one writer of cancel requests.
 
 The admin's *Cancel* action, ``manage.py jobs cancel`` and Python callers all come here.
-One transaction per job: its row is locked and its phase read (``jobs.cancels``), the pure
-table (``jobs.cancel_decisions``) decides, and the write (and, when a Django user acts,
+One transaction per job: its row is locked and its phase read (``jobs.primitives.cancels``), the pure
+table (``jobs.primitives.cancel_decisions``) decides, and the write (and, when a Django user acts,
 the admin log entry) commits with it. A refusal writes nothing and raises
 :class:`CancelRefused`, whose message says why.
 
@@ -22,9 +22,10 @@ from dataclasses import dataclass
 
 from django.db import transaction
 
-from jobs import cancels, registry
-from jobs.cancel_decisions import CancelAction, JobPhase, Refusal, decide
+from jobs import registry
 from jobs.models import DeadLetter, Job
+from jobs.primitives import cancels
+from jobs.primitives.cancel_decisions import CancelAction, JobPhase, Refusal, decide
 from jobs.services.dead_letters import clean_reason
 from vpay.admin_log import log_change
 

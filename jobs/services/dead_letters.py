@@ -26,8 +26,10 @@ from dataclasses import dataclass
 
 from django.db import transaction
 
-from jobs import fence, operator_sql, registry
+from jobs import registry
 from jobs.models import DeadLetter, DeadLetterState
+from jobs.operator import dead_letter_sql as operator_sql
+from jobs.primitives import fence
 from vpay.admin_log import log_change
 
 # Time left on a fence row for a replay to be claimed and see it. An hour covers a queue

@@ -33,7 +33,7 @@ class KindDepth:
 
 
 # Depth and oldest claimable age by kind. The jobs table holds only live work, so this is a
-# scan of what is waiting (as jobs.health_sql.queue_summary, by kind only).
+# scan of what is waiting (as jobs.storage.health_sql.queue_summary, by kind only).
 _QUEUE_BY_KIND = """
 SELECT kind,
        count(*) FILTER (WHERE locked_at IS NULL AND run_at <= now()),

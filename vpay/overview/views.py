@@ -11,7 +11,7 @@ from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.template.response import TemplateResponse
 
-from jobs.durations import humanize_seconds
+from jobs.operator.durations import humanize_seconds
 from vpay.overview import charts, sql
 
 REFRESH_SECONDS = 60

@@ -33,7 +33,7 @@ import httpx
 from django.conf import settings
 from django.db import DatabaseError, transaction
 
-from jobs.alerts import Severity, admin_path, raise_alert
+from jobs.operator.alerts import Severity, admin_path, raise_alert
 from jobs.port import pull_forward_first
 from vpay.errors import error_chain
 from webhooks import attempt_errors, attempt_sql, metrics, repository, sealing, ssrf

@@ -2,7 +2,7 @@
 
 Both are things a merchant can cause as often as it likes (a ``/test`` loop to an endpoint
 on a private address, an endpoint that answers 500 to everything), so they are counted per
-endpoint and per ``VPAY_WEBHOOK_ALERT_PERIOD_SECONDS`` (``jobs.alerts.raise_counted_alert``):
+endpoint and per ``VPAY_WEBHOOK_ALERT_PERIOD_SECONDS`` (``jobs.operator.alerts.raise_counted_alert``):
 the period's first refusal (exhaustion) of an endpoint's deliveries alerts at once, the
 rest are counted on one tally sent when the period ends. The deliveries themselves are the
 record (state ``refused`` / ``exhausted``; the runbooks' queries list them); the alert gets
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from django.conf import settings
 
-from jobs.alerts import Severity, admin_change_path, raise_counted_alert
+from jobs.operator.alerts import Severity, admin_change_path, raise_counted_alert
 
 
 def _endpoint_link(endpoint_id: str) -> str:

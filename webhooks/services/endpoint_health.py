@@ -25,12 +25,12 @@ import logging
 from django.conf import settings
 from django.db import transaction
 
-from jobs.alerts import Severity, admin_change_path, raise_alert
-from jobs.context import JobContext
-from jobs.housekeeping import StepResult
 from jobs.kinds import JobKind
-from jobs.paging import sweep_in_pages
+from jobs.maintenance.housekeeping import StepResult
+from jobs.maintenance.paging import sweep_in_pages
+from jobs.operator.alerts import Severity, admin_change_path, raise_alert
 from jobs.port import JobRequest, enqueue_many, pull_forward
+from jobs.runner.context import JobContext
 from vpay.admin_log import log_change
 from vpay.errors import InvalidInput
 from webhooks import health_sql

@@ -37,8 +37,8 @@ from dataclasses import dataclass
 
 from django.db import DatabaseError, transaction
 
-from jobs.alerts import Severity, admin_change_path, raise_alert
 from jobs.kinds import JobKind
+from jobs.operator.alerts import Severity, admin_change_path, raise_alert
 from jobs.port import JobRequest, enqueue_many
 from vpay import faultpoints
 from vpay.errors import Category, classify, error_chain

@@ -1,5 +1,5 @@
 """Each merchant's circuit breaker per receiver host and port
-(``webhook_host:<merchant>:<host>:<port>``, ``jobs.breakers``).
+(``webhook_host:<merchant>:<host>:<port>``, ``jobs.primitives.breakers``).
 
 A receiver host that keeps failing — no answer, a 5xx, a 429 — opens its breaker after
 ``VPAY_WEBHOOK_BREAKER_FAILURES`` consecutive failed attempts; while it is open the
@@ -31,7 +31,7 @@ from __future__ import annotations
 import httpx
 from django.conf import settings
 
-from jobs import breakers
+from jobs.primitives import breakers
 from webhooks.models import AttemptState
 
 # A probe may take the attempt's whole budget and its two short transactions.

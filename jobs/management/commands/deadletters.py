@@ -2,7 +2,7 @@
 
 The command parses and selects; :mod:`jobs.services.dead_letters` acts, each letter in its
 own transaction, with the same guards as the admin (compare-and-swap on the state, the
-fence horizon, a non-blank reason). All SQL is in :mod:`jobs.repository`.
+fence horizon, a non-blank reason). All SQL is in :mod:`jobs.storage.repository`.
 """
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ from datetime import datetime
 
 from django.core.management.base import BaseCommand, CommandError
 
-from jobs import bulk_watch, operator_sql
 from jobs.bulk_models import BulkOperationKind
-from jobs.durations import humanize_seconds, parse_time_bound
 from jobs.models import DeadLetterState
+from jobs.operator import bulk_watch
+from jobs.operator import dead_letter_sql as operator_sql
+from jobs.operator.durations import humanize_seconds, parse_time_bound
 from jobs.services import bulk
 from jobs.services import dead_letters as ops
 

@@ -13,11 +13,12 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError, connection, connections
 
-from jobs import ceilings, registry
+from jobs import registry
 from jobs.checks import fence_ttl_problems
-from jobs.migration_check import migration_problems
-from jobs.supervisor import Supervisor
-from jobs.worker import HEARTBEAT_SECONDS, LEASE_BEATS, LEASE_MARGIN_SECONDS, Worker, default_worker_id
+from jobs.primitives import ceilings
+from jobs.runner.supervisor import Supervisor
+from jobs.runner.worker import HEARTBEAT_SECONDS, LEASE_BEATS, LEASE_MARGIN_SECONDS, Worker, default_worker_id
+from jobs.storage.migration_check import migration_problems
 from vpay import db_role
 from vpay.db_errors import unavailable_message
 from vpay.errors import error_chain
@@ -37,7 +38,7 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser):
-        # Defaults are None so that jobs.ceilings can say where each value came from
+        # Defaults are None so that jobs.primitives.ceilings can say where each value came from
         # (flag, env var, default); it resolves them.
         parser.add_argument(
             "--concurrency",
@@ -128,7 +129,7 @@ class Command(BaseCommand):
         # A fenced handler runs inside a transaction the loop holds open for up to the kind's
         # timeout: the server must not kill it as idle-in-transaction before that.
         # (Behind a transaction pooler there are no startup options: the fenced transaction
-        # raises it for itself, jobs.invoke.)
+        # raises it for itself, jobs.runner.invoke.)
         longest_lease_ms = int(max((s.lease_seconds for s in registry.all_specs()), default=60.0) * 1000)
         if longest_lease_ms > settings.DB_IDLE_IN_TX_TIMEOUT_MS and "options" in db_options:
             db_options["options"] = db_options.get("options", "").replace(
@@ -165,7 +166,7 @@ class Command(BaseCommand):
         self._run_worker(opts, queues, options, worker_id)
 
     def _run_child(self, opts: dict, queues: list[str], options, worker_id: str, number: int) -> int:
-        """One supervised worker process (jobs.supervisor): its exit code."""
+        """One supervised worker process (jobs.runner.supervisor): its exit code."""
         port = opts["metrics_port"]
         child_opts = {**opts, "metrics_port": None if port is None else port + number - 1}
         # Its connections name it, as the single worker's do.
@@ -191,12 +192,12 @@ class Command(BaseCommand):
             metrics_port=opts["metrics_port"],
             metrics_addr=opts["metrics_addr"],
         )
-        # Read by the "worker started" line and the ceiling gauges (jobs.ceilings.publish).
+        # Read by the "worker started" line and the ceiling gauges (jobs.primitives.ceilings.publish).
         worker.option_sources = options.sources
 
         def log_thread_death(args):
             # Through logging, so the redaction filter sees it (the default hook prints raw).
-            logging.getLogger("jobs.worker").critical(
+            logging.getLogger("jobs.runner.worker").critical(
                 "a worker thread died",
                 exc_info=(args.exc_type, args.exc_value, args.exc_traceback),
                 extra={"thread_name": getattr(args.thread, "name", "?"), "alert": True},
@@ -209,7 +210,7 @@ class Command(BaseCommand):
             worker.request_stop()
 
         def on_supervised_signal(signum, frame):
-            # Under a supervisor (jobs.supervisor): every SIGTERM means drain (one may come
+            # Under a supervisor (jobs.runner.supervisor): every SIGTERM means drain (one may come
             # from the supervisor and one from a signal to the whole group); SIGQUIT, the
             # supervisor's second, means exit now.
             if signum == signal.SIGQUIT:
@@ -244,7 +245,7 @@ class Command(BaseCommand):
         timeout_problems = db_role.problems()
         if timeout_problems:
             # A statement without a timeout can hold locks forever; the worker still runs.
-            logging.getLogger("jobs.worker").warning(
+            logging.getLogger("jobs.runner.worker").warning(
                 "the database role's timeouts differ from the settings: "
                 + "; ".join(timeout_problems)
                 + " (run `python manage.py dbroletimeouts --apply`)",

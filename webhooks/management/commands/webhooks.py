@@ -7,9 +7,9 @@ import getpass
 
 from django.core.management.base import BaseCommand, CommandError
 
-from jobs import bulk_watch
 from jobs.bulk_models import BulkOperationKind
 from jobs.management.commands.deadletters import parse_since
+from jobs.operator import bulk_watch
 from jobs.services import bulk
 from webhooks.bulk_resend import FAILED_STATES
 

@@ -1,0 +1,68 @@
+"""The SQL that pulls a named job forward: a waiting one made due now, a running one woken
+(``jobs.adapters.postgres.pull_forward``); and the first of several waiting names moved, for a freed
+webhook slot (``jobs.adapters.postgres.pull_forward_first``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from django.db import connection
+
+from jobs.storage.repository import NOTIFY_CHANNEL
+from vpay.prepared import execute_prepared
+
+# The named job (jobs_job_dedupe_key_unique) made due now when it waits more than the floor;
+# when it is leased (a floor of 0 only), woken: run_at set after its claim's locked_at (a
+# claim takes only rows with run_at <= its now(), so nothing but a wake leaves it there
+# while the lease is held, and the microsecond keeps it after even within one transaction),
+# and the plain reschedule that settles it makes it due at once (jobs.storage.repository's
+# _RESCHEDULE). A row a settle or a claim is writing is waited for, then judged again. Still
+# lost: a wake of a job already due, claimed after this statement and before the caller
+# commits, reads the caller's write as not yet made (a caller that must not lose it pulls
+# forward after its commit). NOTIFY for a moved one.
+_PULL_FORWARD = f"""
+WITH moved AS (
+    UPDATE jobs SET run_at = CASE WHEN locked_at IS NULL THEN now()
+                                  ELSE greatest(now(), locked_at + interval '1 microsecond') END
+     WHERE dedupe_key = %(name)s
+       AND CASE WHEN locked_at IS NULL THEN run_at > now() + make_interval(secs => %(floor)s)
+                ELSE %(floor)s <= 0 AND run_at <= locked_at END
+    RETURNING queue, locked_at IS NULL AS waiting
+)
+SELECT count(*), count(pg_notify('{NOTIFY_CHANNEL}', queue)) FILTER (WHERE waiting) FROM moved
+"""
+
+
+def pull_forward(dedupe_key: str, floor_seconds: float) -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute(_PULL_FORWARD, {"name": dedupe_key, "floor": floor_seconds})
+        return cursor.fetchone()[0] > 0
+
+
+# The first of several named jobs (in the order given) that is waiting, not leased and due
+# more than the floor from now, made due now: one statement for a caller that would
+# otherwise try the names one by one (jobs_job_dedupe_key_unique finds each name; SKIP
+# LOCKED passes over a row another transaction is moving). Prepared: a freed webhook slot
+# asks it once per recorded attempt.
+_PULL_FORWARD_FIRST = f"""
+WITH candidate AS (
+    SELECT j.id FROM jobs j JOIN unnest(%s::text[]) WITH ORDINALITY AS k(name, n) ON j.dedupe_key = k.name
+     WHERE j.locked_at IS NULL AND j.run_at > now() + make_interval(secs => %s::float8)
+     ORDER BY k.n LIMIT 1
+       FOR UPDATE OF j SKIP LOCKED
+), moved AS (
+    UPDATE jobs SET run_at = now() FROM candidate WHERE jobs.id = candidate.id
+    RETURNING jobs.queue, jobs.dedupe_key
+)
+SELECT dedupe_key, pg_notify('{NOTIFY_CHANNEL}', queue) FROM moved
+"""
+
+
+def _text_array(values: Sequence[str]) -> str:
+    """``values`` as a PostgreSQL array literal (every element quoted, ``"`` and ``\\`` escaped)."""
+    return "{" + ",".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values) + "}"
+
+
+def pull_forward_first(dedupe_keys: list[str], floor_seconds: float) -> str | None:
+    row = execute_prepared(_PULL_FORWARD_FIRST, [_text_array(dedupe_keys), float(floor_seconds)])
+    return row[0] if row else None
