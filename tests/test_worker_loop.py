@@ -601,3 +601,25 @@ def test_grace_expiry_spends_the_attempt_of_a_handler_already_past_its_timeout()
     row = job_row(job_id)
     assert (row["attempts"], row["locked_by"]) == (1, None)  # spent: no free pass at every deploy
     assert "past its timeout" in row["last_error"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_no_executor_claims_before_every_executor_has_connected():
+    import threading
+
+    from django.db import connection
+
+    worker = Worker(worker_id="w-ready", concurrency=2)
+
+    def executor() -> threading.Thread:
+        thread = threading.Thread(target=lambda: (worker.dispatcher.executor_ready(), connection.close()))
+        thread.start()
+        return thread
+
+    first = executor()
+    first.join(0.3)
+    assert first.is_alive(), "an executor went on to claim while its sibling had not connected"
+    second = executor()  # the second executor connects: both go on, well inside the 5 s bound
+    for thread in (first, second):
+        thread.join(2)
+        assert not thread.is_alive()
