@@ -2,7 +2,9 @@
 
 Fenced kinds (registry ``fenced=True``) run inside one transaction with their
 ``processed_jobs`` row and their own delete, so effect, fence and finish commit together or
-not at all. Other kinds run in autocommit and own their transactions; their finish is
+not at all; a fenced handler that wrote nothing has no effect to hold, and its fence row
+goes with its finish to the worker's batched acknowledgement instead (``defer_fence``).
+Other kinds run in autocommit and own their transactions; their finish is
 acknowledged afterwards (``jobs.runner.settling``). Either way a handler only returns an
 :class:`~jobs.runner.outcome.Outcome` or raises; nothing here writes the job's row except the
 fenced finish.
