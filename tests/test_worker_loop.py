@@ -623,3 +623,29 @@ def test_no_executor_claims_before_every_executor_has_connected():
     for thread in (first, second):
         thread.join(2)
         assert not thread.is_alive()
+
+
+@pytest.mark.django_db
+def test_a_wake_for_one_handed_over_job_stirs_one_idle_executor_not_all():
+    import threading
+    import time
+
+    worker = Worker(worker_id="w-wake", concurrency=3)
+    woke: list[float] = []
+    generation = worker.dispatcher._generation
+
+    def idle_executor() -> None:
+        worker.dispatcher._wait_for_work(generation, 3.0)
+        woke.append(time.monotonic())
+
+    idle = [threading.Thread(target=idle_executor) for _ in range(3)]
+    for thread in idle:
+        thread.start()
+    time.sleep(0.2)  # all three waiting on the condition
+    worker.dispatcher.wake(1)
+    time.sleep(0.5)
+    assert len(woke) == 1, "a wake for one job stirred more than one idle executor"
+    worker.dispatcher.wake()  # a stop: every one of them
+    for thread in idle:
+        thread.join(2)
+    assert len(woke) == 3

@@ -101,8 +101,7 @@ def run_job(
         return Ran(_unrunnable(job, poison, window))
     assert spec is not None  # poison_reason() names a kind with no handler
     if spec.fenced and job.processed:
-        metrics.DUPLICATES_SKIPPED.labels(kind=job.kind).inc()
-        logger.info("duplicate job skipped by the fence", extra=job_fields(job))
+        note_duplicate(job)
         return Ran(Settle(Disposition.FINISHED), duplicate=True)
     job_state = _state(job, spec.max_deferrals)
     ctx = JobContext(
@@ -145,8 +144,7 @@ def run_job(
     except _Undo as undo:
         return Ran(settle_outcome(undo.outcome, job_state))
     except _Duplicate:
-        metrics.DUPLICATES_SKIPPED.labels(kind=job.kind).inc()
-        logger.info("duplicate job skipped by the fence", extra=job_fields(job))
+        note_duplicate(job)
         return Ran(Settle(Disposition.FINISHED), duplicate=True)
     except (_LeaseGone, LeaseLost):
         logger.warning("lease lost while the handler ran", extra=job_fields(job))
@@ -301,6 +299,13 @@ def log_failure(job: ClaimedJob, classification: Classification, exc: BaseExcept
         metrics.ALERT_EVENTS.labels(category=classification.category, severity=classification.severity).inc()
     metrics.ERROR_EVENTS.labels(category=classification.category, severity=classification.severity).inc()
     logger.log(_LEVELS[classification.severity], "job handler failed", extra=extra)
+
+
+def note_duplicate(job: ClaimedJob) -> None:
+    """The fence says this job's effect already happened: counted and logged once, wherever
+    the fence found it (at the claim, in its transaction, or in the completer's batch)."""
+    metrics.DUPLICATES_SKIPPED.labels(kind=job.kind).inc()
+    logger.info("duplicate job skipped by the fence", extra=job_fields(job))
 
 
 def job_fields(job: ClaimedJob) -> dict:

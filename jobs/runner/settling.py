@@ -27,7 +27,7 @@ from jobs.kinds import JobKind
 from jobs.models import DeadLetterCause
 from jobs.primitives import cancels, fence
 from jobs.runner.decisions import Disposition, Settle
-from jobs.runner.invoke import job_fields
+from jobs.runner.invoke import job_fields, note_duplicate
 from jobs.runner.report import Report
 from jobs.storage import leases, repository
 from jobs.storage.leases import ClaimedJob
@@ -74,8 +74,7 @@ class Settler:
         for job_pk, requested_by, reason in overtaken:
             cancels.note_overtaken(by_id[job_pk], requested_by, reason)
         for job_pk in duplicates:
-            metrics.DUPLICATES_SKIPPED.labels(kind=by_id[job_pk].kind).inc()
-            logger.info("duplicate job skipped by the fence", extra=job_fields(by_id[job_pk]))
+            note_duplicate(by_id[job_pk])
         for job in jobs:
             if job.id in matched:
                 self.count(job, Disposition.FINISHED)
@@ -120,7 +119,8 @@ class Settler:
                     unrunnable=settle.disposition is Disposition.UNRUNNABLE,
                 )
             if not matched and settle.disposition is not Disposition.CANCELLED and cancels.settle_cancelled(job):
-                settle = Settle(Disposition.CANCELLED)  # a cancel request refused the re-queue (jobs.primitives.cancels)
+                # A cancel request refused the re-queue (jobs.primitives.cancels).
+                settle = Settle(Disposition.CANCELLED)
                 matched = True
         except DB_ERRORS as exc:
             self.failed(job, exc)
