@@ -2,6 +2,10 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+# Python writes its bytecode caches (__pycache__/, git-ignored) even where the environment
+# asks it not to: without them every process the suite starts (hundreds of workers, web
+# processes, scripts) compiles the project's modules again, a sixth of a worker's startup.
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: run test test-django6 rehearse lint bench stop-db clean browser pgbouncer postgres
 
@@ -21,7 +25,7 @@ run: $(VENV)/.deps
 ## ones (pyproject.toml deselects them; a fast case of each rehearsal still runs here), then
 ## test-django6 (below: about 3 minutes with its venv to build, 30 s once built).
 ## TEST_WORKERS: pytest-xdist workers for the suite (docs/testing.md); 0 runs it in one process.
-TEST_WORKERS ?= 0
+TEST_WORKERS ?= 4
 test: $(VENV)/.deps browser pgbouncer postgres
 	$(PY) -m ruff check .
 	$(PY) -m mypy

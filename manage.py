@@ -18,8 +18,15 @@ def main() -> None:
         ensure_running_if_used()
     except ImproperlyConfigured as exc:
         sys.exit(f"vpay: refusing to start: {exc}")
+    import django
     from django.db import DatabaseError
 
+    from vpay.startup_heap import startup_heap
+
+    with startup_heap():
+        # Set up here, under the paused collector (vpay/startup_heap.py). The command line's
+        # own django.setup() then finds the apps ready and applies the same logging again.
+        django.setup()
     try:
         execute_from_command_line(sys.argv)
     except DatabaseError as exc:

@@ -320,7 +320,8 @@ def drain(n: int, concurrency: int, rep: int, poll: float) -> dict:
     r["dead_letters"] = dead
     r["ok"] = r["ok"] and processed == n and dead == 0 and rc == 0
     r["jobs_per_s_incl_startup"] = n / (r["t_done"] - r["t_launch"])
-    r["jobs_per_s_steady"] = n / (r["t_done"] - r["t_first"]) if r["t_first"] else None
+    # None when the whole backlog drained between two polls (no steady span to divide by).
+    r["jobs_per_s_steady"] = n / (r["t_done"] - r["t_first"]) if r["t_first"] and r["t_done"] > r["t_first"] else None
     r["startup_s"] = (r["t_first"] - r["t_launch"]) if r["t_first"] else None
     r["exit_after_done_s"] = (r["t_exit"] - r["t_done"]) if r.get("t_exit") else None
     r["poll_s"] = poll

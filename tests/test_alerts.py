@@ -284,7 +284,7 @@ def test_two_transactions_racing_to_raise_the_same_key_make_one_alert(alert_sett
                 results["first"] = raise_alert(key="race:1", title="t", source="tests.race")
                 first_inserted.set()
                 # Hold the transaction open while the second one tries the same key.
-                wait_for(lambda: scalar(WAITING_HERE) > 0, timeout=10)
+                wait_for(lambda: scalar(WAITING_HERE) > 0, timeout=30, message="the second to wait on the key")
         except BaseException as exc:  # surfaced below
             errors.append(exc)
         finally:
@@ -292,7 +292,7 @@ def test_two_transactions_racing_to_raise_the_same_key_make_one_alert(alert_sett
 
     def second():
         try:
-            first_inserted.wait(10)
+            first_inserted.wait(30)
             with transaction.atomic():
                 results["second"] = raise_alert(key="race:1", title="t", source="tests.race")
         except BaseException as exc:

@@ -60,6 +60,11 @@ def run(env: dict, script: str, *args: str, timeout: float = 240) -> str:
     return result.stdout
 
 
+# The tests that read bench_vpay's database go to one xdist worker, which runs it once;
+# spread over several, each would run it again (a module fixture is per worker).
+on_bench_vpays_database = pytest.mark.xdist_group("bench_vpay_database")
+
+
 @pytest.fixture(scope="module")
 def bench_vpay_ran(bench_env):
     """``bench_vpay.py`` once, every phase (it makes the database the profilers read)."""
@@ -71,6 +76,7 @@ def bench_vpay_ran(bench_env):
     return Path(bench_env["VPAY_BENCH_OUT"])
 
 
+@on_bench_vpays_database
 def test_bench_vpay_runs_every_phase_and_writes_its_tables(bench_vpay_ran):
     records = [json.loads(line) for line in (bench_vpay_ran / "vpay.jsonl").read_text().splitlines()]
     kinds = {r["kind"] for r in records}
@@ -80,6 +86,7 @@ def test_bench_vpay_runs_every_phase_and_writes_its_tables(bench_vpay_ran):
     assert "Execution Time" in (bench_vpay_ran / "claim_explain.md").read_text()
 
 
+@on_bench_vpays_database
 def test_the_report_is_written_from_bench_vpays_output(bench_env, bench_vpay_ran, tmp_path):
     peers = tmp_path / "peers"
     peers.mkdir()
@@ -99,6 +106,7 @@ def test_the_report_is_written_from_bench_vpays_output(bench_env, bench_vpay_ran
     ],
     ids=lambda v: v if isinstance(v, str) else "",
 )
+@on_bench_vpays_database
 def test_the_scripts_on_bench_vpays_database_run(bench_env, bench_vpay_ran, script, args):
     run(bench_env, script, *args)
 
