@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 # processes, scripts) compiles the project's modules again, a sixth of a worker's startup.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: run test test-django6 rehearse lint bench stop-db clean browser pgbouncer postgres
+.PHONY: run test test-suite test-django6 test-django6-venv rehearse lint bench stop-db clean browser pgbouncer postgres
 
 $(VENV)/.deps: requirements/base.txt requirements/dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,16 +23,20 @@ run: $(VENV)/.deps
 ## The whole test suite: lint, types (mypy over jobs/, charges/, webhooks/), migrations in sync, the system checks (live mode's
 ## `check --deploy` is tests/test_system_checks.py), every test but the heavy `rehearse`
 ## ones (pyproject.toml deselects them; a fast case of each rehearsal still runs here), then
-## test-django6 (below: about 3 minutes with its venv to build, 30 s once built).
+## test-django6 (below), whose venv is built while the suite runs.
 ## TEST_WORKERS: pytest-xdist workers for the suite (docs/testing.md); 0 runs it in one process.
 TEST_WORKERS ?= 4
 test: $(VENV)/.deps browser pgbouncer postgres
+	$(MAKE) --no-print-directory -j2 test-suite test-django6-venv
+	$(MAKE) --no-print-directory test-django6
+
+## test without the Django 6 part.
+test-suite: $(VENV)/.deps
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 	$(PY) manage.py makemigrations --check --dry-run
 	$(PY) manage.py check --fail-level WARNING
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup
-	$(MAKE) --no-print-directory test-django6
 
 ## Django 6.0 beside 5.2 LTS (docs/testing.md "Django 6"): a second venv on Python 3.12 with
 ## requirements/django6.txt over dev.txt, then the system checks, migrations in sync and a
@@ -60,7 +64,13 @@ $(VENV6)/.deps: requirements/base.txt requirements/dev.txt requirements/django6.
 ifeq ($(SKIP_DJANGO6),1)
 test-django6:
 	@echo "test-django6: SKIPPED (SKIP_DJANGO6=1): Django 6.0 support was not checked"
+test-django6-venv:
 else
+# make test builds the Django 6 venv while the suite runs (a fresh clone's 20-odd seconds of
+# pip, overlapped); pip's output goes to a log, shown when the build fails.
+test-django6-venv:
+	@mkdir -p $(VENV6)
+	@$(MAKE) --no-print-directory $(VENV6)/.deps > $(VENV6)/build.log 2>&1 || { cat $(VENV6)/build.log >&2; exit 1; }
 test-django6: $(VENV6)/.deps
 	$(PY6) -c 'import django; assert django.VERSION[:2] == (6, 0), django.__version__'
 	$(PY6) manage.py check --fail-level WARNING

@@ -424,7 +424,7 @@ def explain(n: int) -> dict:
     from django.db import connection, transaction
 
     from jobs import registry
-    from jobs.storage import leases, repository
+    from jobs.storage import fence_sql, leases, repository
 
     reset()
     prefill(n)
@@ -463,7 +463,7 @@ def explain(n: int) -> dict:
         held = [(j.id, j.lease_token) for j in res.jobs]
         if hasattr(repository, "fence_and_finish"):  # as the worker settles a fenced group
             with transaction.atomic():
-                repository.fence_and_finish(
+                fence_sql.fence_and_finish(
                     fences=[(j.job_id, j.kind, NOOP_PATH) for j in res.jobs], leases=held, ttl_seconds=3600.0
                 )
         else:

@@ -63,8 +63,10 @@ def claim(
     max_tenants: int = 64,
     queues: Sequence[str] = ("default",),
     kinds: Sequence[str] | None = None,
+    skip: Sequence[int] = (),
 ) -> leases.ClaimResult:
-    """One claim statement with the arguments a :class:`jobs.runner.worker.Worker` passes."""
+    """One claim statement with the arguments a :class:`jobs.runner.worker.Worker` passes
+    (``skip``: primary keys to step over, as a dispatcher steps over jobs it cannot run now)."""
     kind_leases = {s.kind.value: s.lease_seconds for s in registry.all_specs()}
     return leases.claim(
         worker=worker,
@@ -76,6 +78,7 @@ def claim(
         default_lease=max(kind_leases.values()),
         after=after,
         max_tenants=max_tenants,
+        skip=skip,
     )
 
 

@@ -1,5 +1,5 @@
-"""Helpers for the refunds and cancel tests: a merchant client with the refund calls, an
-intent made succeeded, and a second real connection that holds an intent's row lock so
+"""Helpers for the refunds and cancel tests: a merchant client with the refund calls and
+its paid intents, and a second real connection that holds an intent's row lock so
 two requests can be lined up to race for it."""
 
 from __future__ import annotations
@@ -9,21 +9,19 @@ import time
 
 import psycopg
 
-from tests.charges_support import Merchant, scalar, sql
+from tests.charges_support import Merchant, scalar
 from tests.conftest import database_url, wait_for
+from tests.factories.payments import IntentFactory
 
 
 class RefundingMerchant(Merchant):
     def refund(self, payment_intent: str, **fields):
         return self.call("POST", "/v1/refunds", {"payment_intent": payment_intent, **fields})
 
-    def paid_intent(self, amount: int = 1000) -> str:
-        """An intent confirmed on the sandbox push rail (so the rail holds its charge), then
-        settled as the poll would settle it, without a worker."""
-        intent = self.confirm(self.intent(amount=amount)["id"])
-        sql("UPDATE charges SET status = 'succeeded' WHERE intent_id = %s", [intent["id"]])
-        sql("UPDATE payment_intents SET status = 'succeeded' WHERE id = %s", [intent["id"]])
-        return intent["id"]
+    def paid_intent(self, amount: int = 1000, currency: str = "usd") -> str:
+        """The id of this merchant's ``IntentFactory(paid=True)``: confirmed on the sandbox push
+        rail (so the rail holds its charge), then settled as the poll settles it, without a worker."""
+        return IntentFactory(merchant=self.merchant, amount=amount, currency=currency, paid=True).id
 
 
 def amount_refunded(intent_id: str) -> int:

@@ -11,7 +11,7 @@ from jobs.adapters import postgres as queue
 from jobs.kinds import JobKind
 from jobs.models import Alert
 from jobs.runner.worker import Worker
-from tests.ops_support import make_letter
+from tests.factories.jobs import DeadLetterFactory
 from webhooks.event_types import EventType
 from webhooks.events import emit
 from webhooks.models import DeliveryAttempt, WebhookDelivery
@@ -101,7 +101,7 @@ def provider_request(merchant, *, charge_status: str, seconds_old: float, refund
 
 
 def settled_letter(state: str, *, seconds_ago: float, **fields) -> int:
-    letter = make_letter(**fields)
+    letter = DeadLetterFactory(**fields)
     if state == "replayed":
         sql(
             "UPDATE dead_letters SET state = 'replayed', replayed_by = 'op', replayed_at = now() WHERE id = %s",

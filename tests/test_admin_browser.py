@@ -22,7 +22,8 @@ from django.urls import reverse
 
 from jobs.models import DeadLetter, DeadLetterState
 from tests.conftest import ROOT
-from tests.ops_support import OPERATOR_PERMS, make_letter, staff_user
+from tests.factories.jobs import DeadLetterFactory
+from tests.ops_support import OPERATOR_PERMS, staff_user
 from tests.test_admin_overview import last_hour  # noqa: F401  (a fixture: a known last hour)
 
 ARTIFACTS = ROOT / "test-artifacts" / "browser"
@@ -111,8 +112,8 @@ def test_an_operator_replays_and_discards_dead_letters_in_a_real_browser(browser
     from selenium.webdriver.support.ui import Select
 
     staff_user(django_user_model, "olga", *OPERATOR_PERMS)
-    to_replay = make_letter(correlation_id="corr-replay-me")
-    to_discard = make_letter(correlation_id="corr-discard-me", kind="sweep_expired", payload={})
+    to_replay = DeadLetterFactory(correlation_id="corr-replay-me")
+    to_discard = DeadLetterFactory(correlation_id="corr-discard-me", kind="sweep_expired", payload={})
 
     def go(path: str) -> None:
         browser.get(live_server.url + path)

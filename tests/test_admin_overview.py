@@ -11,7 +11,8 @@ from charges.models import Charge, PaymentIntent
 from jobs.adapters import postgres as queue
 from jobs.services import dead_letters as ops
 from merchants.services import create_merchant
-from tests.ops_support import OPERATOR_PERMS, make_letter, staff_user
+from tests.factories.jobs import DeadLetterFactory
+from tests.ops_support import staff_user
 from tests.queue_support import claim, execute, task_payload
 from tests.test_webhook_admin import deliveries_in
 from vpay.overview import charts, sql
@@ -69,15 +70,14 @@ def last_hour():
     charge(merchant, "unresolved", unresolved_minutes_ago=180)
     charge(merchant, "submitted")
 
-    make_letter()
-    old_letter = make_letter(kind="sweep_expired")
+    DeadLetterFactory()
+    old_letter = DeadLetterFactory(kind="sweep_expired")
     execute("UPDATE dead_letters SET created_at = now() - interval '2 hours' WHERE id = %s", [old_letter.pk])
-    ops.dead_letter_discard(letter_id=make_letter().pk, actor="ops", reason="noise")
+    ops.dead_letter_discard(letter_id=DeadLetterFactory().pk, actor="ops", reason="noise")
     return {"failing_endpoint": endpoint.pk}
 
 
-def test_the_overview_shows_the_last_hour_from_the_database(client, django_user_model, last_hour):
-    client.force_login(staff_user(django_user_model, "olga", *OPERATOR_PERMS))
+def test_the_overview_shows_the_last_hour_from_the_database(client, last_hour, operator):
     page = client.get(reverse("admin-overview"))
     assert page.status_code == 200
     totals = page.context["totals"]
@@ -114,19 +114,18 @@ def test_each_attempt_lands_in_its_five_minute_bucket_on_the_database_clock(last
     assert sql.new_dead_letters_by_bucket()[-1] == 1
 
 
-def test_the_overview_needs_the_jobs_view_permission_and_the_index_links_to_it(client, django_user_model):
+def test_the_overview_needs_the_jobs_view_permission_and_the_index_links_to_it(client, django_user_model, operator):
     client.force_login(staff_user(django_user_model, "vera", "view_deadletter"))
     assert client.get(reverse("admin-overview")).status_code == 403
     assert b'id="overview-link"' not in client.get(reverse("admin:index")).content
-    client.force_login(staff_user(django_user_model, "olga", *OPERATOR_PERMS))
+    client.force_login(operator)
     index = client.get(reverse("admin:index")).content.decode()
     assert f'<a href="{reverse("admin-overview")}">The last hour, in charts</a>' in index
     client.logout()
     assert client.get(reverse("admin-overview")).status_code == 302  # to the admin's login
 
 
-def test_an_empty_system_draws_empty_charts_saying_so(client, django_user_model):
-    client.force_login(staff_user(django_user_model, "olga", *OPERATOR_PERMS))
+def test_an_empty_system_draws_empty_charts_saying_so(client, operator):
     body = client.get(reverse("admin-overview")).content.decode()
     assert "The queue is empty." in body and "No charge is unresolved." in body
 

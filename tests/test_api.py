@@ -16,13 +16,18 @@ from django.test import Client
 from api import idempotency
 from customers.models import Customer
 from merchants.models import ApiKey
-from merchants.services import api_key_revoke, create_merchant
+from merchants.services import api_key_revoke
 from tests.api_support import MerchantClient, error_of
+from tests.factories import MerchantFactory
+from tests.factories.webhooks import EndpointFactory, EventFactory
 from webhooks.event_types import EventType
 from webhooks.events import emit, render_event
 from webhooks.models import Event
 
 pytestmark = pytest.mark.django_db
+
+# The body of a payment intent (or checkout session) the sandbox rail takes.
+PAYMENT = {"amount": 500, "currency": "usd", "rail": "sandbox_push"}
 
 
 def count(table: str) -> int:
@@ -273,8 +278,9 @@ def test_a_merchant_sees_only_its_own_objects(acme, globex):
         response = acme.call(method, f"/v1/customers/{theirs}", {} if method == "POST" else None)
         assert response.status_code == 404 and error_of(response)["code"] == "resource_missing"
     assert Customer.objects.filter(id=theirs).exists()
-    with transaction.atomic():
-        event = emit(globex.merchant, EventType.CUSTOMER_DELETED, {"id": "cus_x", "object": "customer"})
+    event = EventFactory(
+        merchant=globex.merchant, type=EventType.CUSTOMER_DELETED, data={"id": "cus_x", "object": "customer"}
+    )
     assert acme.call("GET", f"/v1/events/{event.id}").status_code == 404
     assert acme.call("GET", "/v1/events").json()["data"] == []
 
@@ -282,12 +288,9 @@ def test_a_merchant_sees_only_its_own_objects(acme, globex):
 def test_no_single_object_route_reaches_another_merchants_object(acme, globex):
     """Every /v1 route that names an object answers another merchant's id with the same 404
     as a missing one, and changes nothing."""
-    payment = {"amount": 500, "currency": "usd", "rail": "sandbox_push"}
-    intent = globex.call("POST", "/v1/payment_intents", payment).json()["id"]
-    session = globex.call("POST", "/v1/checkout/sessions", payment).json()["id"]
-    endpoint = globex.call(
-        "POST", "/v1/webhook_endpoints", {"url": "https://hooks.example.com/x", "enabled_events": ["*"]}
-    ).json()["id"]
+    intent = globex.call("POST", "/v1/payment_intents", PAYMENT).json()["id"]
+    session = globex.call("POST", "/v1/checkout/sessions", PAYMENT).json()["id"]
+    endpoint = EndpointFactory(merchant=globex.merchant).pk
     routes = [
         ("GET", f"/v1/payment_intents/{intent}", None),
         ("POST", f"/v1/payment_intents/{intent}/confirm", None),
@@ -345,8 +348,7 @@ def _pages(api: MerchantClient, path: str, between=None) -> list[str]:
 def test_a_filtered_list_keeps_paging_after_its_cursor_leaves_the_filter(acme):
     """The last intent of a page moved on (it was confirmed) before the next page was asked
     for: its position in (created, id) still says where the next page starts."""
-    payment = {"amount": 500, "currency": "usd", "rail": "sandbox_push"}
-    ids = [acme.call("POST", "/v1/payment_intents", payment).json()["id"] for _ in range(3)]
+    ids = [acme.call("POST", "/v1/payment_intents", PAYMENT).json()["id"] for _ in range(3)]
 
     def moves_on(intent_id: str) -> None:
         with connection.cursor() as cursor:
@@ -357,16 +359,14 @@ def test_a_filtered_list_keeps_paging_after_its_cursor_leaves_the_filter(acme):
 
 
 def test_a_deleted_endpoint_as_the_cursor_still_pages_on(acme):
-    body = {"url": "https://hooks.example.com/x", "enabled_events": ["*"]}
-    ids = [acme.call("POST", "/v1/webhook_endpoints", body).json()["id"] for _ in range(3)]
+    ids = [endpoint.pk for endpoint in EndpointFactory.create_batch(3, merchant=acme.merchant)]
     seen = _pages(acme, "/v1/webhook_endpoints", between=lambda e: acme.call("DELETE", f"/v1/webhook_endpoints/{e}"))
     assert seen == ids[::-1]
 
 
 def test_a_cursor_from_another_merchant_or_nowhere_is_a_404(acme, globex):
-    payment = {"amount": 500, "currency": "usd", "rail": "sandbox_push"}
-    acme.call("POST", "/v1/payment_intents", payment)
-    theirs = globex.call("POST", "/v1/payment_intents", payment).json()["id"]
+    acme.call("POST", "/v1/payment_intents", PAYMENT)
+    theirs = globex.call("POST", "/v1/payment_intents", PAYMENT).json()["id"]
     for cursor in (theirs, "pi_nothing"):
         response = acme.call("GET", f"/v1/payment_intents?starting_after={cursor}")
         assert response.status_code == 404 and error_of(response)["code"] == "resource_missing"
@@ -390,7 +390,7 @@ def test_bad_list_parameters_are_400(acme, query, code):
 
 @pytest.mark.django_db(transaction=True)
 def test_emit_refuses_to_run_outside_a_transaction():
-    merchant, _ = create_merchant("Outside")
+    merchant = MerchantFactory(name="Outside")
     with pytest.raises(RuntimeError, match="inside the transaction"):
         emit(merchant, EventType.CUSTOMER_DELETED, {"id": "cus_x", "object": "customer"})
     assert Event.objects.count() == 0
@@ -398,7 +398,7 @@ def test_emit_refuses_to_run_outside_a_transaction():
 
 @pytest.mark.django_db(transaction=True)
 def test_an_event_rolls_back_with_the_change_it_reports():
-    merchant, _ = create_merchant("Rollback")
+    merchant = MerchantFactory(name="Rollback")
     with pytest.raises(ZeroDivisionError), transaction.atomic():
         emit(merchant, EventType.CUSTOMER_DELETED, {"id": "cus_x", "object": "customer"})
         1 / 0  # noqa: B018
@@ -414,9 +414,14 @@ def test_emit_refuses_unknown_types_and_objects_without_an_id(acme):
 
 
 def test_events_api_serves_the_same_rendering_as_the_webhook_body_and_filters_by_type(acme):
-    with transaction.atomic():
-        deleted = emit(acme.merchant, EventType.CUSTOMER_DELETED, {"id": "cus_1", "object": "customer"})
-        expired = emit(acme.merchant, EventType.CHECKOUT_SESSION_EXPIRED, {"id": "cs_1", "object": "checkout.session"})
+    deleted = EventFactory(
+        merchant=acme.merchant, type=EventType.CUSTOMER_DELETED, data={"id": "cus_1", "object": "customer"}
+    )
+    expired = EventFactory(
+        merchant=acme.merchant,
+        type=EventType.CHECKOUT_SESSION_EXPIRED,
+        data={"id": "cs_1", "object": "checkout.session"},
+    )
     one = acme.call("GET", f"/v1/events/{deleted.id}").json()
     deleted.refresh_from_db()
     assert one == render_event(deleted)

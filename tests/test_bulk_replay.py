@@ -9,11 +9,11 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from jobs.bulk_models import BulkItem, BulkOperation, BulkOperationKind, BulkOperationState
-from jobs.models import DeadLetter, DeadLetterState
+from jobs.models import DeadLetter, DeadLetterState, db_ago
 from jobs.primitives import expansion
 from jobs.runner.worker import Worker
 from jobs.services import bulk
-from tests.ops_support import db_ago, make_letter
+from tests.factories.jobs import DeadLetterFactory, JobFactory
 from tests.queue_support import claim, claimed_context, count, execute, rows, scalar, task_payload
 
 pytestmark = pytest.mark.django_db
@@ -121,10 +121,13 @@ def test_an_expansion_run_again_from_the_start_after_a_lost_checkpoint_creates_n
     # The expansion's job delivered again with its checkpoint gone (the worst redelivery).
     execute("UPDATE bulk_operations SET state = 'expanding', cursor = 0 WHERE id = %s", [op_id])
     execute("DELETE FROM jobs WHERE kind = 'bulk_expand'")
-    execute(
-        "INSERT INTO jobs (kind, payload, dedupe_key, max_attempts, priority, tenant)"
-        " VALUES ('bulk_expand', %s, 'again', 5, -10, %s)",
-        [f'{{"operation_id": {op_id}}}', f"bulk:{op_id}"],
+    JobFactory(
+        kind="bulk_expand",
+        payload={"operation_id": op_id},
+        dedupe_key="again",
+        max_attempts=5,
+        priority=-10,
+        tenant=f"bulk:{op_id}",
     )
     expand_once()
     again = envelope(op_id)
@@ -144,7 +147,7 @@ def test_running_the_expansion_handler_twice_is_a_no_op_the_second_time(settings
 def test_every_matching_letter_is_replayed_once_and_the_operation_counts_it_done(effects, settings):
     settings.VPAY_BULK_PAGE_SIZE = 7
     ids = letters(20)
-    old = make_letter(job_created_at=db_ago(days=30), payload=task_payload("tests.tasks.record", "stale"))
+    old = DeadLetterFactory(job_created_at=db_ago(days=30), payload=task_payload("tests.tasks.record", "stale"))
     other_kind = letters(2, "sweep", kind="sweep_expired")
     op_id = submit(kinds=["task"])
     run_all()
@@ -168,9 +171,11 @@ def test_a_unit_delivered_again_after_its_item_finished_has_no_second_effect(eff
     assert len(effects("bulk-")) == 3
     first = BulkItem.objects.filter(operation_id=op_id).order_by("item_id").first()
     # The unit again, under a new job_id (its fence row cannot help): the item's CAS does.
-    execute(
-        "INSERT INTO jobs (kind, payload, dedupe_key, max_attempts) VALUES ('bulk_item', %s, 'redelivered', 5)",
-        [f'{{"operation_id": {op_id}, "item_id": {first.item_id}}}'],
+    JobFactory(
+        kind="bulk_item",
+        payload={"operation_id": op_id, "item_id": first.item_id},
+        dedupe_key="redelivered",
+        max_attempts=5,
     )
     run_all()
     assert len(effects("bulk-")) == 3

@@ -8,24 +8,10 @@ import json
 import pytest
 
 from tests.api_support import error_of, refusal_of
-from tests.charges_support import (
-    Merchant,
-    charge_of,
-    events,
-    intent_status,
-    poll_job,
-    scalar,
-    sql,
-    use_rails,
-)
+from tests.charges_support import charge_of, events, intent_status, poll_job, scalar, sql, use_rails
 
 # Confirm commits before it calls the rail: only a real transaction shows that.
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def acme(rails):
-    return Merchant("Acme")
 
 
 def counts() -> tuple[int, int, int, int]:
@@ -38,8 +24,8 @@ def counts() -> tuple[int, int, int, int]:
 # --- create / retrieve / list ---------------------------------------------------------
 
 
-def test_create_an_intent_and_read_it_back(acme):
-    created = acme.intent(amount=1999, metadata={"order": "42"})
+def test_create_an_intent_and_read_it_back(acme_api):
+    created = acme_api.intent(amount=1999, metadata={"order": "42"})
     assert created["object"] == "payment_intent" and created["id"].startswith("pi_")
     assert (created["status"], created["amount"], created["currency"], created["rail"]) == (
         "requires_confirmation",
@@ -48,18 +34,17 @@ def test_create_an_intent_and_read_it_back(acme):
         "sandbox_push",
     )
     assert created["charge"] is None and created["metadata"] == {"order": "42"}
-    assert acme.call("GET", f"/v1/payment_intents/{created['id']}").json() == created
+    assert acme_api.call("GET", f"/v1/payment_intents/{created['id']}").json() == created
 
 
-def test_list_intents_newest_first_and_only_the_merchants_own(acme):
-    other = Merchant("Other")
-    mine = [acme.intent(amount=100 + i)["id"] for i in range(3)]
-    theirs = other.intent()["id"]
-    listed = acme.call("GET", "/v1/payment_intents?limit=2").json()
+def test_list_intents_newest_first_and_only_the_merchants_own(acme_api, globex_api):
+    mine = [acme_api.intent(amount=100 + i)["id"] for i in range(3)]
+    theirs = globex_api.intent()["id"]
+    listed = acme_api.call("GET", "/v1/payment_intents?limit=2").json()
     assert [i["id"] for i in listed["data"]] == mine[::-1][:2] and listed["has_more"] is True
-    page2 = acme.call("GET", f"/v1/payment_intents?limit=2&starting_after={mine[1]}").json()
+    page2 = acme_api.call("GET", f"/v1/payment_intents?limit=2&starting_after={mine[1]}").json()
     assert [i["id"] for i in page2["data"]] == [mine[0]]
-    assert error_of(acme.call("GET", f"/v1/payment_intents/{theirs}"))["code"] == "resource_missing"
+    assert error_of(acme_api.call("GET", f"/v1/payment_intents/{theirs}"))["code"] == "resource_missing"
 
 
 @pytest.mark.parametrize(
@@ -82,9 +67,9 @@ def test_list_intents_newest_first_and_only_the_merchants_own(acme):
         ),
     ],
 )
-def test_bad_input_is_a_4xx_in_the_common_format_and_writes_nothing(acme, body, code, param):
+def test_bad_input_is_a_4xx_in_the_common_format_and_writes_nothing(acme_api, body, code, param):
     before = counts()
-    response = acme.call("POST", "/v1/payment_intents", body)
+    response = acme_api.call("POST", "/v1/payment_intents", body)
     assert response.status_code == 400
     assert (error_of(response)["code"], error_of(response)["param"]) == (code, param)
     assert counts() == before
@@ -107,12 +92,12 @@ BOUNDS = {
 @pytest.mark.parametrize("path", ["/v1/payment_intents", "/v1/checkout/sessions"])
 @pytest.mark.parametrize("currency", sorted(BOUNDS))
 def test_an_amount_outside_its_currencys_bounds_is_a_400_naming_them_and_the_bounds_are_accepted(
-    acme, settings, path, currency
+    acme_api, settings, path, currency
 ):
     settings.VPAY_CURRENCIES = sorted(BOUNDS)
     for amount in (0, -1, 10**12 + 1, 10**30):
         before = counts()
-        response = acme.call("POST", path, {"amount": amount, "currency": currency, "rail": "sandbox_push"})
+        response = acme_api.call("POST", path, {"amount": amount, "currency": currency, "rail": "sandbox_push"})
         assert response.status_code == 400, response.content
         assert refusal_of(response) == {
             "type": "invalid_request_error",
@@ -122,14 +107,16 @@ def test_an_amount_outside_its_currencys_bounds_is_a_400_naming_them_and_the_bou
         }
         assert counts() == before
     for amount in (1, 10**12):
-        response = acme.call("POST", path, {"amount": amount, "currency": currency, "rail": "sandbox_push"})
+        response = acme_api.call("POST", path, {"amount": amount, "currency": currency, "rail": "sandbox_push"})
         assert response.status_code == 200, response.content
         assert (response.json()["amount"], response.json()["currency"]) == (amount, currency)
 
 
-def test_a_currency_vpay_does_not_accept_is_refused_whatever_the_amount(acme, settings):
+def test_a_currency_vpay_does_not_accept_is_refused_whatever_the_amount(acme_api, settings):
     settings.VPAY_CURRENCIES = ["usd"]
-    response = acme.call("POST", "/v1/payment_intents", {"amount": 10**30, "currency": "jpy", "rail": "sandbox_push"})
+    response = acme_api.call(
+        "POST", "/v1/payment_intents", {"amount": 10**30, "currency": "jpy", "rail": "sandbox_push"}
+    )
     assert response.status_code == 400
     assert (error_of(response)["code"], error_of(response)["message"]) == (
         "currency_unsupported",
@@ -137,31 +124,30 @@ def test_a_currency_vpay_does_not_accept_is_refused_whatever_the_amount(acme, se
     )
 
 
-def test_another_merchants_customer_is_refused(acme):
-    other = Merchant("Other")
-    cus = other.call("POST", "/v1/customers", {"email": "a@b.example"}).json()["id"]
-    response = acme.call(
+def test_another_merchants_customer_is_refused(acme_api, globex_api):
+    cus = globex_api.call("POST", "/v1/customers", {"email": "a@b.example"}).json()["id"]
+    response = acme_api.call(
         "POST", "/v1/payment_intents", {"amount": 1, "currency": "usd", "rail": "sandbox_push", "customer": cus}
     )
     assert error_of(response)["code"] == "resource_missing"
 
 
-def test_create_and_confirm_move_the_customers_last_used_at_on_the_database_clock(acme):
-    cus = acme.call("POST", "/v1/customers", {"email": "c@d.example"}).json()["id"]
+def test_create_and_confirm_move_the_customers_last_used_at_on_the_database_clock(acme_api):
+    cus = acme_api.call("POST", "/v1/customers", {"email": "c@d.example"}).json()["id"]
     sql("UPDATE customers SET last_used_at = now() - interval '30 days' WHERE id = %s", [cus])
-    intent = acme.intent(customer=cus)
+    intent = acme_api.intent(customer=cus)
     assert intent["customer"] == cus
     assert scalar("SELECT now() - last_used_at < interval '1 minute' FROM customers WHERE id = %s", [cus])
     sql("UPDATE customers SET last_used_at = now() - interval '30 days' WHERE id = %s", [cus])
-    acme.confirm(intent["id"])
+    acme_api.confirm(intent["id"])
     assert scalar("SELECT now() - last_used_at < interval '1 minute' FROM customers WHERE id = %s", [cus])
 
 
 # --- confirm ----------------------------------------------------------------------------
 
 
-def test_confirm_on_a_push_rail_submits_and_pulls_the_poll_forward(acme, rails):
-    intent = acme.confirm(acme.intent()["id"])
+def test_confirm_on_a_push_rail_submits_and_pulls_the_poll_forward(acme_api, rails):
+    intent = acme_api.confirm(acme_api.intent()["id"])
     charge = intent["charge"]
     assert intent["status"] == "processing" and charge["status"] == "submitted"
     assert intent["redirect_url"] is None and intent["next_action"] is None
@@ -178,8 +164,8 @@ def test_confirm_on_a_push_rail_submits_and_pulls_the_poll_forward(acme, rails):
     assert sent[0]["body"] == {"reference": charge["id"], "amount": 1000, "currency": "usd"}
 
 
-def test_confirm_on_a_redirect_rail_hands_out_the_url(acme):
-    intent = acme.confirm(acme.intent(rail="sandbox_redirect")["id"])
+def test_confirm_on_a_redirect_rail_hands_out_the_url(acme_api):
+    intent = acme_api.confirm(acme_api.intent(rail="sandbox_redirect")["id"])
     url = intent["redirect_url"]
     assert intent["status"] == "requires_action" and url and "pay_token=" in url
     assert intent["next_action"] == {"type": "redirect_to_url", "redirect_url": url}
@@ -190,35 +176,35 @@ def test_confirm_on_a_redirect_rail_hands_out_the_url(acme):
     assert stored["pay_token"] not in excerpt
 
 
-def test_confirming_twice_is_a_409_and_writes_nothing(acme):
-    intent_id = acme.intent()["id"]
-    acme.confirm(intent_id)
+def test_confirming_twice_is_a_409_and_writes_nothing(acme_api):
+    intent_id = acme_api.intent()["id"]
+    acme_api.confirm(intent_id)
     before = counts()
-    response = acme.call("POST", f"/v1/payment_intents/{intent_id}/confirm")
+    response = acme_api.call("POST", f"/v1/payment_intents/{intent_id}/confirm")
     assert response.status_code == 409 and error_of(response)["code"] == "payment_intent_unexpected_state"
     assert counts() == before
 
 
 @pytest.mark.parametrize("terminal", ["succeeded", "failed"])
-def test_confirming_a_terminal_intent_is_a_409_and_writes_nothing(acme, terminal):
-    intent_id = acme.intent()["id"]
+def test_confirming_a_terminal_intent_is_a_409_and_writes_nothing(acme_api, terminal):
+    intent_id = acme_api.intent()["id"]
     sql("UPDATE payment_intents SET status = %s WHERE id = %s", [terminal, intent_id])
     before = counts()
-    response = acme.call("POST", f"/v1/payment_intents/{intent_id}/confirm")
+    response = acme_api.call("POST", f"/v1/payment_intents/{intent_id}/confirm")
     assert response.status_code == 409 and terminal in error_of(response)["message"]
     assert counts() == before
 
 
-def test_confirm_with_a_body_or_of_an_unknown_intent_is_refused(acme):
-    intent_id = acme.intent()["id"]
-    assert acme.call("POST", f"/v1/payment_intents/{intent_id}/confirm", {"x": 1}).status_code == 400
-    assert acme.call("POST", "/v1/payment_intents/pi_nobody/confirm").status_code == 404
+def test_confirm_with_a_body_or_of_an_unknown_intent_is_refused(acme_api):
+    intent_id = acme_api.intent()["id"]
+    assert acme_api.call("POST", f"/v1/payment_intents/{intent_id}/confirm", {"x": 1}).status_code == 400
+    assert acme_api.call("POST", "/v1/payment_intents/pi_nobody/confirm").status_code == 404
     assert intent_status(intent_id) == "requires_confirmation" and charge_of(intent_id) is None
 
 
-def test_a_lost_submit_answer_leaves_a_submitting_charge_with_an_unanswered_request(acme, rails):
+def test_a_lost_submit_answer_leaves_a_submitting_charge_with_an_unanswered_request(acme_api, rails):
     rails.scenario(amount=3001, drop_submits=1)
-    intent = acme.confirm(acme.intent(amount=3001)["id"])
+    intent = acme_api.confirm(acme_api.intent(amount=3001)["id"])
     assert intent["status"] == "processing" and intent["charge"]["status"] == "submitting"
     charge_id = intent["charge"]["id"]
     code, error = sql("SELECT status_code, error FROM provider_requests WHERE charge_id = %s", [charge_id])[0]
@@ -227,9 +213,9 @@ def test_a_lost_submit_answer_leaves_a_submitting_charge_with_an_unanswered_requ
     assert poll_job(charge_id)["due_in"] > 20
 
 
-def test_a_submit_the_rail_refuses_for_good_fails_the_intent_with_an_event(acme, rails):
+def test_a_submit_the_rail_refuses_for_good_fails_the_intent_with_an_event(acme_api, rails):
     rails.scenario(amount=3002, submit_status=422)
-    intent = acme.confirm(acme.intent(amount=3002)["id"])
+    intent = acme_api.confirm(acme_api.intent(amount=3002)["id"])
     assert intent["status"] == "failed" and intent["charge"]["failure_code"] == "rail_rejected"
     assert [t for t, _ in events(intent["id"])] == ["payment_intent.payment_failed"]
 
@@ -245,20 +231,20 @@ def test_a_submit_the_rail_refuses_for_good_fails_the_intent_with_an_event(acme,
         {"submit_status": 408},
     ],
 )
-def test_a_submit_answer_that_is_no_refusal_leaves_the_charge_live_and_polled(acme, rails, scenario):
+def test_a_submit_answer_that_is_no_refusal_leaves_the_charge_live_and_polled(acme_api, rails, scenario):
     # The rail may hold the charge and the payer may approve it: telling the merchant
     # "failed" here is how money moves on a charge we reported dead.
     rails.scenario(amount=3003, **scenario)
-    intent = acme.confirm(acme.intent(amount=3003)["id"])
+    intent = acme_api.confirm(acme_api.intent(amount=3003)["id"])
     assert intent["status"] == "processing" and intent["charge"]["status"] == "submitting"
     assert events(intent["id"]) == []
     assert poll_job(intent["charge"]["id"]) is not None
 
 
-def test_an_idempotent_confirm_replays_its_answer_and_calls_the_rail_once(acme, rails):
-    intent_id = acme.intent()["id"]
-    first = acme.call("POST", f"/v1/payment_intents/{intent_id}/confirm", key="confirm-1")
-    again = acme.call("POST", f"/v1/payment_intents/{intent_id}/confirm", key="confirm-1")
+def test_an_idempotent_confirm_replays_its_answer_and_calls_the_rail_once(acme_api, rails):
+    intent_id = acme_api.intent()["id"]
+    first = acme_api.call("POST", f"/v1/payment_intents/{intent_id}/confirm", key="confirm-1")
+    again = acme_api.call("POST", f"/v1/payment_intents/{intent_id}/confirm", key="confirm-1")
     assert first.status_code == again.status_code == 200
     assert again.content == first.content and again["Idempotent-Replayed"] == "true"
     charge_id = first.json()["charge"]["id"]
@@ -268,8 +254,8 @@ def test_an_idempotent_confirm_replays_its_answer_and_calls_the_rail_once(acme, 
 # --- checkout sessions -------------------------------------------------------------------
 
 
-def test_a_checkout_session_is_open_for_24_hours_with_a_url_and_a_client_secret(acme):
-    response = acme.call(
+def test_a_checkout_session_is_open_for_24_hours_with_a_url_and_a_client_secret(acme_api, globex_api):
+    response = acme_api.call(
         "POST",
         "/v1/checkout/sessions",
         {"amount": 500, "currency": "usd", "rail": "sandbox_push", "success_url": "https://shop.example/ok"},
@@ -281,13 +267,13 @@ def test_a_checkout_session_is_open_for_24_hours_with_a_url_and_a_client_secret(
     assert session["url"].endswith(session["id"]) and session["client_secret"].startswith("cs_secret_")
     assert session["expires_at"] - session["created"] == 24 * 3600
     assert intent_status(session["payment_intent"]) == "requires_confirmation"
-    assert acme.call("GET", f"/v1/checkout/sessions/{session['id']}").json() == session
-    assert Merchant("Other").call("GET", f"/v1/checkout/sessions/{session['id']}").status_code == 404
+    assert acme_api.call("GET", f"/v1/checkout/sessions/{session['id']}").json() == session
+    assert globex_api.call("GET", f"/v1/checkout/sessions/{session['id']}").status_code == 404
 
 
-def test_a_bad_checkout_session_writes_nothing(acme):
+def test_a_bad_checkout_session_writes_nothing(acme_api):
     before = counts()
-    response = acme.call("POST", "/v1/checkout/sessions", {"amount": 500, "currency": "usd", "rail": "nope"})
+    response = acme_api.call("POST", "/v1/checkout/sessions", {"amount": 500, "currency": "usd", "rail": "nope"})
     assert error_of(response)["code"] == "rail_unknown"
     assert counts() == before
 
@@ -317,9 +303,9 @@ SESSION = {"amount": 500, "currency": "usd", "rail": "sandbox_push"}
         "",
     ],
 )
-def test_a_checkout_session_refuses_a_return_url_that_is_not_http_and_writes_nothing(acme, param, url):
+def test_a_checkout_session_refuses_a_return_url_that_is_not_http_and_writes_nothing(acme_api, param, url):
     before = counts()
-    response = acme.call("POST", "/v1/checkout/sessions", {**SESSION, param: url})
+    response = acme_api.call("POST", "/v1/checkout/sessions", {**SESSION, param: url})
     assert response.status_code == 400, response.content
     error = error_of(response)
     assert (error["code"], error["param"]) == ("parameter_invalid", param)
@@ -327,28 +313,28 @@ def test_a_checkout_session_refuses_a_return_url_that_is_not_http_and_writes_not
     assert counts() == before
 
 
-def test_a_checkout_session_return_url_must_be_https_in_live_mode(acme, settings):
+def test_a_checkout_session_return_url_must_be_https_in_live_mode(acme_api, settings):
     plain = {**SESSION, "success_url": "http://shop.example/ok", "cancel_url": "http://shop.example/no"}
-    assert acme.call("POST", "/v1/checkout/sessions", plain).status_code == 200
-    acme.go_live(settings)
+    assert acme_api.call("POST", "/v1/checkout/sessions", plain).status_code == 200
+    acme_api.go_live(settings)
     before = counts()
     for param in ("success_url", "cancel_url"):
-        response = acme.call("POST", "/v1/checkout/sessions", {**SESSION, param: "http://shop.example/ok"})
+        response = acme_api.call("POST", "/v1/checkout/sessions", {**SESSION, param: "http://shop.example/ok"})
         assert response.status_code == 400 and error_of(response)["param"] == param
         assert "https" in error_of(response)["message"]
     assert counts() == before
     secure = {**SESSION, "success_url": "https://shop.example/ok?o=1", "cancel_url": "HTTPS://shop.example/no"}
-    created = acme.call("POST", "/v1/checkout/sessions", secure).json()
+    created = acme_api.call("POST", "/v1/checkout/sessions", secure).json()
     assert (created["success_url"], created["cancel_url"]) == ("https://shop.example/ok?o=1", "HTTPS://shop.example/no")
 
 
 # --- rail callbacks ----------------------------------------------------------------------
 
 
-def test_a_callback_pulls_a_far_poll_forward_and_believes_nothing_else(acme, rails):
+def test_a_callback_pulls_a_far_poll_forward_and_believes_nothing_else(acme_api, rails):
     rails.scenario(amount=3003, drop_submits=1)  # leaves the charge submitting, its poll 30 s out
-    charge_id = acme.confirm(acme.intent(amount=3003)["id"])["charge"]["id"]
-    response = acme.client.post(
+    charge_id = acme_api.confirm(acme_api.intent(amount=3003)["id"])["charge"]["id"]
+    response = acme_api.client.post(
         "/rails/sandbox_push/callback",
         {"reference": charge_id, "status": "succeeded"},
         content_type="application/json",
@@ -358,36 +344,36 @@ def test_a_callback_pulls_a_far_poll_forward_and_believes_nothing_else(acme, rai
     assert charge_of(scalar("SELECT intent_id FROM charges WHERE id = %s", [charge_id]))["status"] == "submitting"
 
 
-def test_a_callback_leaves_a_near_poll_alone(acme, rails, settings):
+def test_a_callback_leaves_a_near_poll_alone(acme_api, rails, settings):
     rails.scenario(amount=3004, drop_submits=1)
     settings.VPAY_CHARGE_CONFIRM_GRACE_SECONDS = 5.0  # under the 10 s floor
-    charge_id = acme.confirm(acme.intent(amount=3004)["id"])["charge"]["id"]
-    acme.client.post("/rails/sandbox_push/callback", {"reference": charge_id}, content_type="application/json")
+    charge_id = acme_api.confirm(acme_api.intent(amount=3004)["id"])["charge"]["id"]
+    acme_api.client.post("/rails/sandbox_push/callback", {"reference": charge_id}, content_type="application/json")
     assert poll_job(charge_id)["due_in"] > 3
 
 
-def test_a_callback_for_an_unknown_reference_is_a_quiet_200_and_an_unknown_rail_a_404(acme):
+def test_a_callback_for_an_unknown_reference_is_a_quiet_200_and_an_unknown_rail_a_404(acme_api):
     for body in ({"reference": "ch_nobody"}, {"nothing": True}, ["a list"]):
-        response = acme.client.post("/rails/sandbox_push/callback", body, content_type="application/json")
+        response = acme_api.client.post("/rails/sandbox_push/callback", body, content_type="application/json")
         assert response.status_code == 200 and response.json() == {"received": True}
-    not_json = acme.client.post("/rails/sandbox_push/callback", "not json", content_type="application/json")
+    not_json = acme_api.client.post("/rails/sandbox_push/callback", "not json", content_type="application/json")
     assert not_json.status_code == 400 and error_of(not_json)["code"] == "invalid_json"
-    assert acme.client.post("/rails/nope/callback", {}, content_type="application/json").status_code == 404
-    assert acme.client.get("/rails/sandbox_push/callback").status_code == 405
+    assert acme_api.client.post("/rails/nope/callback", {}, content_type="application/json").status_code == 404
+    assert acme_api.client.get("/rails/sandbox_push/callback").status_code == 405
 
 
-def test_a_callback_naming_another_rails_charge_moves_nothing(acme, rails):
+def test_a_callback_naming_another_rails_charge_moves_nothing(acme_api, rails):
     rails.scenario(amount=3005, drop_submits=1)
-    charge_id = acme.confirm(acme.intent(amount=3005)["id"])["charge"]["id"]
-    acme.client.post("/rails/sandbox_redirect/callback", {"reference": charge_id}, content_type="application/json")
+    charge_id = acme_api.confirm(acme_api.intent(amount=3005)["id"])["charge"]["id"]
+    acme_api.client.post("/rails/sandbox_redirect/callback", {"reference": charge_id}, content_type="application/json")
     assert poll_job(charge_id)["due_in"] > 20
 
 
-def test_a_rail_refusing_our_credentials_on_submit_fails_the_charge_and_pages(acme, settings, tmp_path, rails):
+def test_a_rail_refusing_our_credentials_on_submit_fails_the_charge_and_pages(acme_api, settings, tmp_path, rails):
     config = rails.rails()
     config["sandbox_push"]["api_key"] = "wrong-key"
     use_rails(settings, tmp_path, config)
-    intent = acme.confirm(acme.intent()["id"])
+    intent = acme_api.confirm(acme_api.intent()["id"])
     assert intent["status"] == "failed" and intent["charge"]["failure_code"] == "rail_configuration_error"
     key, severity = sql("SELECT key, severity FROM alerts WHERE source = 'charges.rail_configuration'")[0]
     assert key == f"rail_credentials_refused:{intent['charge']['id']}" and severity == "page"
@@ -400,14 +386,14 @@ def test_a_rail_refusing_our_credentials_on_submit_fails_the_charge_and_pages(ac
     ids=["shaped like our keys, with dashes", "an opaque rail key"],
 )
 def test_a_rail_echoing_our_key_in_its_401_leaves_no_part_of_it_in_the_request_log(
-    acme, settings, tmp_path, rails, caplog, key
+    acme_api, settings, tmp_path, rails, caplog, key
 ):
     config = rails.rails()
     config["sandbox_push"]["api_key"] = key  # the rail knows another key: it answers 401
     use_rails(settings, tmp_path, config)
     rails.scenario(amount=2601, echo_credentials=True)
     with caplog.at_level("DEBUG"):
-        intent = acme.confirm(acme.intent(amount=2601)["id"])
+        intent = acme_api.confirm(acme_api.intent(amount=2601)["id"])
     assert intent["charge"]["failure_code"] == "rail_configuration_error"
     (excerpt,) = [r[0] for r in sql("SELECT response_excerpt FROM provider_requests")]
     assert "no account has the key [REDACTED]" in excerpt  # the echo arrived, and went
@@ -421,45 +407,45 @@ def test_a_rail_echoing_our_key_in_its_401_leaves_no_part_of_it_in_the_request_l
             assert piece not in stored and piece not in caplog.text, piece
 
 
-def test_an_expired_checkout_sessions_intent_cannot_be_confirmed(acme):
-    session = acme.call(
+def test_an_expired_checkout_sessions_intent_cannot_be_confirmed(acme_api):
+    session = acme_api.call(
         "POST", "/v1/checkout/sessions", {"amount": 500, "currency": "usd", "rail": "sandbox_push"}
     ).json()
     sql("UPDATE checkout_sessions SET status = 'expired', expired_at = now() WHERE id = %s", [session["id"]])
     before = counts()
-    response = acme.call("POST", f"/v1/payment_intents/{session['payment_intent']}/confirm")
+    response = acme_api.call("POST", f"/v1/payment_intents/{session['payment_intent']}/confirm")
     assert response.status_code == 409 and error_of(response)["code"] == "checkout_session_expired"
     assert counts() == before and intent_status(session["payment_intent"]) == "requires_confirmation"
 
 
-def test_a_session_past_its_expires_at_that_the_sweep_has_not_reached_cannot_be_confirmed(acme):
-    session = acme.call(
+def test_a_session_past_its_expires_at_that_the_sweep_has_not_reached_cannot_be_confirmed(acme_api):
+    session = acme_api.call(
         "POST", "/v1/checkout/sessions", {"amount": 500, "currency": "usd", "rail": "sandbox_push"}
     ).json()
     # Still open (the hourly sweep has not run), but past its time on the database's clock.
     sql("UPDATE checkout_sessions SET expires_at = now() - interval '1 second' WHERE id = %s", [session["id"]])
     before = counts()
-    response = acme.call("POST", f"/v1/payment_intents/{session['payment_intent']}/confirm")
+    response = acme_api.call("POST", f"/v1/payment_intents/{session['payment_intent']}/confirm")
     assert response.status_code == 409 and error_of(response)["code"] == "checkout_session_expired"
     assert counts() == before and intent_status(session["payment_intent"]) == "requires_confirmation"
     # A session inside its time confirms as usual (the guard is the time, not the session).
     sql("UPDATE checkout_sessions SET expires_at = now() + interval '1 minute' WHERE id = %s", [session["id"]])
-    assert acme.confirm(session["payment_intent"])["status"] == "processing"
+    assert acme_api.confirm(session["payment_intent"])["status"] == "processing"
 
 
-def test_callback_refusals_answer_in_the_common_error_format(acme):
-    unknown = acme.client.post("/rails/nope/callback", {}, content_type="application/json")
+def test_callback_refusals_answer_in_the_common_error_format(acme_api):
+    unknown = acme_api.client.post("/rails/nope/callback", {}, content_type="application/json")
     assert unknown.status_code == 404 and error_of(unknown)["code"] == "rail_unknown"
-    big = acme.client.post(
+    big = acme_api.client.post(
         "/rails/sandbox_push/callback", {"reference": "x" * (17 * 1024)}, content_type="application/json"
     )
     assert big.status_code == 413 and error_of(big)["code"] == "body_too_large"
 
 
-def test_no_payable_url_or_pay_token_reaches_the_request_log_whatever_the_url_looks_like(acme, rails):
+def test_no_payable_url_or_pay_token_reaches_the_request_log_whatever_the_url_looks_like(acme_api, rails):
     # This rail carries the token as a path segment: nothing in the URL says "token".
     rails.scenario(amount=3006, url_style="path")
-    intent = acme.confirm(acme.intent(amount=3006, rail="sandbox_redirect")["id"])
+    intent = acme_api.confirm(acme_api.intent(amount=3006, rail="sandbox_redirect")["id"])
     stored = charge_of(intent["id"])
     url, token = intent["redirect_url"], stored["pay_token"]
     assert url.endswith("/" + token) and "pay_token=" not in url  # handed out, as the rail wrote it
@@ -479,10 +465,10 @@ def test_no_payable_url_or_pay_token_reaches_the_request_log_whatever_the_url_lo
         assert recorded["reference"] == stored["id"] and recorded["status"] in ("pending", "succeeded")
 
 
-def test_list_filters_by_status_and_refuses_an_unknown_one(acme):
-    confirmed = acme.confirm(acme.intent()["id"])["id"]
-    acme.intent()
-    listed = acme.call("GET", "/v1/payment_intents?status=processing").json()
+def test_list_filters_by_status_and_refuses_an_unknown_one(acme_api):
+    confirmed = acme_api.confirm(acme_api.intent()["id"])["id"]
+    acme_api.intent()
+    listed = acme_api.call("GET", "/v1/payment_intents?status=processing").json()
     assert [i["id"] for i in listed["data"]] == [confirmed]
-    response = acme.call("GET", "/v1/payment_intents?status=bogus")
+    response = acme_api.call("GET", "/v1/payment_intents?status=bogus")
     assert response.status_code == 400 and error_of(response)["param"] == "status"

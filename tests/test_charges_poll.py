@@ -251,10 +251,10 @@ def test_the_backstop_carries_its_place_across_passes_and_reaches_every_live_cha
 
 
 def test_the_backstop_leaves_a_poll_awaiting_review_in_dead_letters_to_the_human(merchant):
-    from tests.ops_support import make_letter
+    from tests.factories.jobs import DeadLetterFactory
 
     charge = live_charge(merchant, status="submitted", job=False)
-    letter = make_letter(
+    letter = DeadLetterFactory(
         kind="poll_charge",
         payload={"charge_id": charge.id},
         dedupe_key=f"charge:poll:{charge.id}",

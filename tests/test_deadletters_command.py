@@ -11,10 +11,10 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from jobs.management.commands.deadletters import parse_since
-from jobs.models import DeadLetter, DeadLetterState
+from jobs.models import DeadLetter, DeadLetterState, db_ago
 from jobs.services import dead_letters as ops
 from tests.conftest import ROOT, database_url
-from tests.ops_support import db_ago, make_letter
+from tests.factories.jobs import DeadLetterFactory
 from tests.queue_support import count, execute, scalar
 
 pytestmark = pytest.mark.django_db
@@ -41,10 +41,10 @@ def states() -> dict[int, str]:
 
 
 def test_list_shows_pending_letters_newest_first_with_age_and_error_excerpt():
-    old = make_letter(last_error="PermanentError: card declined\nTraceback...")
+    old = DeadLetterFactory(last_error="PermanentError: card declined\nTraceback...")
     execute("UPDATE dead_letters SET created_at = now() - interval '2 days 3 hours' WHERE id = %s", [old.pk])
-    new = make_letter(kind="sweep_expired", queue="maintenance")
-    done = make_letter()
+    new = DeadLetterFactory(kind="sweep_expired", queue="maintenance")
+    done = DeadLetterFactory()
     ops.dead_letter_discard(letter_id=done.pk, actor="ops", reason="noise")
 
     out, _ = run("list")
@@ -58,9 +58,9 @@ def test_list_shows_pending_letters_newest_first_with_age_and_error_excerpt():
 
 
 def test_list_filters_by_kind_queue_since_and_ids():
-    old = make_letter()
+    old = DeadLetterFactory()
     execute("UPDATE dead_letters SET created_at = now() - interval '3 hours' WHERE id = %s", [old.pk])
-    new = make_letter(kind="sweep_expired", queue="maintenance")
+    new = DeadLetterFactory(kind="sweep_expired", queue="maintenance")
 
     def ids(*args: str) -> set[int]:
         return {int(line.split()[0]) for line in run("list", *args)[0].splitlines()[1:-1]}
@@ -95,7 +95,7 @@ def test_parse_since_reads_durations_and_instants():
 
 
 def test_replay_by_ids_re_enqueues_then_refuses_a_second_time():
-    letters = [make_letter(), make_letter()]
+    letters = [DeadLetterFactory(), DeadLetterFactory()]
     ids = [str(x.pk) for x in letters]
     out, _ = run("replay", *ids, "--actor", "olga")
     assert out.strip() == "replayed 2, refused 0"
@@ -112,9 +112,9 @@ def test_replay_by_ids_re_enqueues_then_refuses_a_second_time():
 
 
 def test_replay_by_filter_takes_only_pending_letters_of_that_kind_and_names_the_shell_user():
-    task = make_letter()
-    sweep = make_letter(kind="sweep_expired", payload={})
-    discarded = make_letter()
+    task = DeadLetterFactory()
+    sweep = DeadLetterFactory(kind="sweep_expired", payload={})
+    discarded = DeadLetterFactory()
     ops.dead_letter_discard(letter_id=discarded.pk, actor="ops", reason="noise")
 
     out, _ = run("replay", "--kind", "task")
@@ -125,8 +125,8 @@ def test_replay_by_filter_takes_only_pending_letters_of_that_kind_and_names_the_
 
 
 def test_replay_or_discard_with_no_ids_and_no_filter_needs_all_pending():
-    make_letter()
-    make_letter()
+    DeadLetterFactory()
+    DeadLetterFactory()
     _, _, error = run_refused("replay")
     assert "--all-pending" in error
     _, _, error = run_refused("discard", "--reason", "cleanup")
@@ -137,7 +137,7 @@ def test_replay_or_discard_with_no_ids_and_no_filter_needs_all_pending():
 
 def test_replay_past_the_fence_horizon_needs_force(settings):
     settings.VPAY_PROCESSED_JOBS_TTL_SECONDS = 7 * 86400
-    old = make_letter(job_created_at=db_ago(days=8))
+    old = DeadLetterFactory(job_created_at=db_ago(days=8))
     _, err, _ = run_refused("replay", str(old.pk))
     assert "fence TTL" in err and "--force" in err
     assert count("jobs") == 0
@@ -148,8 +148,8 @@ def test_replay_past_the_fence_horizon_needs_force(settings):
 
 def test_dry_run_says_what_would_happen_and_writes_nothing(settings):
     settings.VPAY_PROCESSED_JOBS_TTL_SECONDS = 7 * 86400
-    fine = make_letter()
-    old = make_letter(job_created_at=db_ago(days=8))
+    fine = DeadLetterFactory()
+    old = DeadLetterFactory(job_created_at=db_ago(days=8))
     out, _ = run("replay", str(fine.pk), str(old.pk), "--dry-run")
     assert f"would replay #{fine.pk}" in out
     assert f"would refuse #{old.pk}: is older than the processed_jobs fence TTL" in out
@@ -161,7 +161,7 @@ def test_dry_run_says_what_would_happen_and_writes_nothing(settings):
 
 
 def test_a_discard_dry_run_names_the_letters_it_would_refuse_and_why():
-    pending, replayed, discarded = make_letter(), make_letter(), make_letter()
+    pending, replayed, discarded = DeadLetterFactory(), DeadLetterFactory(), DeadLetterFactory()
     run("replay", str(replayed.pk))
     run("discard", str(discarded.pk), "--reason", "closed")
     out, _ = run("discard", str(pending.pk), str(replayed.pk), str(discarded.pk), "--reason", "x", "--dry-run")
@@ -173,7 +173,7 @@ def test_a_discard_dry_run_names_the_letters_it_would_refuse_and_why():
 
 
 def test_an_unknown_id_is_reported_and_fails_the_command():
-    letter = make_letter()
+    letter = DeadLetterFactory()
     _, err, error = run_refused("replay", str(letter.pk), "999999")
     assert "#999999: does not exist" in err
     assert "1 of 2 refused" in error
@@ -184,7 +184,7 @@ def test_an_unknown_id_is_reported_and_fails_the_command():
 
 
 def test_discard_requires_a_reason_that_is_not_blank():
-    letter = make_letter()
+    letter = DeadLetterFactory()
     with pytest.raises(CommandError, match="--reason"):
         call_command("deadletters", "discard", str(letter.pk), stdout=io.StringIO(), stderr=io.StringIO())
     _, _, error = run_refused("discard", str(letter.pk), "--reason", "   ")
@@ -193,8 +193,8 @@ def test_discard_requires_a_reason_that_is_not_blank():
 
 
 def test_discard_records_the_actor_and_the_trimmed_reason_and_refuses_replayed_letters():
-    letter = make_letter()
-    replayed = make_letter()
+    letter = DeadLetterFactory()
+    replayed = DeadLetterFactory()
     ops.dead_letter_replay(letter_id=replayed.pk, actor="ops")
     out, err, _ = run_refused(
         "discard", str(letter.pk), str(replayed.pk), "--reason", " merchant refunded ", "--actor", "olga"
@@ -209,13 +209,13 @@ def test_discard_records_the_actor_and_the_trimmed_reason_and_refuses_replayed_l
 
 
 def test_bulk_work_draws_a_progress_bar_on_stderr_only_when_asked_or_on_a_terminal():
-    letters = [make_letter() for _ in range(25)]
+    letters = [DeadLetterFactory() for _ in range(25)]
     out, err = run("replay", "--kind", "task", "--progress")
     assert out.strip() == "replayed 25, refused 0"
     assert "\rreplay [" + "#" * 30 + "] 25/25" in err
     assert err.endswith("\n")
     # Not a terminal (a StringIO, a pipe, a log file): no bar by default.
-    more = [make_letter(kind="sweep_expired", payload={}) for _ in range(25)]
+    more = [DeadLetterFactory(kind="sweep_expired", payload={}) for _ in range(25)]
     out, err = run("discard", "--kind", "sweep_expired", "--reason", "noise")
     assert out.strip() == "discarded 25, refused 0" and err == ""
     assert len(letters) + len(more) == DeadLetter.objects.count()
@@ -241,7 +241,7 @@ def test_acting_as_a_django_user_records_them_and_writes_the_admin_log(django_us
     from django.contrib.admin.models import LogEntry
 
     django_user_model.objects.create_user(username="olga", password="x")
-    letter = make_letter()
+    letter = DeadLetterFactory()
     run("replay", str(letter.pk), "--user", "olga")
     letter.refresh_from_db()
     assert letter.replayed_by == "olga"

@@ -18,7 +18,7 @@ from jobs.primitives import fence
 from jobs.runner.report import Report
 from jobs.runner.settling import Settler
 from jobs.runner.worker import Worker
-from jobs.storage import repository
+from jobs.storage import fence_sql
 from tests import tasks
 from tests.queue_support import claim, count, execute, expire_lease, rows, scalar, task_payload
 
@@ -213,7 +213,7 @@ def test_delete_expired_fences__removes_expired_rows_and_never_one_still_inside_
     with transaction.atomic():
         fence.first_time(uuid.uuid4(), "task")  # written just now, by the fence itself
     live |= _fences() - expired - live
-    assert repository.delete_expired_fences() == 2
+    assert fence_sql.delete_expired_fences() == 2
     assert _fences() == live
 
 
@@ -222,9 +222,9 @@ def test_delete_expired_fences__deletes_at_most_a_page():
     for _ in range(3):
         _fence("-1 hour")
     kept = _fence("1 hour")
-    assert repository.delete_expired_fences(page=2) == 2
-    assert repository.delete_expired_fences(page=2) == 1
-    assert repository.delete_expired_fences(page=2) == 0
+    assert fence_sql.delete_expired_fences(page=2) == 2
+    assert fence_sql.delete_expired_fences(page=2) == 1
+    assert fence_sql.delete_expired_fences(page=2) == 0
     assert _fences() == {kept}
 
 

@@ -13,11 +13,12 @@ from django.urls import reverse
 
 from jobs.adapters import postgres as queue
 from jobs.maintenance import liveness
-from jobs.models import DeadLetter, DeadLetterState, Job
+from jobs.models import DeadLetter, DeadLetterState, Job, db_ago
 from jobs.operator import dead_letter_sql as operator_sql
 from jobs.services import dead_letters as ops
 from jobs.storage import health_sql
-from tests.ops_support import OPERATOR_PERMS, db_ago, make_letter, staff_user
+from tests.factories.jobs import DeadLetterFactory
+from tests.ops_support import OPERATOR_PERMS, staff_user
 from tests.queue_support import claim, count, execute, scalar, task_payload
 
 pytestmark = pytest.mark.django_db
@@ -47,19 +48,12 @@ def texts(response) -> list[str]:
     return response.msgs if hasattr(response, "msgs") else [str(m) for m in get_messages(response.wsgi_request)]
 
 
-@pytest.fixture
-def operator(client, django_user_model):
-    user = staff_user(django_user_model, "olga", *OPERATOR_PERMS)
-    client.force_login(user)
-    return user
-
-
 # --- permissions ------------------------------------------------------------------------
 
 
 def test_a_view_only_staff_user_sees_dead_letters_but_no_action_anywhere(client, django_user_model):
     client.force_login(staff_user(django_user_model, "vera", "view_deadletter", "view_job"))
-    letter = make_letter()
+    letter = DeadLetterFactory()
 
     page = client.get(changelist_url())
     assert page.status_code == 200
@@ -84,7 +78,7 @@ def test_a_view_only_staff_user_sees_dead_letters_but_no_action_anywhere(client,
 
 def test_replay_and_discard_are_separate_permissions(client, django_user_model):
     client.force_login(staff_user(django_user_model, "rita", "view_deadletter", "replay_deadletter"))
-    letter = make_letter()
+    letter = DeadLetterFactory()
     page = client.get(changelist_url())
     assert b"replay_selected" in page.content and b"discard_selected" not in page.content
     confirm(client, "discard_selected", [letter.pk], reason="not allowed to")
@@ -96,7 +90,7 @@ def test_replay_and_discard_are_separate_permissions(client, django_user_model):
 
 
 def test_replay_shows_a_confirmation_then_re_enqueues_with_the_same_job_id_and_records_who_and_when(client, operator):
-    letter = make_letter(dedupe_key="order-7", tenant="m_1", priority=3)
+    letter = DeadLetterFactory(dedupe_key="order-7", tenant="m_1", priority=3)
 
     page = act(client, "replay_selected", [letter.pk])
     assert page.status_code == 200
@@ -127,8 +121,8 @@ def test_replay_shows_a_confirmation_then_re_enqueues_with_the_same_job_id_and_r
 
 
 def test_bulk_replay_is_idempotent_and_refuses_replayed_and_discarded_letters(client, operator):
-    letters = [make_letter() for _ in range(3)]
-    discarded = make_letter()
+    letters = [DeadLetterFactory() for _ in range(3)]
+    discarded = DeadLetterFactory()
     ops.dead_letter_discard(letter_id=discarded.pk, actor="someone", reason="known duplicate")
     ids = [letter.pk for letter in [*letters, discarded]]
 
@@ -147,9 +141,9 @@ def test_bulk_replay_is_idempotent_and_refuses_replayed_and_discarded_letters(cl
 
 
 def test_a_replay_is_refused_while_a_job_holds_the_same_job_id_or_dedupe_key(client, operator):
-    letter = make_letter()
+    letter = DeadLetterFactory()
     queue.enqueue("task", task_payload(), job_id=letter.job_id)
-    keyed = make_letter(dedupe_key="singleton-like")
+    keyed = DeadLetterFactory(dedupe_key="singleton-like")
     queue.enqueue("task", task_payload(), dedupe_key="singleton-like")
 
     response = confirm(client, "replay_selected", [letter.pk, keyed.pk])
@@ -162,8 +156,8 @@ def test_a_letter_past_the_fence_horizon_is_refused_unless_forced_by_someone_all
     client, operator, django_user_model, settings
 ):
     settings.VPAY_PROCESSED_JOBS_TTL_SECONDS = 7 * 86400
-    old = make_letter(job_created_at=db_ago(days=7))  # its fence row may be gone
-    young = make_letter(job_created_at=db_ago(days=5))
+    old = DeadLetterFactory(job_created_at=db_ago(days=7))  # its fence row may be gone
+    young = DeadLetterFactory(job_created_at=db_ago(days=5))
 
     page = act(client, "replay_selected", [old.pk, young.pk])
     body = page.content.decode()
@@ -191,17 +185,17 @@ def test_a_letter_past_the_fence_horizon_is_refused_unless_forced_by_someone_all
 def test_the_horizon_counts_from_the_first_enqueue_of_the_job_id_across_earlier_dead_letters(settings):
     settings.VPAY_PROCESSED_JOBS_TTL_SECONDS = 7 * 86400
     job_id = uuid.uuid4()
-    first = make_letter(job_id=job_id, job_created_at=db_ago(days=8))
+    first = DeadLetterFactory(job_id=job_id, job_created_at=db_ago(days=8))
     ops.dead_letter_replay(letter_id=first.pk, actor="ops", force=True)
     execute("DELETE FROM jobs")
     # The replayed job failed again: a new letter whose own job_created_at is recent.
-    again = make_letter(job_id=job_id, job_created_at=db_ago(hours=1))
+    again = DeadLetterFactory(job_id=job_id, job_created_at=db_ago(hours=1))
     assert ops.replay_preview([again.pk])[again.pk] == ops.Refusal.PAST_FENCE_HORIZON
 
 
 def test_a_letter_past_the_horizon_whose_fence_row_is_still_there_may_be_replayed(settings):
     settings.VPAY_PROCESSED_JOBS_TTL_SECONDS = 7 * 86400
-    letter = make_letter(job_created_at=db_ago(days=8))
+    letter = DeadLetterFactory(job_created_at=db_ago(days=8))
     # The effect ran late in the job's life: its fence row outlives the horizon by a day.
     execute(
         "INSERT INTO processed_jobs (job_id, kind, processed_at, expires_at)"
@@ -219,7 +213,7 @@ def test_a_letter_past_the_horizon_whose_fence_row_is_still_there_may_be_replaye
 
 @pytest.mark.parametrize("reason", ["", "   ", "\n\t "], ids=["empty", "spaces", "whitespace"])
 def test_discard_without_a_reason_is_refused_on_the_form(client, operator, reason):
-    letter = make_letter()
+    letter = DeadLetterFactory()
     form = act(client, "discard_selected", [letter.pk])
     assert form.status_code == 200 and b'name="reason"' in form.content
 
@@ -232,7 +226,7 @@ def test_discard_without_a_reason_is_refused_on_the_form(client, operator, reaso
 
 
 def test_discard_records_who_when_and_the_trimmed_reason_and_a_log_entry(client, operator):
-    letters = [make_letter(), make_letter()]
+    letters = [DeadLetterFactory(), DeadLetterFactory()]
     response = confirm(client, "discard_selected", [x.pk for x in letters], reason="  merchant closed the order \n")
     assert response.status_code == 302
     for letter in letters:
@@ -256,7 +250,7 @@ def test_discard_records_who_when_and_the_trimmed_reason_and_a_log_entry(client,
 
 
 def test_the_service_refuses_a_blank_reason_and_the_database_is_the_final_guard():
-    letter = make_letter()
+    letter = DeadLetterFactory()
     assert ops.dead_letter_discard(letter_id=letter.pk, actor="ops", reason="  ").refusal == ops.Refusal.REASON_REQUIRED
     from django.db import IntegrityError, transaction
 
@@ -268,18 +262,18 @@ def test_the_service_refuses_a_blank_reason_and_the_database_is_the_final_guard(
 
 
 def test_the_admin_index_shows_how_many_dead_letters_are_pending_review(client, operator):
-    make_letter()
-    make_letter()
-    done = make_letter()
+    DeadLetterFactory()
+    DeadLetterFactory()
+    done = DeadLetterFactory()
     ops.dead_letter_discard(letter_id=done.pk, actor="ops", reason="noise")
     page = client.get(reverse("admin:index"))
     assert b'<strong id="pending-review-count">2</strong> dead letters pending review' in page.content
 
 
 def test_the_change_list_shows_age_error_excerpt_and_filters_and_searches(client, operator):
-    old = make_letter(last_error="PermanentError: card declined\n" + "x" * 500)
+    old = DeadLetterFactory(last_error="PermanentError: card declined\n" + "x" * 500)
     execute("UPDATE dead_letters SET created_at = now() - interval '3 hours 5 minutes' WHERE id = %s", [old.pk])
-    new = make_letter(kind="sweep_expired", queue="maintenance")
+    new = DeadLetterFactory(kind="sweep_expired", queue="maintenance")
 
     page = client.get(changelist_url()).content.decode()
     assert "3h 5m" in page and "PermanentError: card declined" in page
@@ -306,10 +300,10 @@ def test_the_change_list_shows_age_error_excerpt_and_filters_and_searches(client
 
 def test_the_past_horizon_filter_lists_the_letters_a_replay_would_refuse_for_their_age(client, operator, settings):
     settings.VPAY_PROCESSED_JOBS_TTL_SECONDS = 7 * 86400
-    old = make_letter(job_created_at=db_ago(days=8))
+    old = DeadLetterFactory(job_created_at=db_ago(days=8))
     # Inside the margin: the TTL has not run out, but less than the margin of it is left.
-    within_margin = make_letter(job_created_at=db_ago(days=6, hours=23, minutes=30))
-    fresh = make_letter(job_created_at=db_ago(days=6))
+    within_margin = DeadLetterFactory(job_created_at=db_ago(days=6, hours=23, minutes=30))
+    fresh = DeadLetterFactory(job_created_at=db_ago(days=6))
     listed = {letter.pk for letter in client.get(changelist_url() + "?created=past_horizon").context["cl"].result_list}
     assert listed == {old.pk, within_margin.pk}
     preview = ops.replay_preview([old.pk, within_margin.pk, fresh.pk])
@@ -321,14 +315,14 @@ def test_the_past_horizon_filter_lists_the_letters_a_replay_would_refuse_for_the
 
 
 def test_the_detail_page_is_read_only_with_pretty_payload_full_error_and_history(client, operator):
-    letter = make_letter(payload={"task": "tests.tasks.record", "args": ["a"], "kwargs": {"k": 1}})
+    letter = DeadLetterFactory(payload={"task": "tests.tasks.record", "args": ["a"], "kwargs": {"k": 1}})
     ops.dead_letter_replay(letter_id=letter.pk, actor="olga")
     page = client.get(reverse("admin:jobs_deadletter_change", args=[letter.pk])).content.decode()
     assert "&quot;kwargs&quot;: {\n    &quot;k&quot;: 1\n  }" in page  # indented JSON, escaped
     assert "second line of the traceback" in page  # the full error
     assert "Replayed " in page and "by olga" in page
     assert 'name="_save"' not in page  # nobody edits a dead letter
-    again = make_letter(job_id=letter.job_id)
+    again = DeadLetterFactory(job_id=letter.job_id)
     page = client.get(reverse("admin:jobs_deadletter_change", args=[letter.pk])).content.decode()
     link = reverse("admin:jobs_deadletter_change", args=[again.pk])
     assert f'<a href="{link}">#{again.pk}</a> (pending_review)' in page  # the same job_id failed again
@@ -336,7 +330,7 @@ def test_the_detail_page_is_read_only_with_pretty_payload_full_error_and_history
 
 
 def test_the_detail_page_offers_replay_and_discard_that_run_the_same_actions(client, operator):
-    letter = make_letter()
+    letter = DeadLetterFactory()
     page = client.get(reverse("admin:jobs_deadletter_change", args=[letter.pk])).content.decode()
     assert 'id="replay-this"' in page and 'id="discard-this"' in page
     # The button posts the action without an index: the confirmation step.

@@ -15,7 +15,7 @@ from jobs.primitives.cancel_decisions import JobPhase
 from jobs.services import cancels
 from jobs.services import dead_letters as ops
 from tests.conftest import wait_for
-from tests.ops_support import make_letter
+from tests.factories.jobs import DeadLetterFactory
 from tests.queue_support import claim, count, scalar, task_payload
 
 # Lock waits in this test's database only (another xdist worker's database shares the server).
@@ -50,7 +50,7 @@ def in_threads(*functions) -> list:
 
 
 def test_two_operators_replaying_the_same_letter_at_once_enqueue_it_once():
-    letter = make_letter()
+    letter = DeadLetterFactory()
     barrier = threading.Barrier(2)
 
     def replay(actor):

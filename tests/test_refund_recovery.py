@@ -13,6 +13,7 @@ from charges import refund_repository
 from charges.services.polling import _restore_refund_polls
 from jobs.runner.worker import Worker
 from tests.charges_support import FAST_POLICY, apply_policy, scalar, sql, use_rails
+from tests.factories.jobs import DeadLetterFactory
 from tests.refund_support import RefundingMerchant, amount_refunded
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -73,12 +74,13 @@ def test_the_backstop_gives_a_live_refund_its_poll_back_unless_its_letter_awaits
     lost = acme.refund(intent, amount=1000).json()["id"]
     lettered = acme.refund(intent, amount=1000).json()["id"]
     sql("DELETE FROM jobs WHERE kind = 'poll_refund'")
-    sql(
-        "INSERT INTO dead_letters (job_id, kind, queue, payload, attempts, max_attempts, dedupe_key, cause,"
-        " last_error, correlation_id, tenant, state, job_created_at)"
-        " VALUES (gen_random_uuid(), 'poll_refund', 'default', %s::jsonb, 1, 5, %s, 'permanent', 'x', '', '',"
-        " 'pending_review', now())",
-        [f'{{"refund_id": "{lettered}"}}', refund_repository.poll_dedupe_key(lettered)],
+    DeadLetterFactory(
+        kind="poll_refund",
+        payload={"refund_id": lettered},
+        dedupe_key=refund_repository.poll_dedupe_key(lettered),
+        attempts=1,
+        cause="permanent",
+        error_category="permanent",
     )
     assert _restore_refund_polls() == 1
     assert sql("SELECT dedupe_key FROM jobs WHERE kind = 'poll_refund'") == [(refund_repository.poll_dedupe_key(lost),)]

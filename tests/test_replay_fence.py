@@ -13,7 +13,6 @@ from prometheus_client import REGISTRY
 from jobs.adapters import postgres as queue
 from jobs.models import DeadLetter, DeadLetterState
 from jobs.runner.worker import Worker
-from tests.ops_support import OPERATOR_PERMS, staff_user
 from tests.queue_support import claim, count, expire_lease, task_payload
 
 pytestmark = pytest.mark.django_db
@@ -48,9 +47,8 @@ def duplicates_skipped() -> float:
 
 
 def test_replaying_a_dead_letter_whose_effect_already_happened_produces_no_second_effect(
-    client, django_user_model, effects, alerts_elsewhere
+    client, operator, effects, alerts_elsewhere
 ):
-    client.force_login(staff_user(django_user_model, "olga", *OPERATOR_PERMS))
     job_id = uuid.uuid4()
     # The job ran once: its effect and its fence row committed together.
     assert queue.enqueue("task", task_payload("tests.tasks.record", "charge-42"), job_id=job_id)
@@ -75,9 +73,8 @@ def test_replaying_a_dead_letter_whose_effect_already_happened_produces_no_secon
 
 
 def test_replaying_a_dead_letter_whose_effect_never_happened_applies_it_exactly_once(
-    client, django_user_model, effects, alerts_elsewhere
+    client, operator, effects, alerts_elsewhere
 ):
-    client.force_login(staff_user(django_user_model, "olga", *OPERATOR_PERMS))
     job_id = uuid.uuid4()
     letter = bury_after_worker_death("refund-7", job_id)
     assert effects("refund-7") == []

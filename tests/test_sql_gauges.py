@@ -11,8 +11,9 @@ from prometheus_client import REGISTRY
 
 from charges.models import Charge, PaymentIntent
 from jobs.models import Job, ProcessedJob, WorkerProcess, db_ago
+from jobs.services import dead_letters
 from merchants.models import Merchant
-from tests.ops_support import make_letter
+from tests.factories.jobs import DeadLetterFactory
 from vpay import sql_gauges
 from webhooks.models import Event, WebhookDelivery, WebhookEndpoint
 
@@ -43,10 +44,10 @@ def test_workers_live_counts_only_fresh_heartbeats():
 
 
 def test_dead_letters_pending_by_kind_with_the_oldest_jobs_age_and_gone_once_decided():
-    make_letter(kind="task", job_created_at=db_ago(hours=3))
-    make_letter(kind="task")
-    make_letter(kind="send_alert")
-    make_letter(kind="task", state="discarded", discarded_at=db_ago(seconds=0), discarded_by="ops", discard_reason="test")
+    DeadLetterFactory(kind="task", job_created_at=db_ago(hours=3))
+    DeadLetterFactory(kind="task")
+    DeadLetterFactory(kind="send_alert", payload={"alert_id": 1})
+    dead_letters.dead_letter_discard(letter_id=DeadLetterFactory(kind="task").pk, actor="ops", reason="test")
     sql_gauges.refresh()
     assert value("vpay_dead_letters_pending", kind="task") == 2
     assert value("vpay_dead_letters_pending", kind="send_alert") == 1

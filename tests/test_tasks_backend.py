@@ -21,7 +21,7 @@ from jobs.adapters import postgres as queue
 from jobs.adapters.tasks_backend import VpayTaskBackend, run_after_at
 from jobs.kinds import JobKind
 from jobs.runner.worker import Worker
-from jobs.storage import leases, repository
+from jobs.storage import fence_sql, leases
 from jobs.tasks_api import InvalidTask, TaskResultDoesNotExist, TaskResultStatus, default_task_backend, task_enqueued
 from tests import tasks
 from tests.clock_support import skewed_env
@@ -136,7 +136,7 @@ def test_get_result__of_a_successful_task_whose_fence_expired_raises_task_result
     Worker(concurrency=1).run_once()
     assert default_task_backend.get_result(result.id).status == TaskResultStatus.SUCCESSFUL
     execute("UPDATE processed_jobs SET expires_at = now() - interval '1 second'")
-    assert repository.delete_expired_fences() == 1
+    assert fence_sql.delete_expired_fences() == 1
     with pytest.raises(TaskResultDoesNotExist):
         default_task_backend.get_result(result.id)
 

@@ -12,31 +12,14 @@ from django.test.utils import CaptureQueriesContext
 
 from jobs.models import Job
 from tests.api_support import MerchantClient, error_of
+from tests.factories.webhooks import DeliveryFactory, EndpointFactory
 from webhooks.delivery_wire import ATTEMPTS_SHOWN, EXCERPT_SHOWN
 from webhooks.event_types import DESCRIPTIONS, EventType
-from webhooks.events import emit
 from webhooks.models import DeliveryAttempt, Event, WebhookDelivery
 from webhooks.services.delivery import dedupe_key
 from webhooks.services.fanout import drain_once
 
 pytestmark = pytest.mark.django_db
-
-
-def endpoint(api: MerchantClient, events=("*",), path="/hook") -> dict:
-    response = api.call(
-        "POST", "/v1/webhook_endpoints", {"url": f"https://hooks.example.com{path}", "enabled_events": list(events)}
-    )
-    assert response.status_code == 200, response.content
-    return response.json()
-
-
-def deliveries_of(api: MerchantClient, n: int, type_=EventType.PAYMENT_INTENT_SUCCEEDED) -> list[WebhookDelivery]:
-    """``n`` events fanned out to the merchant's endpoints: their deliveries, oldest first."""
-    with transaction.atomic():
-        for i in range(n):
-            emit(api.merchant, type_, {"id": f"pi_{i}", "object": "payment_intent"})
-    drain_once()
-    return list(WebhookDelivery.objects.filter(endpoint__merchant=api.merchant).order_by("created_at", "id"))
 
 
 def set_state(delivery_id: int, state: str) -> None:
@@ -72,53 +55,50 @@ def test_event_types_lists_every_type_with_its_line(acme):
 
 
 def test_a_test_event_makes_one_delivery_to_that_endpoint_only_whatever_it_subscribes_to(acme, globex):
-    target = endpoint(acme, events=["refund.failed"], path="/target")
-    other = endpoint(acme, events=["*"], path="/other")
-    theirs = endpoint(globex, events=["*"], path="/theirs")
+    target = EndpointFactory(merchant=acme.merchant, enabled_events=["refund.failed"])
+    other = EndpointFactory(merchant=acme.merchant)
+    theirs = EndpointFactory(merchant=globex.merchant)
 
-    response = acme.call("POST", f"/v1/webhook_endpoints/{target['id']}/test")
+    response = acme.call("POST", f"/v1/webhook_endpoints/{target.pk}/test")
     assert response.status_code == 200, response.content
     delivery = response.json()
     assert delivery["object"] == "webhook_delivery" and delivery["id"].startswith("whd_")
     assert (delivery["webhook_endpoint"], delivery["event_type"], delivery["state"]) == (
-        target["id"],
+        target.pk,
         "webhook_endpoint.test",
         "pending",
     )
     event = Event.objects.get(pk=delivery["event"])
     assert event.fan_out == "fanned_out"  # the drain has nothing left to fan out
-    assert list(event.deliveries.values_list("endpoint_id", flat=True)) == [target["id"]]
+    assert list(event.deliveries.values_list("endpoint_id", flat=True)) == [target.pk]
     assert deliver_jobs(event.deliveries.get().pk) == 1
     drain_once()  # a drain pass afterwards adds nobody
-    assert WebhookDelivery.objects.filter(endpoint_id__in=[other["id"], theirs["id"]]).count() == 0
+    assert WebhookDelivery.objects.filter(endpoint_id__in=[other.pk, theirs.pk]).count() == 0
     # The event is the merchant's, readable like any other; its object is the endpoint, no secret.
     listed = acme.call("GET", "/v1/events?types[]=webhook_endpoint.test").json()["data"]
     assert [e["id"] for e in listed] == [event.pk]
-    assert listed[0]["data"]["object"]["id"] == target["id"] and "secret" not in listed[0]["data"]["object"]
-    assert target["secret"] not in response.content.decode()
+    assert listed[0]["data"]["object"]["id"] == target.pk and "secret" not in listed[0]["data"]["object"]
+    assert target.secret not in response.content.decode()
 
 
-def test_a_test_event_to_a_disabled_endpoint_is_a_409_and_writes_nothing(acme):
-    target = endpoint(acme)
-    acme.call("POST", f"/v1/webhook_endpoints/{target['id']}/disable")
+def test_a_test_event_to_a_disabled_endpoint_is_a_409_and_writes_nothing(acme, acme_endpoint):
+    acme.call("POST", f"/v1/webhook_endpoints/{acme_endpoint.pk}/disable")
     before = Event.objects.count()
-    response = acme.call("POST", f"/v1/webhook_endpoints/{target['id']}/test")
+    response = acme.call("POST", f"/v1/webhook_endpoints/{acme_endpoint.pk}/test")
     assert response.status_code == 409 and error_of(response)["code"] == "webhook_endpoint_disabled"
     assert Event.objects.count() == before and WebhookDelivery.objects.count() == 0
 
 
-def test_a_test_event_refuses_a_body(acme):
-    target = endpoint(acme)
-    response = acme.call("POST", f"/v1/webhook_endpoints/{target['id']}/test", {"type": "refund.failed"})
+def test_a_test_event_refuses_a_body(acme, acme_endpoint):
+    response = acme.call("POST", f"/v1/webhook_endpoints/{acme_endpoint.pk}/test", {"type": "refund.failed"})
     assert response.status_code == 400 and error_of(response)["param"] == "type"
 
 
 # --- the deliveries list ------------------------------------------------------------------------
 
 
-def test_deliveries_list_newest_first_with_attempts_and_nothing_secret(acme):
-    target = endpoint(acme)
-    first, second = deliveries_of(acme, 2)
+def test_deliveries_list_newest_first_with_attempts_and_nothing_secret(acme, acme_endpoint):
+    first, second = DeliveryFactory.create_batch(2, endpoint=acme_endpoint)
     DeliveryAttempt.objects.create(
         delivery=first,
         number=1,
@@ -129,7 +109,7 @@ def test_deliveries_list_newest_first_with_attempts_and_nothing_secret(acme):
         response_excerpt="x" * 4000,
     )
     WebhookDelivery.objects.filter(pk=first.pk).update(attempts=1)
-    response = acme.call("GET", f"/v1/webhook_endpoints/{target['id']}/deliveries")
+    response = acme.call("GET", f"/v1/webhook_endpoints/{acme_endpoint.pk}/deliveries")
     assert response.status_code == 200
     rows = response.json()["data"]
     assert [r["id"] for r in rows] == [second.public_id, first.public_id]
@@ -144,27 +124,25 @@ def test_deliveries_list_newest_first_with_attempts_and_nothing_secret(acme):
     assert isinstance(attempt["started"], int) and attempt["finished"] is None
     assert len(attempt["response_excerpt"]) == EXCERPT_SHOWN and attempt["response_excerpt"].endswith("…")
     text = response.content.decode()
-    assert target["secret"] not in text and "signature" not in text.lower()
+    assert acme_endpoint.secret not in text and "signature" not in text.lower()
 
 
-def test_deliveries_show_the_latest_attempts_and_count_them_all(acme):
-    target = endpoint(acme)
-    [delivery] = deliveries_of(acme, 1)
+def test_deliveries_show_the_latest_attempts_and_count_them_all(acme, acme_endpoint):
+    delivery = DeliveryFactory(endpoint=acme_endpoint)
     total = ATTEMPTS_SHOWN + 5
     DeliveryAttempt.objects.bulk_create(
         DeliveryAttempt(delivery=delivery, number=n, lease_token=f"00000000-0000-0000-0000-{n:012d}", state="failed")
         for n in range(1, total + 1)
     )
     WebhookDelivery.objects.filter(pk=delivery.pk).update(attempts=total)
-    [row] = acme.call("GET", f"/v1/webhook_endpoints/{target['id']}/deliveries").json()["data"]
+    [row] = acme.call("GET", f"/v1/webhook_endpoints/{acme_endpoint.pk}/deliveries").json()["data"]
     assert row["attempt_count"] == total
     assert [a["number"] for a in row["attempts"]] == list(range(total - ATTEMPTS_SHOWN + 1, total + 1))
 
 
-def test_deliveries_page_both_ways_and_filter_by_state(acme):
-    target = endpoint(acme)
-    made = [d.public_id for d in deliveries_of(acme, 5)][::-1]  # newest first
-    path = f"/v1/webhook_endpoints/{target['id']}/deliveries"
+def test_deliveries_page_both_ways_and_filter_by_state(acme, acme_endpoint):
+    made = [d.public_id for d in DeliveryFactory.create_batch(5, endpoint=acme_endpoint)][::-1]  # newest first
+    path = f"/v1/webhook_endpoints/{acme_endpoint.pk}/deliveries"
     page = acme.call("GET", f"{path}?limit=2&starting_after={made[1]}").json()
     assert [r["id"] for r in page["data"]] == made[2:4] and page["has_more"] is True
     back = acme.call("GET", f"{path}?limit=2&ending_before={made[2]}").json()
@@ -176,32 +154,30 @@ def test_deliveries_page_both_ways_and_filter_by_state(acme):
         assert response.status_code == 404 and error_of(response)["code"] == "resource_missing", cursor
 
 
-def test_another_merchants_endpoint_and_delivery_are_404(acme, globex):
-    mine = endpoint(acme)
-    theirs = endpoint(globex)
-    [their_delivery] = deliveries_of(globex, 1)
+def test_another_merchants_endpoint_and_delivery_are_404(acme, globex, acme_endpoint):
+    theirs = EndpointFactory(merchant=globex.merchant)
+    their_delivery = DeliveryFactory(endpoint=theirs)
     set_state(their_delivery.pk, "exhausted")
     wire = their_delivery.public_id
     for method, path in [
-        ("GET", f"/v1/webhook_endpoints/{theirs['id']}/deliveries"),
-        ("POST", f"/v1/webhook_endpoints/{theirs['id']}/test"),
-        ("POST", f"/v1/webhook_endpoints/{theirs['id']}/deliveries/{wire}/retry"),
-        ("POST", f"/v1/webhook_endpoints/{mine['id']}/deliveries/{wire}/retry"),
+        ("GET", f"/v1/webhook_endpoints/{theirs.pk}/deliveries"),
+        ("POST", f"/v1/webhook_endpoints/{theirs.pk}/test"),
+        ("POST", f"/v1/webhook_endpoints/{theirs.pk}/deliveries/{wire}/retry"),
+        ("POST", f"/v1/webhook_endpoints/{acme_endpoint.pk}/deliveries/{wire}/retry"),
     ]:
         response = acme.call(method, path)
         assert response.status_code == 404 and error_of(response)["code"] == "resource_missing", path
     # Their delivery's cursor under my endpoint names nothing of mine.
-    response = acme.call("GET", f"/v1/webhook_endpoints/{mine['id']}/deliveries?starting_after={wire}")
+    response = acme.call("GET", f"/v1/webhook_endpoints/{acme_endpoint.pk}/deliveries?starting_after={wire}")
     assert response.status_code == 404
     assert WebhookDelivery.objects.get(pk=their_delivery.pk).state == "exhausted"
     assert Event.objects.filter(merchant=globex.merchant).count() == 1 and deliver_jobs(their_delivery.pk) == 1
 
 
-def test_delivery_ids_are_random_and_say_nothing_of_the_platforms_volume(acme):
+def test_delivery_ids_are_random_and_say_nothing_of_the_platforms_volume(acme, acme_endpoint):
     # whd_1, whd_2… told anyone with an endpoint how many deliveries vpay makes.
-    target = endpoint(acme)
-    made = deliveries_of(acme, 3)
-    path = f"/v1/webhook_endpoints/{target['id']}/deliveries"
+    made = DeliveryFactory.create_batch(3, endpoint=acme_endpoint)
+    path = f"/v1/webhook_endpoints/{acme_endpoint.pk}/deliveries"
     listed = [row["id"] for row in acme.call("GET", path).json()["data"]]
     assert all(re.fullmatch(r"whd_[0-9a-f]{32}", wire) for wire in listed), listed
     assert len(set(listed)) == 3
@@ -222,21 +198,20 @@ def retry(api: MerchantClient, endpoint_id: str, delivery_id: int, **kwargs):
 
 
 @pytest.mark.parametrize("finished", ["exhausted", "refused", "succeeded"])
-def test_a_finished_delivery_is_retried_once_and_a_second_retry_is_a_409(acme, finished):
-    target = endpoint(acme)
-    [delivery] = deliveries_of(acme, 1)
+def test_a_finished_delivery_is_retried_once_and_a_second_retry_is_a_409(acme, acme_endpoint, finished):
+    delivery = DeliveryFactory(endpoint=acme_endpoint)
     Job.objects.filter(dedupe_key=dedupe_key(delivery.pk)).delete()  # its first job ran
     set_state(delivery.pk, finished)
 
-    response = retry(acme, target["id"], delivery.pk, key="retry-1")
+    response = retry(acme, acme_endpoint.pk, delivery.pk, key="retry-1")
     assert response.status_code == 200, response.content
     assert response.json()["state"] == "pending" and response.json()["completed"] is None
     assert deliver_jobs(delivery.pk) == 1
     # The same Idempotency-Key replays the answer; a new request finds it pending: a 409.
-    replay = retry(acme, target["id"], delivery.pk, key="retry-1")
+    replay = retry(acme, acme_endpoint.pk, delivery.pk, key="retry-1")
     assert replay.status_code == 200 and replay["Idempotent-Replayed"] == "true"
     assert replay.content == response.content
-    again = retry(acme, target["id"], delivery.pk, key="retry-2")
+    again = retry(acme, acme_endpoint.pk, delivery.pk, key="retry-2")
     assert again.status_code == 409 and error_of(again)["code"] == "webhook_delivery_in_progress"
     assert deliver_jobs(delivery.pk) == 1
 
@@ -248,36 +223,33 @@ def test_a_finished_delivery_is_retried_once_and_a_second_retry_is_a_409(acme, f
         ("cancelled", "webhook_delivery_not_retryable"),
     ],
 )
-def test_a_delivery_not_finished_or_cancelled_is_not_retried(acme, state, code):
-    target = endpoint(acme)
-    [delivery] = deliveries_of(acme, 1)
+def test_a_delivery_not_finished_or_cancelled_is_not_retried(acme, acme_endpoint, state, code):
+    delivery = DeliveryFactory(endpoint=acme_endpoint)
     if state != "pending":
         set_state(delivery.pk, state)
-    response = retry(acme, target["id"], delivery.pk)
+    response = retry(acme, acme_endpoint.pk, delivery.pk)
     assert response.status_code == 409 and error_of(response)["code"] == code
     assert state in error_of(response)["message"]
 
 
-def test_a_delivering_delivery_is_not_retried(acme):
-    target = endpoint(acme)
-    [delivery] = deliveries_of(acme, 1)
+def test_a_delivering_delivery_is_not_retried(acme, acme_endpoint):
+    delivery = DeliveryFactory(endpoint=acme_endpoint)
     with connection.cursor() as cursor:
         cursor.execute(
             "UPDATE webhook_deliveries SET state = 'delivering', lease_token = gen_random_uuid(),"
             " lease_expires_at = now() + interval '1 minute' WHERE id = %s",
             [delivery.pk],
         )
-    response = retry(acme, target["id"], delivery.pk)
+    response = retry(acme, acme_endpoint.pk, delivery.pk)
     assert response.status_code == 409 and error_of(response)["code"] == "webhook_delivery_in_progress"
     assert WebhookDelivery.objects.get(pk=delivery.pk).state == "delivering"
 
 
-def test_a_retry_to_a_disabled_endpoint_is_a_409(acme):
-    target = endpoint(acme)
-    [delivery] = deliveries_of(acme, 1)
+def test_a_retry_to_a_disabled_endpoint_is_a_409(acme, acme_endpoint):
+    delivery = DeliveryFactory(endpoint=acme_endpoint)
     set_state(delivery.pk, "exhausted")
-    acme.call("POST", f"/v1/webhook_endpoints/{target['id']}/disable")
-    response = retry(acme, target["id"], delivery.pk)
+    acme.call("POST", f"/v1/webhook_endpoints/{acme_endpoint.pk}/disable")
+    response = retry(acme, acme_endpoint.pk, delivery.pk)
     assert response.status_code == 409 and error_of(response)["code"] == "webhook_endpoint_disabled"
     assert WebhookDelivery.objects.get(pk=delivery.pk).state == "exhausted"
 
@@ -285,12 +257,11 @@ def test_a_retry_to_a_disabled_endpoint_is_a_409(acme):
 # --- the plan ---------------------------------------------------------------------------------
 
 
-def test_the_deliveries_list_reads_its_index_without_a_sort(acme):
-    target = endpoint(acme)
-    made = deliveries_of(acme, 3)
+def test_the_deliveries_list_reads_its_index_without_a_sort(acme, acme_endpoint):
+    made = DeliveryFactory.create_batch(3, endpoint=acme_endpoint)
     for query in ("", f"?ending_before={made[0].public_id}", "?state=pending&created[gte]=0"):
         with CaptureQueriesContext(connection) as captured:
-            response = acme.call("GET", f"/v1/webhook_endpoints/{target['id']}/deliveries{query}")
+            response = acme.call("GET", f"/v1/webhook_endpoints/{acme_endpoint.pk}/deliveries{query}")
         assert response.status_code == 200
         [sql] = [
             q["sql"]

@@ -8,36 +8,28 @@ import time
 
 import pytest
 
-from merchants.services import create_merchant
 from sandbox.receiver import fingerprint
-from tests.api_support import MerchantClient
 from tests.conftest import wait_for
-from tests.test_webhook_worker import BASE_ENV, emit_many
+from tests.factories.webhooks import EndpointFactory, EventFactory
+from tests.test_webhook_worker import BASE_ENV
 from webhooks.models import WebhookDelivery
-from webhooks.services import endpoints
-from webhooks.ssrf import parse_cidrs
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
-
-
-@pytest.fixture(autouse=True)
-def _local_receivers(settings):
-    settings.VPAY_WEBHOOK_ALLOW_CIDRS = parse_cidrs(BASE_ENV["VPAY_WEBHOOK_ALLOW_CIDRS"])
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.slow,
+    pytest.mark.usefixtures("loopback_receivers"),  # this process; BASE_ENV allows the worker the same
+]
 
 
 def state_of(delivery_id: int) -> str:
     return WebhookDelivery.objects.values_list("state", flat=True).get(pk=delivery_id)
 
 
-def test_a_test_event_arrives_signed_at_that_endpoint_only(receiver, start_worker):
-    acme = MerchantClient("Acme")
-    target, target_secret = endpoints.create_endpoint(
-        acme.merchant, url=receiver.url("/target"), enabled_events=["refund.failed"]
-    )
-    _, other_secret = endpoints.create_endpoint(acme.merchant, url=receiver.url("/other"), enabled_events=["*"])
-    globex, _ = create_merchant("Globex")
-    endpoints.create_endpoint(globex, url=receiver.url("/theirs"), enabled_events=["*"])
-    receiver.add_secrets(target_secret, other_secret)
+def test_a_test_event_arrives_signed_at_that_endpoint_only(acme, globex, receiver, start_worker):
+    target = EndpointFactory(merchant=acme.merchant, url=receiver.url("/target"), enabled_events=["refund.failed"])
+    other = EndpointFactory(merchant=acme.merchant, url=receiver.url("/other"))
+    EndpointFactory(merchant=globex.merchant, url=receiver.url("/theirs"))
+    receiver.add_secrets(target.secret, other.secret)
     start_worker("--concurrency", "2", env=BASE_ENV).wait_started()
 
     response = acme.call("POST", f"/v1/webhook_endpoints/{target.pk}/test")
@@ -52,7 +44,7 @@ def test_a_test_event_arrives_signed_at_that_endpoint_only(receiver, start_worke
         delivery["event"],
         "1",
     )
-    assert got["verified"] and got["verified_by"] == [fingerprint(target_secret)]
+    assert got["verified"] and got["verified_by"] == [fingerprint(target.secret)]
     wait_for(lambda: state_of(WebhookDelivery.objects.get(public_id=delivery["id"]).pk) == "succeeded", timeout=10, message="the delivery recorded")
     [listed] = acme.call("GET", f"/v1/webhook_endpoints/{target.pk}/deliveries").json()["data"]
     assert listed["id"] == delivery["id"] and listed["state"] == "succeeded"
@@ -61,12 +53,13 @@ def test_a_test_event_arrives_signed_at_that_endpoint_only(receiver, start_worke
     assert attempt["finished"] >= attempt["started"] and attempt["duration_ms"] >= 0
 
 
-def test_a_retried_exhausted_delivery_is_delivered_and_a_retry_while_it_is_in_flight_is_a_409(receiver, start_worker):
-    acme = MerchantClient("Acme")
-    target, secret = endpoints.create_endpoint(acme.merchant, url=receiver.url("/flaky"), enabled_events=["*"])
-    receiver.add_secrets(secret)
+def test_a_retried_exhausted_delivery_is_delivered_and_a_retry_while_it_is_in_flight_is_a_409(
+    acme, receiver, start_worker
+):
+    target = EndpointFactory(merchant=acme.merchant, url=receiver.url("/flaky"))
+    receiver.add_secrets(target.secret)
     receiver.set_mode("/flaky", "status", status=500)
-    [event_id] = emit_many(acme.merchant, 1)
+    event_id = EventFactory(merchant=acme.merchant).pk
     start_worker("--concurrency", "2", env={**BASE_ENV, "VPAY_WEBHOOK_RETRY_SCHEDULE": "0.2,0.2"})
     delivery = wait_for(
         lambda: WebhookDelivery.objects.filter(event_id=event_id, state="exhausted").first(),

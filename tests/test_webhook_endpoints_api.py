@@ -9,20 +9,11 @@ import pytest
 from django.db import connection
 
 from tests.api_support import MerchantClient
+from tests.factories.webhooks import EndpointFactory
 from webhooks import repository, sealing
 from webhooks.models import WebhookEndpoint, WebhookSecret
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def acme():
-    return MerchantClient("Acme")
-
-
-@pytest.fixture
-def globex():
-    return MerchantClient("Globex")
 
 
 def create(api, url="https://hooks.example.com/vpay", events=("*",)):
@@ -51,38 +42,39 @@ def test_create_returns_the_secret_once_and_stores_it_sealed(acme):
 
 
 def test_reprs_redact_secrets_and_show_a_count(acme):
-    created = create(acme, url="https://hooks.example.com/vpay/tok_path123?auth=tok_query456")
-    endpoint = WebhookEndpoint.objects.get(pk=created["id"])
+    created = EndpointFactory(
+        merchant=acme.merchant, url="https://hooks.example.com/vpay/tok_path123?auth=tok_query456"
+    )
+    endpoint = WebhookEndpoint.objects.get(pk=created.pk)
     row = WebhookSecret.objects.get(endpoint=endpoint)
     for text in (repr(endpoint), str(endpoint), repr(row), str(row)):
-        assert created["secret"] not in text and row.sealed not in text
+        assert created.secret not in text and row.sealed not in text
     assert "secrets=<1 redacted>" in repr(endpoint)
     assert "url='https://hooks.example.com'" in repr(endpoint)
     assert "tok_path123" not in repr(endpoint) and "tok_query456" not in repr(endpoint)
 
 
-def test_rotation_keeps_the_old_secret_signing_for_the_overlap(acme):
-    created = create(acme)
-    rotated = acme.call("POST", f"/v1/webhook_endpoints/{created['id']}/rotate_secret").json()
-    assert rotated["secret"] != created["secret"] and rotated["active_secrets"] == 2
-    opened = [sealing.open_sealed(s, created["id"]) for s in repository.active_sealed_secrets(created["id"])]
-    assert opened == [created["secret"], rotated["secret"]]  # configuration order: oldest first
+def test_rotation_keeps_the_old_secret_signing_for_the_overlap(acme, acme_endpoint):
+    rotated = acme.call("POST", f"/v1/webhook_endpoints/{acme_endpoint.pk}/rotate_secret").json()
+    assert rotated["secret"] != acme_endpoint.secret and rotated["active_secrets"] == 2
+    opened = [sealing.open_sealed(s, acme_endpoint.pk) for s in repository.active_sealed_secrets(acme_endpoint.pk)]
+    assert opened == [acme_endpoint.secret, rotated["secret"]]  # configuration order: oldest first
     # The expiry was computed by the database: now() + 24 h by default.
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT expires_at - created_at > interval '23 hours', expires_at IS NOT NULL FROM webhook_secrets"
             " WHERE endpoint_id = %s ORDER BY id",
-            [created["id"]],
+            [acme_endpoint.pk],
         )
         assert cursor.fetchall() == [(True, True), (None, False)]
     # A rotation with no overlap retires every older secret at once.
-    third = acme.call("POST", f"/v1/webhook_endpoints/{created['id']}/rotate_secret", {"overlap_seconds": 0}).json()
-    assert [sealing.open_sealed(s, created["id"]) for s in repository.active_sealed_secrets(created["id"])] == [
+    third = acme.call("POST", f"/v1/webhook_endpoints/{acme_endpoint.pk}/rotate_secret", {"overlap_seconds": 0}).json()
+    assert [sealing.open_sealed(s, acme_endpoint.pk) for s in repository.active_sealed_secrets(acme_endpoint.pk)] == [
         third["secret"]
     ]
 
 
-def test_a_rotation_beyond_the_active_secret_cap_is_refused_and_changes_nothing(acme):
+def test_a_rotation_beyond_the_active_secret_cap_is_refused_and_changes_nothing(acme, acme_endpoint):
     """Rotating again and again inside the overlap must never leave more secrets signing
     than a receiver's verify() accepts (MAX_SIGNATURES): the rotation past the cap is a 409,
     and every secret already handed out keeps signing."""
@@ -90,88 +82,85 @@ def test_a_rotation_beyond_the_active_secret_cap_is_refused_and_changes_nothing(
     from webhooks.signing import MAX_SIGNATURES
 
     assert endpoints.MAX_ACTIVE_SECRETS < MAX_SIGNATURES
-    created = create(acme)
-    rotate = f"/v1/webhook_endpoints/{created['id']}/rotate_secret"
-    handed_out = [created["secret"]]
+    rotate = f"/v1/webhook_endpoints/{acme_endpoint.pk}/rotate_secret"
+    handed_out = [acme_endpoint.secret]
     for _ in range(endpoints.MAX_ACTIVE_SECRETS - 1):
         answer = acme.call("POST", rotate)
         assert answer.status_code == 200, answer.content
         handed_out.append(answer.json()["secret"])
-    sealed_before = repository.active_sealed_secrets(created["id"])
-    assert [sealing.open_sealed(s, created["id"]) for s in sealed_before] == handed_out
+    sealed_before = repository.active_sealed_secrets(acme_endpoint.pk)
+    assert [sealing.open_sealed(s, acme_endpoint.pk) for s in sealed_before] == handed_out
 
     refused = acme.call("POST", rotate, {"overlap_seconds": 3600})
     assert refused.status_code == 409, refused.content
     error = refused.json()["error"]
     assert error["code"] == "webhook_secrets_at_limit" and "overlap_seconds=0" in error["message"]
     assert not any(secret in refused.content.decode() for secret in handed_out)
-    assert repository.active_sealed_secrets(created["id"]) == sealed_before
-    assert WebhookSecret.objects.filter(endpoint_id=created["id"]).count() == endpoints.MAX_ACTIVE_SECRETS
+    assert repository.active_sealed_secrets(acme_endpoint.pk) == sealed_before
+    assert WebhookSecret.objects.filter(endpoint_id=acme_endpoint.pk).count() == endpoints.MAX_ACTIVE_SECRETS
 
     # Once the oldest has expired (its overlap ran out), rotating works again.
     with connection.cursor() as cursor:
         cursor.execute(
             "UPDATE webhook_secrets SET expires_at = now() - interval '1 second'"
             " WHERE id = (SELECT min(id) FROM webhook_secrets WHERE endpoint_id = %s)",
-            [created["id"]],
+            [acme_endpoint.pk],
         )
     assert acme.call("POST", rotate).status_code == 200
-    assert len(repository.active_sealed_secrets(created["id"])) == endpoints.MAX_ACTIVE_SECRETS
+    assert len(repository.active_sealed_secrets(acme_endpoint.pk)) == endpoints.MAX_ACTIVE_SECRETS
 
 
-def test_a_rotation_with_no_overlap_is_allowed_at_the_cap_and_leaves_one_secret(acme):
+def test_a_rotation_with_no_overlap_is_allowed_at_the_cap_and_leaves_one_secret(acme, acme_endpoint):
     """A leaked secret must be replaceable at once, however many are signing."""
     from webhooks.services import endpoints
 
-    created = create(acme)
     for _ in range(endpoints.MAX_ACTIVE_SECRETS - 1):
-        endpoints.rotate_secret(WebhookEndpoint.objects.get(pk=created["id"]))
-    answer = acme.call("POST", f"/v1/webhook_endpoints/{created['id']}/rotate_secret", {"overlap_seconds": 0})
+        endpoints.rotate_secret(WebhookEndpoint.objects.get(pk=acme_endpoint.pk))
+    answer = acme.call("POST", f"/v1/webhook_endpoints/{acme_endpoint.pk}/rotate_secret", {"overlap_seconds": 0})
     assert answer.status_code == 200 and answer.json()["active_secrets"] == 1
-    assert [sealing.open_sealed(s, created["id"]) for s in repository.active_sealed_secrets(created["id"])] == [
+    assert [sealing.open_sealed(s, acme_endpoint.pk) for s in repository.active_sealed_secrets(acme_endpoint.pk)] == [
         answer.json()["secret"]
     ]
 
 
-def test_a_rotation_that_lost_the_race_to_a_delete_leaves_no_secret(acme):
+def test_a_rotation_that_lost_the_race_to_a_delete_leaves_no_secret(acme, acme_endpoint):
     from webhooks.services import endpoints
 
-    created = create(acme)
-    seen_before_the_delete = WebhookEndpoint.objects.get(pk=created["id"])  # the rotation read it live
-    assert acme.call("DELETE", f"/v1/webhook_endpoints/{created['id']}").status_code == 200
+    seen_before_the_delete = WebhookEndpoint.objects.get(pk=acme_endpoint.pk)  # the rotation read it live
+    assert acme.call("DELETE", f"/v1/webhook_endpoints/{acme_endpoint.pk}").status_code == 200
     with pytest.raises(endpoints.EndpointDeleted):
         endpoints.rotate_secret(seen_before_the_delete)
-    assert not WebhookSecret.objects.filter(endpoint_id=created["id"]).exists()
-    assert acme.call("POST", f"/v1/webhook_endpoints/{created['id']}/rotate_secret").status_code == 404
+    assert not WebhookSecret.objects.filter(endpoint_id=acme_endpoint.pk).exists()
+    assert acme.call("POST", f"/v1/webhook_endpoints/{acme_endpoint.pk}/rotate_secret").status_code == 404
 
 
-def test_update_and_delete(acme):
-    created = create(acme)
+def test_update_and_delete(acme, acme_endpoint):
     updated = acme.call(
-        "POST", f"/v1/webhook_endpoints/{created['id']}", {"enabled_events": ["customer.deleted"], "description": "x"}
+        "POST",
+        f"/v1/webhook_endpoints/{acme_endpoint.pk}",
+        {"enabled_events": ["customer.deleted"], "description": "x"},
     ).json()
     assert updated["enabled_events"] == ["customer.deleted"] and updated["description"] == "x"
-    deleted = acme.call("DELETE", f"/v1/webhook_endpoints/{created['id']}").json()
-    assert deleted == {"id": created["id"], "object": "webhook_endpoint", "deleted": True}
-    assert acme.call("GET", f"/v1/webhook_endpoints/{created['id']}").status_code == 404
+    deleted = acme.call("DELETE", f"/v1/webhook_endpoints/{acme_endpoint.pk}").json()
+    assert deleted == {"id": acme_endpoint.pk, "object": "webhook_endpoint", "deleted": True}
+    assert acme.call("GET", f"/v1/webhook_endpoints/{acme_endpoint.pk}").status_code == 404
     assert acme.call("GET", "/v1/webhook_endpoints").json()["data"] == []
     # The row stays as evidence for its deliveries; its secrets are gone.
-    assert WebhookEndpoint.objects.filter(pk=created["id"], deleted_at__isnull=False).exists()
-    assert not WebhookSecret.objects.filter(endpoint_id=created["id"]).exists()
+    assert WebhookEndpoint.objects.filter(pk=acme_endpoint.pk, deleted_at__isnull=False).exists()
+    assert not WebhookSecret.objects.filter(endpoint_id=acme_endpoint.pk).exists()
 
 
-def test_a_merchant_sees_only_its_own_endpoints(acme, globex):
-    mine = create(acme)
+def test_a_merchant_sees_only_its_own_endpoints(acme, globex, acme_endpoint):
     for method, path in [
-        ("GET", f"/v1/webhook_endpoints/{mine['id']}"),
-        ("POST", f"/v1/webhook_endpoints/{mine['id']}"),
-        ("DELETE", f"/v1/webhook_endpoints/{mine['id']}"),
-        ("POST", f"/v1/webhook_endpoints/{mine['id']}/rotate_secret"),
+        ("GET", f"/v1/webhook_endpoints/{acme_endpoint.pk}"),
+        ("POST", f"/v1/webhook_endpoints/{acme_endpoint.pk}"),
+        ("DELETE", f"/v1/webhook_endpoints/{acme_endpoint.pk}"),
+        ("POST", f"/v1/webhook_endpoints/{acme_endpoint.pk}/rotate_secret"),
     ]:
         response = globex.call(method, path, {} if method == "POST" else None)
         assert response.status_code == 404, (method, path)
     assert globex.call("GET", "/v1/webhook_endpoints").json()["data"] == []
-    assert acme.call("GET", f"/v1/webhook_endpoints/{mine['id']}").status_code == 200
+    assert acme.call("GET", f"/v1/webhook_endpoints/{acme_endpoint.pk}").status_code == 200
 
 
 @pytest.mark.parametrize(
@@ -201,7 +190,7 @@ def test_bad_endpoints_are_refused_and_nothing_is_written(acme, body, param, fra
 def test_a_merchant_at_the_endpoint_cap_is_refused_and_a_deleted_endpoint_frees_a_place(acme, globex):
     from webhooks.services import endpoints
 
-    made = [create(acme)["id"] for _ in range(endpoints.MAX_ENDPOINTS)]
+    made = [e.pk for e in EndpointFactory.create_batch(endpoints.MAX_ENDPOINTS, merchant=acme.merchant)]
     refused = acme.call("POST", "/v1/webhook_endpoints", {"url": "https://x.example/", "enabled_events": ["*"]})
     assert refused.status_code == 409, refused.content
     error = refused.json()["error"]
@@ -228,8 +217,7 @@ def test_two_concurrent_creates_cannot_both_take_the_last_place(settings):
     from webhooks.services import endpoints
 
     api = MerchantClient("Racing")
-    for _ in range(endpoints.MAX_ENDPOINTS - 1):
-        create(api)
+    EndpointFactory.create_batch(endpoints.MAX_ENDPOINTS - 1, merchant=api.merchant)
     written, results = threading.Event(), {}
 
     def first():

@@ -29,7 +29,7 @@ from jobs.primitives.schema import PayloadSchema
 from jobs.runner.context import JobContext, JobTimedOut, LeaseLost
 from jobs.runner.current import JobCancelled
 from jobs.runner.outcome import Outcome
-from jobs.storage import repository
+from jobs.storage import fence_sql
 from vpay.errors import error_chain
 
 SWEEP_STEP_ALERT_AFTER = sweep_health.SWEEP_STEP_ALERT_AFTER
@@ -115,7 +115,7 @@ def delete_in_rounds(ctx: JobContext, delete_page: Callable[[int], int], *, page
 
 
 def _expired_fences(ctx: JobContext) -> StepResult:
-    return delete_in_rounds(ctx, repository.delete_expired_fences, page=FENCE_PAGE, rounds=MAX_FENCE_PAGES)
+    return delete_in_rounds(ctx, fence_sql.delete_expired_fences, page=FENCE_PAGE, rounds=MAX_FENCE_PAGES)
 
 
 def _expired_leases(ctx: JobContext) -> StepResult:

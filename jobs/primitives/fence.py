@@ -21,7 +21,7 @@ import uuid
 from django.conf import settings
 from django.db import connection
 
-from jobs.storage import repository
+from jobs.storage import fence_sql
 from vpay import metrics
 
 logger = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ def first_time(job_id: uuid.UUID, kind: str, subject: str = "") -> bool:
     """
     if not connection.in_atomic_block:
         raise RuntimeError("fence.first_time() must run inside the transaction that makes the effect")
-    if repository.insert_fence(job_id, kind, subject, ttl_seconds()):
+    if fence_sql.insert_fence(job_id, kind, subject, ttl_seconds()):
         return True
     metrics.DUPLICATES_SKIPPED.labels(kind=kind).inc()
     logger.info("duplicate job skipped by the fence", extra={"job_id": str(job_id), "kind": kind})

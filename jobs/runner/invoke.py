@@ -36,7 +36,7 @@ from jobs.runner.decisions import (
     settle_unrunnable,
 )
 from jobs.runner.outcome import Action, Outcome
-from jobs.storage import repository
+from jobs.storage import fence_sql
 from jobs.storage.leases import ClaimedJob
 from jobs.storage.rowless import rowless
 from vpay import metrics
@@ -129,7 +129,7 @@ def run_job(
                 # with that batch (a crash first), the job runs again, as it would had
                 # this transaction been lost; its fence row still arrives with its delete.
                 return Ran(Settle(Disposition.FINISHED), fence_subject=subject(spec, job))
-            fenced, finished, overtaken = repository.fence_and_finish(
+            fenced, finished, overtaken = fence_sql.fence_and_finish(
                 fences=[(job.job_id, job.kind, subject(spec, job))],
                 leases=[(job.id, job.lease_token)],
                 ttl_seconds=fence.ttl_seconds(),

@@ -1,5 +1,4 @@
-"""factory-boy factories for the objects tests build, made through the services that write
-them in production (a test's data is what the code would have written, constraints and all).
+"""Merchants (``tests/factories/__init__.py`` says how every factory is made).
 
 ``MerchantFactory()`` is a saved merchant with its secret key on ``.key`` (the key is
 shown once, as ``merchant_create`` returns it); ``MerchantFactory(name="Acme")`` names it.
