@@ -496,22 +496,21 @@ def explain(n: int) -> dict:
         )
     )
     timings["finish_many"] = _exec_ms(texts[-1])
-    if hasattr(repository, "_FENCE_AND_FINISH"):
-        texts.append(
-            _explain(
-                f"fence_and_finish (fence INSERT + DELETE of one batch of {len(held)})",
-                repository._FENCE_AND_FINISH,
-                {
-                    "ttl": 3600.0,
-                    "job_ids": [j.job_id for j in res.jobs],
-                    "kinds": [j.kind for j in res.jobs],
-                    "subjects": [NOOP_PATH for _ in res.jobs],
-                    "ids": [i for i, _ in held],
-                    "tokens": [t for _, t in held],
-                },
-            )
+    texts.append(
+        _explain(
+            f"fence_and_finish (fence INSERT + DELETE of one batch of {len(held)})",
+            fence_sql._FENCE_AND_FINISH,
+            {
+                "ttl": 3600.0,
+                "job_ids": [j.job_id for j in res.jobs],
+                "kinds": [j.kind for j in res.jobs],
+                "subjects": [NOOP_PATH for _ in res.jobs],
+                "ids": [i for i, _ in held],
+                "tokens": [t for _, t in held],
+            },
         )
-        timings["fence_and_finish"] = _exec_ms(texts[-1])
+    )
+    timings["fence_and_finish"] = _exec_ms(texts[-1])
     connection.close()
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "claim_explain.md").write_text("\n".join(texts))

@@ -47,6 +47,17 @@ def pytest_collection_finish(session):
     gc.freeze()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _flush_only_what_was_written(django_db_setup, django_db_blocker):
+    # Transactional tests end by emptying the tables they wrote, not every table (tests/db_flush.py).
+    from django.db import connections
+
+    from tests import db_flush
+
+    with django_db_blocker.unblock():
+        db_flush.install(connections)
+
+
 def database_url() -> str:
     """A URL for the database the tests are using (the test database), for subprocesses."""
     s = connection.settings_dict

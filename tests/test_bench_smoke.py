@@ -84,6 +84,8 @@ def test_bench_vpay_runs_every_phase_and_writes_its_tables(bench_vpay_ran):
     assert all(r["ok"] for r in records if r["kind"] in ("drain", "latency")), records
     assert (bench_vpay_ran / "vpay_tables.md").read_text().strip()
     assert "Execution Time" in (bench_vpay_ran / "claim_explain.md").read_text()
+    (explain,) = [r for r in records if r["kind"] == "explain"]
+    assert {"claim_fresh", "finish_many", "fence_and_finish"} <= set(explain["execution_ms"]), explain
 
 
 @on_bench_vpays_database

@@ -128,11 +128,11 @@ def test_the_claim_answers_the_same_rows_prepared_and_plain():
 
 def test_a_fenced_job_that_writes_finishes_through_the_prepared_fence_in_its_own_transaction():
     from jobs.runner.worker import Worker
-    from jobs.storage import repository
+    from jobs.storage import fence_sql
 
     job_id = queue.enqueue(JobKind.TASK, task_payload("tests.tasks.record", "wrote"), tenant="t")
     assert Worker(worker_id="w", concurrency=1).run_once() == 1
-    assert prepared_here(repository._FENCE_AND_FINISH) == 1
+    assert prepared_here(fence_sql._FENCE_AND_FINISH) == 1
     assert committed("wrote")
     with connection.cursor() as cursor:
         cursor.execute("SELECT count(*) FROM processed_jobs WHERE job_id = %s", [job_id])
