@@ -37,6 +37,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "owned_postgres" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("owned_postgres"))
+    # The slow tests first: xdist hands tests out in this order, so a run's last minute is
+    # short tests filling the gaps, not one worker finishing a 15 s rehearsal alone.
+    items.sort(key=lambda item: not _slow(item))
+
+
+# Fixtures that start real processes (workers, rails, receivers, clusters): seconds a test.
+_PROCESS_FIXTURES = {"start_worker", "owned_postgres", "sandbox_rail", "receiver", "payment_stack", "bench_env"}
+
+
+def _slow(item) -> bool:
+    return item.get_closest_marker("slow") is not None or not _PROCESS_FIXTURES.isdisjoint(
+        getattr(item, "fixturenames", ())
+    )
 
 
 def pytest_collection_finish(session):
