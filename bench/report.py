@@ -344,6 +344,25 @@ def raw_comparison(v: Lib, raw: dict) -> str:
     return s
 
 
+# The line above the report's own text. What a file being rewritten holds between its title and
+# this line (or, in a file written before the line existed, the report's first words) is kept:
+# the measurements sessions wrote there by hand, each with its own command.
+GENERATED = "<!-- Everything below is written by bench/report.py (make bench); the sections above are kept. -->"
+_FIRST_WORDS = "One run of `bench/run.sh`"
+
+
+def kept_sections(path: Path) -> str:
+    """The hand-written sections of the results file being rewritten ("" when there is none)."""
+    if not path.exists():
+        return ""
+    text = path.read_text()
+    body = text.split("\n", 1)[1].lstrip("\n") if text.startswith("# ") else text
+    for marker in (GENERATED, _FIRST_WORDS):
+        if marker in body:
+            return body[: body.index(marker)]
+    return ""
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--vpay", default=str(HERE / "out" / "vpay.jsonl"))
@@ -363,7 +382,7 @@ def main() -> None:
     facts = Path(a.facts).read_text() if a.facts and Path(a.facts).exists() else "(not recorded)"
     explain = Path(a.explain)
     ex = [r for r in v.recs if r["kind"] == "explain"]
-    s = "# vpay benchmark results\n\n"
+    s = "# vpay benchmark results\n\n" + kept_sections(Path(a.out)) + GENERATED + "\n\n"
     s += (
         f"One run of `bench/run.sh` ({a.started} → {a.finished} UTC): the peers (pgqueuer, procrastinate, "
         "django-tasks-db, and the raw PostgreSQL limit measured with pgbench, from "

@@ -63,12 +63,10 @@ def pytest_collection_finish(session):
 @pytest.fixture(scope="session", autouse=True)
 def _flush_only_what_was_written(django_db_setup, django_db_blocker):
     # Transactional tests end by emptying the tables they wrote, not every table (tests/db_flush.py).
-    from django.db import connections
-
     from tests import db_flush
 
     with django_db_blocker.unblock():
-        db_flush.install(connections)
+        db_flush.install()
 
 
 def database_url() -> str:

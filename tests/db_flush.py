@@ -48,25 +48,30 @@ def _kept_counts_now(cursor) -> tuple:
 
 
 def _empty_what_was_written(self) -> None:
-    if self.available_apps is not None or self.serialized_rollback:
-        return _django_flush(self)
-    for alias in self._databases_names(include_mirrors=False):
-        tables = _flushable(alias)
+    aliases = self._databases_names(include_mirrors=False)
+    if self.available_apps is not None or self.serialized_rollback or not set(aliases) <= _kept_counts.keys():
+        return _django_flush(self)  # (it flushes every database the test used)
+    for alias in aliases:
         with connections[alias].cursor() as cursor:
             if _kept_counts_now(cursor) != _kept_counts[alias]:
-                _django_flush(self)  # the test changed them: Django's flush writes them back
-                continue
+                return _django_flush(self)  # the test changed them: Django's flush writes them back
             # Which tables hold a row: an empty table's EXISTS reads no page.
-            cursor.execute(" UNION ALL ".join(f"SELECT '{t}' WHERE EXISTS (SELECT 1 FROM \"{t}\")" for t in tables))
+            cursor.execute(
+                " UNION ALL ".join(f"SELECT '{t}' WHERE EXISTS (SELECT 1 FROM \"{t}\")" for t in _flushable(alias))
+            )
             written = [row[0] for row in cursor.fetchall()]
             if written:
                 cursor.execute("TRUNCATE " + ", ".join(f'"{t}"' for t in written) + " CASCADE")
     return None
 
 
-def install(aliases) -> None:
-    """Once the test databases are migrated: note what the kept tables hold, then replace the flush."""
-    for alias in aliases:
-        with connections[alias].cursor() as cursor:
-            _kept_counts[alias] = _kept_counts_now(cursor)
+def install() -> None:
+    """Once the test databases are migrated: note what the kept tables hold, then replace the
+    flush. A session whose tests use no database sets none up (the connections still name the
+    development database): nothing is noted there, and a database not noted gets Django's flush."""
+    for alias in connections:
+        settings_dict = connections[alias].settings_dict
+        if settings_dict["NAME"] == settings_dict["TEST"]["NAME"]:
+            with connections[alias].cursor() as cursor:
+                _kept_counts[alias] = _kept_counts_now(cursor)
     testcases.TransactionTestCase._fixture_teardown = _empty_what_was_written

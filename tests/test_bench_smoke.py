@@ -100,6 +100,26 @@ def test_the_report_is_written_from_bench_vpays_output(bench_env, bench_vpay_ran
     assert results.read_text().strip()
 
 
+@on_bench_vpays_database
+def test_the_report_keeps_the_hand_written_sections_of_the_file_it_rewrites(bench_env, bench_vpay_ran, tmp_path):
+    peers = tmp_path / "peers"
+    peers.mkdir()
+    results = tmp_path / "RESULTS.md"
+    # A file as sessions leave it: measured sections by hand above the last report's text.
+    results.write_text(
+        "# vpay benchmark results\n\n## Cost per job, by hand\n\n| a | b |\n\n"
+        "One run of `bench/run.sh` (an older report)\n\n## All figures\n\nold\n"
+    )
+    args = ["--vpay", str(bench_vpay_ran / "vpay.jsonl"), "--peers-out", str(peers), "--out", str(results)]
+    args += ["--explain", str(bench_vpay_ran / "claim_explain.md")]
+    for _ in range(2):  # and again, over a file the report wrote itself
+        run(bench_env, "report.py", *args)
+        text = results.read_text()
+        assert text.count("## Cost per job, by hand\n\n| a | b |") == 1, text[:500]
+        assert text.index("## Cost per job, by hand") < text.index("One run of `bench/run.sh`")
+        assert "an older report" not in text and "\nold\n" not in text
+
+
 @pytest.mark.parametrize(
     ("script", "args"),
     [
