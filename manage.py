@@ -23,11 +23,11 @@ def main() -> None:
 
     from vpay.startup_heap import startup_heap
 
-    with startup_heap():
-        # Set up here, under the paused collector (vpay/startup_heap.py). The command line's
-        # own django.setup() then finds the apps ready and applies the same logging again.
-        django.setup()
     try:
+        with startup_heap():
+            # Set up here, under the paused collector (vpay/startup_heap.py). The command line's
+            # own django.setup() then finds the apps ready and applies the same logging again.
+            django.setup()
         execute_from_command_line(sys.argv)
     except DatabaseError as exc:
         # A database that refuses, never answers or keeps a lock: one line naming the
