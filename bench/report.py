@@ -382,7 +382,7 @@ def main() -> None:
     facts = Path(a.facts).read_text() if a.facts and Path(a.facts).exists() else "(not recorded)"
     explain = Path(a.explain)
     ex = [r for r in v.recs if r["kind"] == "explain"]
-    s = "# vpay benchmark results\n\n" + kept_sections(Path(a.out)) + GENERATED + "\n\n"
+    s = "# vpay benchmark results\n\n" + kept_sections(Path(a.out)) + GENERATED + "\n\n## The last `make bench` run\n\n"
     s += (
         f"One run of `bench/run.sh` ({a.started} → {a.finished} UTC): the peers (pgqueuer, procrastinate, "
         "django-tasks-db, and the raw PostgreSQL limit measured with pgbench, from "
@@ -442,10 +442,6 @@ def main() -> None:
         "the batch loop since replaced by the capacity runner, docs/runner.md; it names the commit it profiled).\n\n"
     )
     s += "## Machine and PostgreSQL\n\n```\n" + facts.strip() + "\n```\n"
-    runner = HERE / "RUNNER.md"  # the runner's tables (bench/bench_runner.py), kept at the top
-    if runner.exists():
-        title, _, rest = s.partition("\n")
-        s = title + "\n\n" + runner.read_text().strip() + "\n\n## The batch model (before the capacity runner)\n" + rest
     Path(a.out).write_text(s)
     print(f"wrote {a.out}")
 

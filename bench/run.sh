@@ -124,5 +124,5 @@ echo "loadavg at end: $(cat /proc/loadavg)" >> "$OUT/machine_facts.txt"
 FINISHED=$(date -u +%FT%TZ)
 "$PY" bench/report.py --peers-out "$OUT/peers" --facts "$OUT/machine_facts.txt" \
   --out "$ROOT/bench/RESULTS.md" --started "$STARTED" --finished "$FINISHED" \
-  --rerun "cd $ROOT && REPS=$REPS${VPAY_REF:+ VPAY_REF=$VPAY_REF} bench/run.sh"
+  --rerun "REPS=$REPS${VPAY_REF:+ VPAY_REF=$VPAY_REF} bench/run.sh   # from the repository root"
 echo "=== done $(date -u +%T): bench/RESULTS.md"

@@ -112,12 +112,15 @@ def test_the_report_keeps_the_hand_written_sections_of_the_file_it_rewrites(benc
     )
     args = ["--vpay", str(bench_vpay_ran / "vpay.jsonl"), "--peers-out", str(peers), "--out", str(results)]
     args += ["--explain", str(bench_vpay_ran / "claim_explain.md")]
-    for _ in range(2):  # and again, over a file the report wrote itself
+    kept = []
+    for _ in range(2):  # and again, over a file the report wrote itself: nothing doubles
         run(bench_env, "report.py", *args)
         text = results.read_text()
         assert text.count("## Cost per job, by hand\n\n| a | b |") == 1, text[:500]
         assert text.index("## Cost per job, by hand") < text.index("One run of `bench/run.sh`")
         assert "an older report" not in text and "\nold\n" not in text
+        kept.append(text[: text.index("One run of `bench/run.sh`")])
+    assert kept[0] == kept[1]
 
 
 @pytest.mark.parametrize(
