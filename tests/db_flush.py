@@ -6,8 +6,7 @@ then the ``post_migrate`` signal, which writes the content types and permissions
 PostgreSQL a ``TRUNCATE`` gives every table and index named a new file, so its cost grows with
 the schema, not with what the test wrote: 0.32 s a test on the embedded server (590 of the
 suite's tests are transactional), where most wrote to a handful of tables. Here one query
-finds the tables that have a page (rows, or the dead rows a rolled-back test left) and one
-``TRUNCATE ... CASCADE`` empties them (``CASCADE``: a
+finds the tables holding rows and one ``TRUNCATE ... CASCADE`` empties them (``CASCADE``: a
 table that references one of them goes too, as Django's flush would have emptied it). The
 content types and permissions are left as migrations wrote them, so no ``post_migrate`` is
 needed; a test that changed their number gets Django's own flush, as does any test that uses
@@ -56,12 +55,9 @@ def _empty_what_was_written(self) -> None:
         with connections[alias].cursor() as cursor:
             if _kept_counts_now(cursor) != _kept_counts[alias]:
                 return _django_flush(self)  # the test changed them: Django's flush writes them back
-            # Which tables have a page: rows, or the dead rows of a rolled-back test. Emptied
-            # too, every table ends as Django's flush left it, a file of no pages, and the
-            # planner sees the same near-empty tables (tests/test_list_filters.py asserts plans).
+            # Which tables hold a row: an empty table's EXISTS reads no page.
             cursor.execute(
-                "SELECT t FROM unnest(%s::text[]) AS t WHERE pg_relation_size(quote_ident(t)::regclass) > 0",
-                [_flushable(alias)],
+                " UNION ALL ".join(f"SELECT '{t}' WHERE EXISTS (SELECT 1 FROM \"{t}\")" for t in _flushable(alias))
             )
             written = [row[0] for row in cursor.fetchall()]
             if written:
