@@ -30,6 +30,15 @@ WAITING_HERE = (
 )
 
 
+def second_is_waiting() -> bool:
+    """Whether a session of this database waits on a lock, asked from inside a transaction:
+    pg_stat_activity is read once per transaction and kept, so without clearing it a session
+    that connected after the transaction's first look is never seen (the wait ran into the
+    second's statement timeout once)."""
+    scalar("SELECT pg_stat_clear_snapshot()")
+    return scalar(WAITING_HERE) > 0
+
+
 def alert_lines(caplog) -> list[logging.LogRecord]:
     return [r for r in caplog.records if getattr(r, "alert", False) and r.name == "jobs.operator.alerts"]
 
@@ -284,7 +293,7 @@ def test_two_transactions_racing_to_raise_the_same_key_make_one_alert(alert_sett
                 results["first"] = raise_alert(key="race:1", title="t", source="tests.race")
                 first_inserted.set()
                 # Hold the transaction open while the second one tries the same key.
-                wait_for(lambda: scalar(WAITING_HERE) > 0, timeout=30, message="the second to wait on the key")
+                wait_for(second_is_waiting, timeout=30, message="the second to wait on the key")
         except BaseException as exc:  # surfaced below
             errors.append(exc)
         finally:

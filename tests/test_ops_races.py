@@ -24,6 +24,15 @@ WAITING_HERE = (
     " WHERE NOT l.granted AND a.datname = current_database()"
 )
 
+
+def cancel_waits() -> bool:
+    """Whether a session of this database waits on a lock, asked from inside the claim's
+    transaction: pg_stat_activity is read once per transaction and kept unless cleared, and
+    the cancel's session may have connected after the first look."""
+    scalar("SELECT pg_stat_clear_snapshot()")
+    return scalar(WAITING_HERE) > 0
+
+
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
@@ -81,7 +90,7 @@ def test_a_cancel_waiting_on_a_claim_in_flight_becomes_a_request_once_the_claim_
             claim_holds_the_row.set()
             wait_for(cancel_is_waiting.is_set, timeout=10)
             # Give the cancel's row lock time to queue behind ours.
-            wait_for(lambda: scalar(WAITING_HERE) > 0, timeout=10)
+            wait_for(cancel_waits, timeout=10)
         return claimed.job_id
 
     def operator_cancels():
