@@ -19,11 +19,9 @@ from collections import Counter
 import pytest
 from django.db import transaction
 
-from charges.models import Charge, PaymentIntent
-from jobs.adapters.postgres import enqueue
-from jobs.kinds import JobKind
 from tests.charges_support import FAST_POLICY, Merchant, apply_policy, scalar, sql, use_rails, worker_env
 from tests.conftest import wait_for
+from tests.factories import ChargeFactory
 from tests.killpoints_support import kill_env
 from webhooks.event_types import EventType
 from webhooks.events import emit
@@ -113,14 +111,7 @@ class MoneyPath:
 def crashed_before_the_post(merchant, amount: int) -> str:
     """The rows a crash right after the confirm's first commit leaves (push rail): intent
     processing, charge submitting, its poll job due, no provider_requests row."""
-    intent = PaymentIntent.objects.create(
-        merchant=merchant, amount=amount, currency="usd", rail="sandbox_push", status="processing"
-    )
-    charge = Charge.objects.create(
-        intent=intent, merchant=merchant, rail="sandbox_push", flow="push", amount=amount, currency="usd"
-    )
-    enqueue(JobKind.POLL_CHARGE, {"charge_id": charge.id}, dedupe_key=f"charge:poll:{charge.id}", tenant=merchant.id)
-    return intent.id
+    return ChargeFactory(intent__merchant=merchant, intent__amount=amount, crashed_before_the_post=True).intent_id
 
 
 def killed_at(worker, spec: str, timeout: float = 60) -> None:

@@ -58,6 +58,31 @@ from vpay.errors import InvalidState, NotFound, Unavailable
 logger = logging.getLogger(__name__)
 
 
+def open_charge(intent: PaymentIntent, rail, *, poll_delay: float) -> Charge:
+    """The confirm's first commit, written inside the caller's transaction: the intent
+    ``processing``, its charge ``submitting`` (no request row yet) and the charge's poll job,
+    due after ``poll_delay`` (the confirm's grace), which recovers the charge if the process
+    dies before the rail is called."""
+    repository.intent_to(intent.id, IntentStatus.PROCESSING, [IntentStatus.REQUIRES_CONFIRMATION])
+    charge = Charge.objects.create(
+        intent=intent,
+        merchant_id=intent.merchant_id,
+        rail=rail.code,
+        flow=rail.flow,
+        amount=intent.amount,
+        currency=intent.currency,
+    )
+    queue.enqueue(
+        JobKind.POLL_CHARGE,
+        {"charge_id": charge.id},
+        dedupe_key=repository.poll_dedupe_key(charge.id),
+        delay=poll_delay,
+        tenant=intent.merchant_id,
+    )
+    repository.touch_customer(intent.customer_id)
+    return charge
+
+
 def confirm_intent(merchant: Merchant, intent_id: str) -> PaymentIntent:
     """Confirm the intent on its rail; returns it as it stands afterwards."""
     policy = from_settings()
@@ -101,23 +126,7 @@ def confirm_intent(merchant: Merchant, intent_id: str) -> PaymentIntent:
                 f"The rail {rail.code!r} is failing right now; nothing was charged. Confirm again later.",
                 retry_after=max(1, math.ceil(exc.delay_seconds)),
             ) from None
-        repository.intent_to(intent.id, IntentStatus.PROCESSING, [IntentStatus.REQUIRES_CONFIRMATION])
-        charge = Charge.objects.create(
-            intent=intent,
-            merchant=merchant,
-            rail=rail.code,
-            flow=rail.flow,
-            amount=intent.amount,
-            currency=intent.currency,
-        )
-        queue.enqueue(
-            JobKind.POLL_CHARGE,
-            {"charge_id": charge.id},
-            dedupe_key=repository.poll_dedupe_key(charge.id),
-            delay=policy.confirm_grace,
-            tenant=merchant.id,
-        )
-        repository.touch_customer(intent.customer_id)
+        charge = open_charge(intent, rail, poll_delay=policy.confirm_grace)
 
     try:
         request_id, answer = rail_calls.submit(

@@ -23,12 +23,9 @@ from charges import repository
 from charges.models import Charge, PaymentIntent, Refund
 from charges.rails import get_rail
 from charges.services import transitions
-from charges.services.confirm import confirm_intent
+from charges.services.confirm import confirm_intent, open_charge
 from charges.services.intents import create_intent
 from charges.services.refunds import refund_create
-from charges.states import IntentStatus
-from jobs import port as queue
-from jobs.kinds import JobKind
 from tests.factories.merchants import MerchantFactory
 
 
@@ -69,25 +66,10 @@ class ChargeFactory(factory.Factory):
 
 
 def _first_commit_of_a_confirm(intent: PaymentIntent) -> Charge:
-    """``confirm_intent``'s first transaction alone, its poll job due now instead of after the
-    grace: the one crash point no live process can be stopped in on demand."""
-    rail = get_rail(intent.rail)
+    """``confirm_intent``'s first transaction alone (``open_charge``), its poll job due now
+    instead of after the grace: the one crash point no live process can be stopped in on demand."""
     with transaction.atomic():
-        repository.intent_to(intent.id, IntentStatus.PROCESSING, [IntentStatus.REQUIRES_CONFIRMATION])
-        charge = Charge.objects.create(
-            intent=intent,
-            merchant=intent.merchant,
-            rail=rail.code,
-            flow=rail.flow,
-            amount=intent.amount,
-            currency=intent.currency,
-        )
-        queue.enqueue(
-            JobKind.POLL_CHARGE,
-            {"charge_id": charge.id},
-            dedupe_key=repository.poll_dedupe_key(charge.id),
-            tenant=intent.merchant_id,
-        )
+        charge = open_charge(intent, get_rail(intent.rail), poll_delay=0)
     charge.refresh_from_db()
     return charge
 
