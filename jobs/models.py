@@ -98,6 +98,11 @@ class Job(models.Model):
     # a worker that can; past VPAY_JOB_UNRUNNABLE_WINDOW_SECONDS it is poison. NULL once
     # any run settles it (jobs.runner.decisions.settle_unrunnable).
     unrunnable_since = models.DateTimeField(null=True, blank=True)
+    # Due further out than jobs.storage.parking.HORIZON_SECONDS when its run_at was last
+    # written (a BEFORE trigger sets it on every write of run_at, migration 0014): kept out of
+    # the claim's index, so a million delayed jobs cost the claim nothing; the maintenance
+    # thread clears it a horizon before the job is due (jobs.storage.parking).
+    parked = models.BooleanField(db_default=False, editable=False)
 
     objects = JobQuerySet.as_manager()
 
@@ -146,12 +151,23 @@ class Job(models.Model):
         ]
         indexes = [
             # Used by jobs.storage.leases.CLAIM: the tenant skip-scan and each tenant's
-            # ORDER BY priority, run_at; partial so leased rows cost the claim nothing.
+            # ORDER BY priority, run_at; partial so leased rows and parked ones (due beyond
+            # the parking horizon) cost the claim nothing.
+            models.Index(
+                fields=["tenant", "priority", "run_at"],
+                condition=Q(locked_at__isnull=True, parked=False),
+                name="jobs_job_ready_idx",
+            ),
+            # The claim's index before parked jobs (migration 0014), kept for the release that
+            # runs beside this one during its rolling deploy. Contract: drop it in the next
+            # release (docs/deploy.md, "Pending contractions").
             models.Index(
                 fields=["tenant", "priority", "run_at"],
                 condition=Q(locked_at__isnull=True),
                 name="jobs_job_claimable_idx",
             ),
+            # Used by jobs.storage.parking._UNPARK: parked jobs by due time.
+            models.Index(fields=["run_at"], condition=Q(parked=True), name="jobs_job_parked_idx"),
             # Used by jobs.maintenance.reaper.REAP: leases past their expiry.
             models.Index(
                 fields=["lease_expires_at"],

@@ -73,7 +73,7 @@ def test_every_tenant_starts_a_job_within_the_first_25_starts_whatever_the_handl
 
 
 @pytest.mark.django_db
-def test_the_claim_statement_uses_the_claimable_index():
+def test_the_claim_statement_uses_the_ready_index():
     enqueue_backlog_then_latecomers()
     execute("ANALYZE jobs")
     kind_leases = {s.kind.value: s.lease_seconds for s in registry.all_specs()}
@@ -97,7 +97,7 @@ def test_the_claim_statement_uses_the_claimable_index():
     on_jobs = [n for n in nodes if n.get("Relation Name") == "jobs"]
     # Every read of jobs in the tenant walk and the per-tenant pick goes through the index;
     # none scans the table (the UPDATE's own target aside, reached by primary key).
-    assert any(n.get("Index Name") == "jobs_job_claimable_idx" for n in on_jobs), on_jobs
+    assert any(n.get("Index Name") == "jobs_job_ready_idx" for n in on_jobs), on_jobs
     assert not [n for n in on_jobs if n["Node Type"] == "Seq Scan"], on_jobs
 
 

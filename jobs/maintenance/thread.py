@@ -1,5 +1,5 @@
-"""The maintenance thread: the reaper, hand-backs, the singletons, the gauges, and the watch
-on handlers past their timeout. (The worker heartbeat has a thread of its own: jobs.runner.worker.)
+"""The maintenance thread: the reaper, hand-backs, the singletons, unparking jobs coming due,
+the gauges, and the watch on handlers past their timeout. (The worker heartbeat has a thread of its own: jobs.runner.worker.)
 
 It runs on a connection of its own, so a worker whose executors are all busy still
 rescues other workers' leases. Each step's database failure is logged and the
@@ -17,6 +17,7 @@ from jobs.maintenance import liveness, reaper, unclaimable
 from jobs.primitives import cancels
 from jobs.runner.invoke import job_fields
 from jobs.runner.settling import DB_ERRORS
+from jobs.storage import parking
 from vpay import metrics
 from vpay.errors import error_chain
 
@@ -68,6 +69,7 @@ class Maintenance:
             "reap": now + worker.reap_period,
             "singletons": now + worker.reap_period,
             "gauges": now,
+            "unpark": now,  # at once: a worker starting after none ran finds overdue parked jobs
             "unclaimable": now + unclaimable.PERIOD,
         }
         self.unclaimable = unclaimable.UnclaimableWatch(worker.queues, worker.kinds)
@@ -103,6 +105,9 @@ class Maintenance:
         if now >= self._due["singletons"]:
             self._due["singletons"] = now + worker.reap_period
             self._step("singletons", seed_missing_singletons)
+        if now >= self._due["unpark"]:
+            self._due["unpark"] = now + parking.STAGE_PERIOD
+            self._step("unpark", parking.unpark_due)
         if now >= self._due["unclaimable"]:
             self._due["unclaimable"] = now + unclaimable.PERIOD
             self._step("unclaimable", self.unclaimable.check)

@@ -79,7 +79,7 @@ _PROCESSED = "coalesce((SELECT true FROM processed_jobs p WHERE p.job_id = j.job
 _UNRUNNABLE_FOR = "extract(epoch FROM now() - j.unrunnable_since)::float8"
 
 # Fair claim, one statement. `tenants` walks the distinct tenants that have claimable work
-# (a skip-scan over jobs_job_claimable_idx: one index probe per tenant), starting after the
+# (a skip-scan over jobs_job_ready_idx: one index probe per tenant), starting after the
 # caller's rotating cursor and, past the last tenant, wrapping once to the first and on up to
 # the cursor, at most %(max_tenants)s of them (without the wrap a claim after the cursor came
 # up short while the tenants before it had work). Each tenant then
@@ -97,7 +97,10 @@ _UNRUNNABLE_FOR = "extract(epoch FROM now() - j.unrunnable_since)::float8"
 # Never a job whose cancel was requested while it ran and that is free again (rescued from a
 # dead worker, handed back): the cancel sweep ends it (jobs.primitives.cancels); the rescue's NOTIFY
 # would otherwise let a claim run it again in the moment before the sweep.
-# Neither is in jobs_job_claimable_idx: an older worker steps over a tenant's backlog of a
+# Jobs due beyond the parking horizon are not in jobs_job_ready_idx (NOT j.parked, which
+# every scan here repeats so the planner may use that partial index): a tenant's scan steps
+# over its not-yet-due rows only as far as the horizon (jobs.storage.parking).
+# The kinds are not in jobs_job_ready_idx: an older worker steps over a tenant's backlog of a
 # kind it lacks row by row, on every claim, for as long as the deploy lasts (cost not yet
 # measured with a large such backlog; an index led by kind would remove it).
 # The lease expiry is written from now(): any reaper, on any host, honours the claimant's
@@ -106,24 +109,24 @@ CLAIM = f"""
 WITH RECURSIVE tenants(tenant, n, wrapped) AS (
     (SELECT t.tenant, 1, t.wrapped FROM (
         (SELECT j.tenant, false AS wrapped FROM jobs j
-          WHERE j.locked_at IS NULL AND j.run_at <= now() AND j.queue = ANY(%(queues)s) AND j.kind = ANY(%(kinds)s)
+          WHERE j.locked_at IS NULL AND NOT j.parked AND j.run_at <= now() AND j.queue = ANY(%(queues)s) AND j.kind = ANY(%(kinds)s)
             AND j.tenant > %(after)s
           ORDER BY j.tenant LIMIT 1)
         UNION ALL
         (SELECT j.tenant, true FROM jobs j
-          WHERE j.locked_at IS NULL AND j.run_at <= now() AND j.queue = ANY(%(queues)s) AND j.kind = ANY(%(kinds)s)
+          WHERE j.locked_at IS NULL AND NOT j.parked AND j.run_at <= now() AND j.queue = ANY(%(queues)s) AND j.kind = ANY(%(kinds)s)
           ORDER BY j.tenant LIMIT 1)
      ) t LIMIT 1)
   UNION ALL
     SELECT nxt.tenant, tenants.n + 1, nxt.wrapped FROM tenants, LATERAL (
         (SELECT j.tenant, tenants.wrapped AS wrapped FROM jobs j
-          WHERE j.locked_at IS NULL AND j.run_at <= now() AND j.queue = ANY(%(queues)s) AND j.kind = ANY(%(kinds)s)
+          WHERE j.locked_at IS NULL AND NOT j.parked AND j.run_at <= now() AND j.queue = ANY(%(queues)s) AND j.kind = ANY(%(kinds)s)
             AND j.tenant > tenants.tenant AND (NOT tenants.wrapped OR j.tenant <= %(after)s)
           ORDER BY j.tenant LIMIT 1)
         UNION ALL
         -- past the last tenant: wrap once to the first, up to where this walk began
         (SELECT j.tenant, true FROM jobs j
-          WHERE j.locked_at IS NULL AND j.run_at <= now() AND j.queue = ANY(%(queues)s) AND j.kind = ANY(%(kinds)s)
+          WHERE j.locked_at IS NULL AND NOT j.parked AND j.run_at <= now() AND j.queue = ANY(%(queues)s) AND j.kind = ANY(%(kinds)s)
             AND NOT tenants.wrapped AND j.tenant <= %(after)s
           ORDER BY j.tenant LIMIT 1)
         LIMIT 1) nxt
@@ -133,7 +136,7 @@ share AS (SELECT ceil(%(batch)s::numeric / count(*))::int AS k FROM tenants),
 locked AS (
     SELECT c.*, tenants.n FROM tenants, LATERAL (
         SELECT j.id, j.tenant, j.priority, j.run_at FROM jobs j
-         WHERE j.locked_at IS NULL AND j.run_at <= now() AND j.queue = ANY(%(queues)s) AND j.kind = ANY(%(kinds)s)
+         WHERE j.locked_at IS NULL AND NOT j.parked AND j.run_at <= now() AND j.queue = ANY(%(queues)s) AND j.kind = ANY(%(kinds)s)
            AND j.tenant = tenants.tenant AND j.crashes = 0 AND j.id <> ALL(%(skip)s)
            AND j.cancel_requested_at IS NULL
          ORDER BY j.priority, j.run_at
