@@ -19,7 +19,12 @@ from django.db import connection
 ROOT = Path(__file__).resolve().parent.parent
 
 # Fixtures shared across test files, one module per area (in place of copies per file).
-pytest_plugins = ["tests.payment_fixtures", "tests.webhook_fixtures", "tests.job_fixtures"]
+pytest_plugins = [
+    "tests.payment_fixtures",
+    "tests.webhook_fixtures",
+    "tests.job_fixtures",
+    "tests.browser_fixtures",
+]
 
 
 def pytest_configure(config):

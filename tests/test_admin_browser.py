@@ -5,105 +5,23 @@ the change list's bulk action with a reason. Screenshots go to ``test-artifacts/
 An operator also opens the overview (the last hour, drawn as inline SVG) from the index;
 its screenshot is ``test-artifacts/admin-overview.png``.
 
-The browser is installed by the test setup (``make test`` runs ``make browser``; this module
-runs the same script when the binaries are missing). Where it still cannot be had, the test
-skips and says why.
+The browser is the ``browser`` fixture (tests/browser_fixtures.py).
 """
 
 from __future__ import annotations
-
-import shutil
-import subprocess
-import tempfile
-from pathlib import Path
 
 import pytest
 from django.urls import reverse
 
 from jobs.models import DeadLetter, DeadLetterState
+from tests.browser_fixtures import navigate_by, shot, text_of
 from tests.conftest import ROOT
 from tests.factories.jobs import DeadLetterFactory
 from tests.ops_support import OPERATOR_PERMS, staff_user
 from tests.test_admin_overview import last_hour  # noqa: F401  (a fixture: a known last hour)
 
-ARTIFACTS = ROOT / "test-artifacts" / "browser"
 OVERVIEW_SHOT = ROOT / "test-artifacts" / "admin-overview.png"
-INSTALLER = ROOT / "tests" / "browser" / "install-chromium.sh"
 PASSWORD = "pw-olga"  # staff_user's password for "olga"
-
-
-def _binaries() -> tuple[str | None, str | None]:
-    return shutil.which("chromium") or shutil.which("chromium-browser"), shutil.which("chromedriver")
-
-
-@pytest.fixture(scope="module")
-def browser():
-    """Headless Chromium under Selenium; installs Debian's packages first if they are missing."""
-    chromium, driver = _binaries()
-    if not (chromium and driver):
-        subprocess.run(["sh", str(INSTALLER)], check=False, timeout=900)
-        chromium, driver = _binaries()
-    if not (chromium and driver):
-        pytest.skip(
-            f"no browser: chromium={chromium} chromedriver={driver} after {INSTALLER.name} "
-            "(needs root and apt-get with Debian's chromium and chromium-driver packages)"
-        )
-    try:
-        from selenium import webdriver
-        from selenium.webdriver.chrome.service import Service
-    except ImportError as exc:  # pragma: no cover - selenium is pinned in requirements/dev.txt
-        pytest.skip(f"selenium is not installed: {exc}")
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    profile = tempfile.mkdtemp(prefix="vpay-chromium-")
-    # Headless as root, and nothing that reaches for the network beyond the live server.
-    for flag in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--window-size=1280,1000",
-        f"--user-data-dir={profile}",
-    ):
-        options.add_argument(flag)
-    try:
-        session = webdriver.Chrome(options=options, service=Service(driver))
-    except Exception as exc:  # the binary is there but cannot start here: say exactly why
-        pytest.skip(f"chromium could not start: {type(exc).__name__}: {str(exc)[:500]}")
-    session.set_page_load_timeout(30)
-    session.implicitly_wait(0)
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    yield session
-    session.quit()
-    shutil.rmtree(profile, ignore_errors=True)
-
-
-def shot(browser, name: str) -> Path:
-    path = ARTIFACTS / f"{name}.png"
-    browser.save_screenshot(str(path))
-    assert path.stat().st_size > 1000  # a real picture of a page
-    return path
-
-
-def navigate_by(browser, element) -> None:
-    """Click something that loads a new page, and wait until the old page is gone."""
-    from selenium.webdriver.support import expected_conditions
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    element.click()
-    WebDriverWait(browser, 20).until(expected_conditions.staleness_of(element))
-
-
-def text_of(browser) -> str:
-    from selenium.webdriver.common.by import By
-
-    return browser.find_element(By.TAG_NAME, "body").text
 
 
 @pytest.mark.django_db(transaction=True)

@@ -174,6 +174,30 @@ def test_a_confirm_on_an_open_breaker_is_refused_with_a_503_before_anything_is_w
     assert breaker().state == "closed"
 
 
+def test_the_checkout_pages_pay_button_on_an_open_breaker_offers_the_button_again_with_the_reason(
+    merchant, sandbox_rail
+):
+    from urllib.parse import urlsplit
+
+    from django.test import Client
+
+    open_the_rails_breaker(merchant, sandbox_rail)
+    session = Merchant("Acme").call(
+        "POST", "/v1/checkout/sessions", {"amount": 5000, "currency": "usd", "rail": "sandbox_push"}
+    ).json()
+    path = urlsplit(session["url"]).path
+    client = Client()
+    token = client.get(path).context["csrf_token"]
+    refused = client.post(path + "/pay", {"csrfmiddlewaretoken": str(token)})
+    html = refused.content.decode()
+    assert refused.status_code == 503 and 1 <= int(refused["Retry-After"]) <= 76
+    assert 'data-page="pay"' in html and 'id="error"' in html and "nothing was charged" in html
+    assert scalar("SELECT count(*) FROM charges WHERE intent_id = %s", [session["payment_intent"]]) == 0
+    assert scalar("SELECT status FROM payment_intents WHERE id = %s", [session["payment_intent"]]) == (
+        "requires_confirmation"
+    )
+
+
 def test_a_confirm_the_rail_does_not_answer_counts_towards_the_breaker(merchant, sandbox_rail):
     sandbox_rail.scenario(amount=5777, error_submits=10)
     acme = Merchant("Acme")

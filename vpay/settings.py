@@ -70,6 +70,7 @@ INSTALLED_APPS = [
     "webhooks",
     "customers",
     "charges",
+    "checkout",
 ]
 
 MIDDLEWARE = [

@@ -25,6 +25,8 @@ urlpatterns = [
     path("v1/", include("charges.urls")),
     path("v1/", include("api.urls")),
     path("v1", unknown_route),  # resolved here, so APPEND_SLASH never redirects it (a POST would lose its body)
+    # The hosted checkout page a checkout session's url points to (VPAY_CHECKOUT_BASE_URL).
+    path("checkout/", include("checkout.urls")),
     # Rails' notifications: they only pull a charge's poll forward (charges/views.py).
     path("rails/", include("charges.rail_urls")),
 ]
