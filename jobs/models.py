@@ -158,14 +158,6 @@ class Job(models.Model):
                 condition=Q(locked_at__isnull=True, parked=False),
                 name="jobs_job_ready_idx",
             ),
-            # The claim's index before parked jobs (migration 0014), kept for the release that
-            # runs beside this one during its rolling deploy. Contract: drop it in the next
-            # release (docs/deploy.md, "Pending contractions").
-            models.Index(
-                fields=["tenant", "priority", "run_at"],
-                condition=Q(locked_at__isnull=True),
-                name="jobs_job_claimable_idx",
-            ),
             # Used by jobs.storage.parking._UNPARK: parked jobs by due time.
             models.Index(fields=["run_at"], condition=Q(parked=True), name="jobs_job_parked_idx"),
             # Used by jobs.maintenance.reaper.REAP: leases past their expiry.
