@@ -96,7 +96,12 @@ def test_the_merchants_endpoint_receives_the_settlement_webhook_signed(payment_s
     payment_stack.worker()
     intent = payment_stack.acme.confirm(payment_stack.acme.intent(amount=4020)["id"])
     settled(intent["id"], "succeeded")
-    (event_id,) = [r[0] for r in sql("SELECT id FROM events WHERE data->>'id' = %s", [intent["id"]])]
+    (event_id,) = [
+        r[0]
+        for r in sql(
+            "SELECT id FROM events WHERE data->>'id' = %s AND type = 'payment_intent.succeeded'", [intent["id"]]
+        )
+    ]
     got = wait_for(lambda: [r for r in receiver.received("/hooks") if r["event_id"] == event_id], 20, message="webhook")
     assert got[0]["type"] == "payment_intent.succeeded" and got[0]["verified"] is True
 
@@ -393,7 +398,10 @@ def test_killing_the_worker_mid_poll_then_restarting_settles_the_charge_exactly_
     settled(intent["id"], "succeeded")
     time.sleep(1.0)
     assert event_types(intent["id"]) == ["payment_intent.succeeded"]
-    assert scalar("SELECT count(*) FROM events WHERE data->>'id' = %s", [intent["id"]]) == 1
+    assert (
+        scalar("SELECT count(*) FROM events WHERE data->>'id' = %s AND type = 'payment_intent.succeeded'", [intent["id"]])
+        == 1
+    )
 
 
 # --- the backstop ----------------------------------------------------------------------------

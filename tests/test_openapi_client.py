@@ -70,7 +70,8 @@ def test_the_generated_client_creates_and_cancels_an_intent_and_reads_its_events
 
     list_events = importlib.import_module(f"{PACKAGE}.api.events.list_events")
     events = list_events.sync(client=client)
-    (event,) = events.data
+    event, created = events.data  # newest first
+    assert isinstance(created, models.Event) and created.type_.value == "payment_intent.created"
     assert isinstance(event, models.Event)
     assert event.type_.value == "payment_intent.canceled" and event.api_version.value == CURRENT
     assert event.data.object_["id"] == intent.id

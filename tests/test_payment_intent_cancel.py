@@ -87,7 +87,8 @@ def test_canceling_expires_the_intents_open_checkout_session_with_its_event(acme
     # A replay of the cancel answers the same and writes nothing more.
     replay = cancel(acme, session["payment_intent"], key="c-1")
     assert replay.status_code == 200 and replay["Idempotent-Replayed"] == "true"
-    assert scalar("SELECT count(*) FROM events") == 2
+    # payment_intent.created, payment_intent.canceled, checkout.session.expired.
+    assert scalar("SELECT count(*) FROM events") == 3
 
 
 def test_a_cancel_racing_a_confirm_leaves_exactly_one_winner(acme):

@@ -5,13 +5,19 @@ from django.db import models
 
 
 class EventType(models.TextChoices):
+    PAYMENT_INTENT_CREATED = "payment_intent.created"
+    PAYMENT_INTENT_PROCESSING = "payment_intent.processing"
+    PAYMENT_INTENT_REQUIRES_ACTION = "payment_intent.requires_action"
     PAYMENT_INTENT_SUCCEEDED = "payment_intent.succeeded"
     PAYMENT_INTENT_PAYMENT_FAILED = "payment_intent.payment_failed"
     PAYMENT_INTENT_CANCELED = "payment_intent.canceled"
+    CHARGE_REFUNDED = "charge.refunded"
     CHARGE_UNRESOLVED = "charge.unresolved"
     CHECKOUT_SESSION_COMPLETED = "checkout.session.completed"
     CHECKOUT_SESSION_EXPIRED = "checkout.session.expired"
     CUSTOMER_DELETED = "customer.deleted"
+    REFUND_CREATED = "refund.created"
+    REFUND_UPDATED = "refund.updated"
     REFUND_SUCCEEDED = "refund.succeeded"
     REFUND_FAILED = "refund.failed"
     # Operational: about one of the merchant's endpoints, sent to its other endpoints.
@@ -22,13 +28,21 @@ class EventType(models.TextChoices):
 
 
 DESCRIPTIONS: dict[str, str] = {
+    EventType.PAYMENT_INTENT_CREATED: "A payment intent was created (through the API or with a checkout session).",
+    EventType.PAYMENT_INTENT_PROCESSING: "A payment intent was confirmed; its charge is on its way to the rail.",
+    EventType.PAYMENT_INTENT_REQUIRES_ACTION: "A payment intent waits for the payer to approve at the rail's page.",
     EventType.PAYMENT_INTENT_SUCCEEDED: "A payment intent's charge succeeded at the rail; the money is captured.",
-    EventType.PAYMENT_INTENT_PAYMENT_FAILED: "A payment intent's charge was refused or failed; the intent can be retried.",
+    EventType.PAYMENT_INTENT_PAYMENT_FAILED: (
+        "A payment intent's charge was refused or failed; nothing was charged, and a new intent is needed to try again."
+    ),
     EventType.PAYMENT_INTENT_CANCELED: "A payment intent was canceled before its charge went live.",
+    EventType.CHARGE_REFUNDED: "A refund of a charge succeeded; the intent's amount_refunded counts it.",
     EventType.CHARGE_UNRESOLVED: "A charge's outcome is still unknown after its horizon; it is still polled.",
     EventType.CHECKOUT_SESSION_COMPLETED: "A checkout session's payment succeeded.",
     EventType.CHECKOUT_SESSION_EXPIRED: "A checkout session expired (or its intent was canceled) without a payment.",
     EventType.CUSTOMER_DELETED: "A customer was deleted; the event carries its id only.",
+    EventType.REFUND_CREATED: "A refund was accepted; it is on its way to the rail.",
+    EventType.REFUND_UPDATED: "A refund's status changed (succeeded, failed or unresolved).",
     EventType.REFUND_SUCCEEDED: "A refund succeeded at the rail.",
     EventType.REFUND_FAILED: "A refund failed; its amount can be refunded again.",
     EventType.WEBHOOK_ENDPOINT_FAILING: "Another of your webhook endpoints keeps failing and will be disabled if it goes on.",

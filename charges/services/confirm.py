@@ -49,20 +49,23 @@ from charges.rails.adapter import RailConfigurationError, RailRejected, RailUnav
 from charges.services import rail_calls, rail_gate, transitions
 from charges.services.rail_gate import RailDeferred
 from charges.states import INTENT_TERMINAL, CheckoutSessionStatus, IntentStatus, RailFlow
+from charges.wire import render_intent
 from jobs import port as queue
 from jobs.kinds import JobKind
 from jobs.operator.alerts import Severity, raise_alert
 from merchants.models import Merchant
 from vpay.errors import InvalidState, NotFound, Unavailable
+from webhooks.event_types import EventType
+from webhooks.events import emit
 
 logger = logging.getLogger(__name__)
 
 
 def open_charge(intent: PaymentIntent, rail, *, poll_delay: float) -> Charge:
     """The confirm's first commit, written inside the caller's transaction: the intent
-    ``processing``, its charge ``submitting`` (no request row yet) and the charge's poll job,
-    due after ``poll_delay`` (the confirm's grace), which recovers the charge if the process
-    dies before the rail is called."""
+    ``processing`` with ``payment_intent.processing``, its charge ``submitting`` (no request
+    row yet) and the charge's poll job, due after ``poll_delay`` (the confirm's grace), which
+    recovers the charge if the process dies before the rail is called."""
     repository.intent_to(intent.id, IntentStatus.PROCESSING, [IntentStatus.REQUIRES_CONFIRMATION])
     charge = Charge.objects.create(
         intent=intent,
@@ -80,6 +83,7 @@ def open_charge(intent: PaymentIntent, rail, *, poll_delay: float) -> Charge:
         tenant=intent.merchant_id,
     )
     repository.touch_customer(intent.customer_id)
+    emit(intent.merchant_id, EventType.PAYMENT_INTENT_PROCESSING, render_intent(_reload(intent.id), for_event=True))
     return charge
 
 
@@ -161,10 +165,18 @@ def confirm_intent(merchant: Merchant, intent_id: str) -> PaymentIntent:
         rail_calls.record_submit_answer(request_id, answer)
         redirect_url = answer.redirect_url if rail.flow == RailFlow.REDIRECT else None
         moved = repository.mark_submitted(charge.id, pay_token=answer.pay_token, redirect_url=redirect_url)
-        if moved and redirect_url:
-            # The commit is the gate on the redirect: the URL reaches the payer only once
-            # the pay_token needed to ask about it is durable.
-            repository.intent_to(intent.id, IntentStatus.REQUIRES_ACTION, [IntentStatus.PROCESSING])
+        # The commit is the gate on the redirect: the URL reaches the payer only once the
+        # pay_token needed to ask about it is durable.
+        if (
+            moved
+            and redirect_url
+            and repository.intent_to(intent.id, IntentStatus.REQUIRES_ACTION, [IntentStatus.PROCESSING])
+        ):
+            emit(
+                intent.merchant_id,
+                EventType.PAYMENT_INTENT_REQUIRES_ACTION,
+                render_intent(_reload(intent.id), for_event=True),
+            )
         queue.pull_forward(repository.poll_dedupe_key(charge.id))
     if not moved:
         # Cannot happen inside the window (the worker's age guard), and the rail timeout is

@@ -10,10 +10,13 @@ from django.db import transaction
 from charges import money, repository
 from charges.models import CheckoutSession, PaymentIntent
 from charges.rails import configured_rails
+from charges.wire import render_intent
 from customers.models import Customer
 from merchants.models import Merchant
 from vpay.errors import InvalidInput
 from vpay.tokens import new_token
+from webhooks.event_types import EventType
+from webhooks.events import emit
 
 
 def validate_payment(merchant: Merchant, fields: dict) -> Customer | None:
@@ -74,7 +77,8 @@ def clean_return_url(url: str) -> str:
 
 
 def create_intent(merchant: Merchant, fields: dict) -> PaymentIntent:
-    """A ``requires_confirmation`` intent; the customer's ``last_used_at`` moves (SQL clock)."""
+    """A ``requires_confirmation`` intent and its ``payment_intent.created``; the customer's
+    ``last_used_at`` moves (SQL clock)."""
     customer = validate_payment(merchant, fields)
     with transaction.atomic():
         # Touched first: the UPDATE takes the customer's row lock before the intent names it.
@@ -90,7 +94,8 @@ def create_intent(merchant: Merchant, fields: dict) -> PaymentIntent:
             rail=fields["rail"],
             metadata=fields.get("metadata", {}),
         )
-    intent.refresh_from_db()
+        intent.refresh_from_db()
+        emit(merchant, EventType.PAYMENT_INTENT_CREATED, render_intent(intent, for_event=True))
     return intent
 
 

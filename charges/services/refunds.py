@@ -21,7 +21,7 @@ from charges.models import Charge, Refund
 from charges.rails import get_rail
 from charges.refund_repository import RefundRow
 from charges.states import ChargeStatus, IntentStatus, RefundReason, RefundStatus
-from charges.wire import render_refund
+from charges.wire import render_charge, render_refund
 from jobs import port as queue
 from jobs.kinds import JobKind
 from jobs.operator.alerts import Severity, admin_path, raise_alert
@@ -88,6 +88,8 @@ def refund_create(
             currency=intent.currency,
             reason=reason or None,
         )
+        refund.refresh_from_db()
+        emit(merchant, EventType.REFUND_CREATED, render_refund(refund))
         refund_repository.set_amount_refunded(intent.id, intent.amount_refunded + amount)
         queue.enqueue(
             JobKind.POLL_REFUND,
@@ -95,35 +97,39 @@ def refund_create(
             dedupe_key=refund_repository.poll_dedupe_key(refund.id),
             tenant=merchant.id,
         )
-    refund.refresh_from_db()
     logger.info("refund accepted", extra={"refund_id": refund.id, "intent_id": intent.id, "amount": amount})
     return refund
 
 
-def _emit(refund_id: str, event_type: EventType) -> None:
-    refund = Refund.objects.get(pk=refund_id)
-    emit(refund.merchant_id, event_type, render_refund(refund))
+def _emit(refund_id: str, *event_types: EventType) -> None:
+    refund = Refund.objects.select_related("charge").get(pk=refund_id)
+    for event_type in event_types:
+        if event_type == EventType.CHARGE_REFUNDED:
+            emit(refund.merchant_id, event_type, render_charge(refund.charge, for_event=True))
+        else:
+            emit(refund.merchant_id, event_type, render_refund(refund))
 
 
 def refund_succeed(*, row: RefundRow) -> bool:
-    """The rail returned the money: ``succeeded`` and ``refund.succeeded``, once."""
+    """The rail returned the money: ``succeeded`` with ``refund.succeeded``, ``refund.updated``
+    and ``charge.refunded``, once."""
     with transaction.atomic():
         if not refund_repository.settle(row.id, RefundStatus.SUCCEEDED):
             return False  # a concurrent poll settled it, and emitted the event
-        _emit(row.id, EventType.REFUND_SUCCEEDED)
+        _emit(row.id, EventType.REFUND_SUCCEEDED, EventType.REFUND_UPDATED, EventType.CHARGE_REFUNDED)
     REFUNDS_SETTLED.labels(rail=row.rail, outcome="succeeded").inc()
     logger.info("refund succeeded", extra={"refund_id": row.id, "intent_id": row.intent_id})
     return True
 
 
 def refund_fail(*, row: RefundRow, failure_code: str | None) -> bool:
-    """The rail refused it for good: ``failed`` and ``refund.failed``, and its amount is
+    """The rail refused it for good: ``failed`` with ``refund.failed`` and ``refund.updated``, and its amount is
     given back to the intent (it may be refunded again), in one transaction."""
     with transaction.atomic():
         if not refund_repository.settle(row.id, RefundStatus.FAILED, failure_code or "declined"):
             return False
         refund_repository.give_back(row.intent_id, row.amount)
-        _emit(row.id, EventType.REFUND_FAILED)
+        _emit(row.id, EventType.REFUND_FAILED, EventType.REFUND_UPDATED)
     REFUNDS_SETTLED.labels(rail=row.rail, outcome="failed").inc()
     logger.info("refund failed", extra={"refund_id": row.id, "failure_code": failure_code})
     return True
@@ -137,6 +143,8 @@ def refund_escalate(*, row: RefundRow, reason: str, alert_period: float) -> bool
     period = int(row.age // alert_period) if alert_period > 0 else 0
     with transaction.atomic():
         moved = refund_repository.escalate(row.id)
+        if moved:
+            _emit(row.id, EventType.REFUND_UPDATED)
         raise_alert(
             key=f"refund_unresolved:{row.id}:{period}",
             title=f"Refund {row.id} on rail {row.rail} is unresolved after {row.age / 3600:.1f} h",
