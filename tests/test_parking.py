@@ -105,9 +105,30 @@ def test_a_claim_steps_over_none_of_a_tenants_far_off_jobs():
     assert buffers < 80, buffers
 
 
+def park_overdue(label: str):
+    """A job parked and already past its run_at: what the table holds when no worker ran
+    while it came due (the trigger disabled for the write, or it would unpark it)."""
+    job_id = queue.enqueue("task", task_payload("tests.tasks.record", label), delay=3600)
+    assert parked(job_id)
+    execute("ALTER TABLE jobs DISABLE TRIGGER jobs_job_park")
+    execute("UPDATE jobs SET run_at = now() - interval '1 second' WHERE job_id = %s", [str(job_id)])
+    execute("ALTER TABLE jobs ENABLE TRIGGER jobs_job_park")
+    assert parked(job_id)
+    return job_id
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_running_worker_unparks_an_overdue_parked_job_and_runs_it(effects, start_worker):
     start_worker("--concurrency", "1")
-    job_id = queue.enqueue("task", task_payload("tests.tasks.record", "parked"))
-    execute("UPDATE jobs SET parked = true WHERE job_id = %s", [str(job_id)])
+    queue.enqueue("task", task_payload("tests.tasks.record", "warm"))
+    wait_for(lambda: effects("warm"), timeout=30, message="the worker to run a first job")
+    park_overdue("parked")  # after its boot: only the maintenance thread can unpark it
     wait_for(lambda: effects("parked"), timeout=15, message="the parked job to be unparked and run")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_burst_worker_started_after_no_worker_ran_runs_what_came_due_before_it_exits(effects, start_worker):
+    park_overdue("burst")
+    worker = start_worker("--burst", "--concurrency", "1")
+    assert worker.wait(timeout=60) == 0, worker.output()[-2000:]
+    assert effects("burst")

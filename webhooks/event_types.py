@@ -36,7 +36,7 @@ DESCRIPTIONS: dict[str, str] = {
         "A payment intent's charge was refused or failed; nothing was charged, and a new intent is needed to try again."
     ),
     EventType.PAYMENT_INTENT_CANCELED: "A payment intent was canceled before its charge went live.",
-    EventType.CHARGE_REFUNDED: "A refund of a charge succeeded; the intent's amount_refunded counts it.",
+    EventType.CHARGE_REFUNDED: "A refund of a charge succeeded (the event carries the charge; its refund has refund.succeeded).",
     EventType.CHARGE_UNRESOLVED: "A charge's outcome is still unknown after its horizon; it is still polled.",
     EventType.CHECKOUT_SESSION_COMPLETED: "A checkout session's payment succeeded.",
     EventType.CHECKOUT_SESSION_EXPIRED: "A checkout session expired (or its intent was canceled) without a payment.",

@@ -55,7 +55,7 @@ from jobs.runner.invoke import Ran, run_job
 from jobs.runner.listener import connect_params, listen
 from jobs.runner.report import Report
 from jobs.runner.settling import DB_ERRORS, Completer, Settler
-from jobs.storage import leases
+from jobs.storage import leases, parking
 from jobs.storage.leases import ClaimedJob
 from vpay import faultpoints, metrics
 from vpay.db_pooler import WakeSource, wake_source
@@ -258,12 +258,19 @@ class Worker:
                 self._exit_now.set()  # its job's settle may never come: do not wait out the grace
 
     def boot(self) -> None:
-        """Reap dead workers' leases, seed the singletons, serve metrics. Failures here are
-        logged; only the queue being unreadable would stop a worker, and the loop retries that."""
+        """Reap dead workers' leases, unpark what is due, seed the singletons, serve metrics.
+        Failures here are logged; only the queue being unreadable would stop a worker, and
+        the loop retries that."""
         try:
             self.reap()
         except DB_ERRORS:
             logger.exception("boot reap failed; the periodic reaper will retry", extra={"alert": True})
+        try:
+            # Before the first claim: a --burst worker started after no worker ran for a while
+            # would otherwise find nothing claimable and exit with overdue parked jobs left.
+            parking.unpark_due()
+        except DB_ERRORS:
+            logger.exception("boot unpark failed; the maintenance thread will retry", extra={"alert": True})
         try:
             from jobs.maintenance.singletons import seed_singletons
 

@@ -12,14 +12,15 @@ Queue moves due scheduled executions into its ready table, a job due further out
   ``parked`` whenever ``run_at`` is written: every enqueue, retry, reschedule, hand-back and
   pull-forward, whatever wrote it (the ORM included);
 * ``jobs_job_ready_idx`` holds only unparked rows, so the claim never sees a parked one;
-* every worker's maintenance thread unparks, each :data:`STAGE_PERIOD` seconds, what is due
-  within the horizon (:func:`unpark_due`), so a job is back in the claim's index a horizon
-  before its run_at, and runs on time as long as some worker's maintenance has run once in
-  the last ``HORIZON_SECONDS - STAGE_PERIOD`` seconds.
+* every worker unparks what is due within the horizon (:func:`unpark_due`) when it boots,
+  before its first claim (a ``--burst`` worker started after none ran must not find nothing
+  and exit), and its maintenance thread each :data:`STAGE_PERIOD` seconds after, so a job is
+  back in the claim's index a horizon before its run_at, and runs on time as long as some
+  worker's maintenance has run once in the last ``HORIZON_SECONDS - STAGE_PERIOD`` seconds.
 
-``parked = false`` is always safe (the row is only slower to step over); a parked row past
-its run_at means no maintenance ran: the oldest-claimable gauge and the unclaimable watch
-count it as waiting (their SQL ignores ``parked``), so it is seen, not silent.
+``parked = false`` is always safe (the row is only slower to step over). A parked row past
+its run_at means no worker ran: the oldest-claimable age (gauge and admin page; its SQL
+ignores ``parked``) counts it as waiting, and the next worker to start runs it.
 """
 
 from __future__ import annotations
