@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Sequence
 from contextlib import contextmanager
@@ -80,6 +81,24 @@ def claim(
         max_tenants=max_tenants,
         skip=skip,
     )
+
+
+def claim_statement_params(*, batch: int) -> dict:
+    """The parameters of :data:`jobs.storage.leases.CLAIM` as a worker sends them, for an
+    EXPLAIN of the statement itself."""
+    kind_leases = {s.kind.value: s.lease_seconds for s in registry.all_specs()}
+    return {
+        "worker": "explain",
+        "queues": ["default"],
+        "kinds": list(kind_leases),
+        "skip": [],
+        "batch": batch,
+        "lease": None,
+        "leases": json.dumps(kind_leases),
+        "default_lease": 60.0,
+        "after": "",
+        "max_tenants": 64,
+    }
 
 
 def claimed_context(job: ClaimedJob) -> JobContext:

@@ -7,14 +7,13 @@ import json
 import pytest
 from django.db import connection, transaction
 
-from jobs import registry
 from jobs.adapters import postgres as queue
 from jobs.adapters.postgres import JobRequest
 from jobs.kinds import JobKind
 from jobs.runner.worker import Worker
 from jobs.storage import leases
 from tests.conftest import wait_for
-from tests.queue_support import claim, count, execute, task_payload
+from tests.queue_support import claim, claim_statement_params, count, execute, task_payload
 
 NOOP = task_payload("tests.tasks.noop")
 BACKLOG = 5_000
@@ -76,19 +75,7 @@ def test_every_tenant_starts_a_job_within_the_first_25_starts_whatever_the_handl
 def test_the_claim_statement_uses_the_ready_index():
     enqueue_backlog_then_latecomers()
     execute("ANALYZE jobs")
-    kind_leases = {s.kind.value: s.lease_seconds for s in registry.all_specs()}
-    params = {
-        "worker": "explain",
-        "queues": ["default"],
-        "kinds": list(kind_leases),
-        "skip": [],
-        "batch": 10,
-        "lease": None,
-        "leases": json.dumps(kind_leases),
-        "default_lease": 60.0,
-        "after": "",
-        "max_tenants": 64,
-    }
+    params = claim_statement_params(batch=10)
     with connection.cursor() as cursor:
         cursor.execute("EXPLAIN (FORMAT JSON) " + leases.CLAIM, params)
         plan = cursor.fetchone()[0]

@@ -8,12 +8,11 @@ import json
 
 import pytest
 
-from jobs import registry
 from jobs.adapters import postgres as queue
 from jobs.adapters.postgres import JobRequest
 from jobs.storage import leases, parking, pull_forward_sql, repository
 from tests.conftest import wait_for
-from tests.queue_support import claim, count, execute, rows, scalar, task_payload
+from tests.queue_support import claim, claim_statement_params, count, execute, rows, scalar, task_payload
 
 H = parking.HORIZON_SECONDS
 NOOP = task_payload("tests.tasks.noop")
@@ -84,19 +83,7 @@ def test_a_claim_steps_over_none_of_a_tenants_far_off_jobs():
     )
     queue.enqueue("task", NOOP)
     execute("ANALYZE jobs")
-    kind_leases = {s.kind.value: s.lease_seconds for s in registry.all_specs()}
-    params = {
-        "worker": "explain",
-        "queues": ["default"],
-        "kinds": list(kind_leases),
-        "skip": [],
-        "batch": 16,
-        "lease": None,
-        "leases": json.dumps(kind_leases),
-        "default_lease": 60.0,
-        "after": "",
-        "max_tenants": 64,
-    }
+    params = claim_statement_params(batch=16)
     execute("SET LOCAL jit = off")
     plan = rows("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + leases.CLAIM, params)[0][0]
     plan = json.loads(plan) if isinstance(plan, str) else plan
