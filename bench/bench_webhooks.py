@@ -10,9 +10,10 @@ migrations applied).
   with ``--endpoints`` endpoints (default 4) subscribed to everything, i.e. events x
   endpoints deliveries, each rendered, hashed, signed, SSRF-vetted, POSTed over its own
   pinned connection and recorded with its attempt row. Then a worker is started at each
-  ``--concurrency`` (default 8,32). deliveries/s = deliveries / (first receipt → last
+  ``--concurrency`` (default 8,32; ``default``: runworker's own, not passed) at runworker's
+  default processes (one per core). deliveries/s = deliveries / (first receipt → last
   receipt) at the receiver; "incl. start" counts from the worker's launch.
-* latency: an idle worker (concurrency 8), one endpoint; ``--latency-events`` (default 50)
+* latency: an idle worker (runworker's defaults), one endpoint; ``--latency-events`` (default 50)
   events emitted 200 ms apart, each in its own transaction; the stamp is taken when the
   commit returned, the receipt is the receiver's ``received_at`` (same host, same clock).
   The path measured: commit → fan-out drain woken (pull_forward + NOTIFY) → delivery +
@@ -115,8 +116,12 @@ def emit(merchant, n: int) -> list[str]:
 WORKER_ROOT = [ROOT]  # --worker-root: run another checkout's worker against the same database (A/B)
 
 
-def start_worker(concurrency: int) -> subprocess.Popen:
-    command = [sys.executable, "manage.py", "runworker", "--concurrency", str(concurrency)]
+def start_worker(concurrency: int | None) -> subprocess.Popen:
+    """``runworker`` at ``concurrency`` executors a process (None: its default), with its
+    default processes (one per core)."""
+    command = [sys.executable, "manage.py", "runworker"]
+    if concurrency is not None:
+        command += ["--concurrency", str(concurrency)]
     return subprocess.Popen(
         command,
         cwd=WORKER_ROOT[0],
@@ -149,8 +154,15 @@ class Resources:
         self.backends = 0
 
     def proc_cpu(self) -> float:
-        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        """CPU seconds so far of the worker processes (the runworker and those it forked)."""
+        total = 0
+        for pid in self.worker_pids():
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            total += int(fields[11]) + int(fields[12])
+        return total / os.sysconf("SC_CLK_TCK")
 
     @staticmethod
     def machine_cpu() -> float:
@@ -174,7 +186,7 @@ class Resources:
             except OSError:
                 continue
             name = raw[raw.index("(") + 1 : raw.rindex(")")]
-            if int(entry.name) == self.pid:
+            if int(entry.name) in self.worker_pids():
                 role = "worker"
             elif name == "postgres" and f" {DB} " in cmdline:
                 role = "postgres backends"
@@ -190,10 +202,28 @@ class Resources:
             out[role] = out.get(role, 0.0) + (int(fields[11]) + int(fields[12])) / tick
         return out
 
+    def worker_pids(self) -> set[int]:
+        """The runworker process and the worker processes it forked (``--processes``)."""
+        pids = {self.pid}
+        for entry in Path("/proc").iterdir():
+            try:
+                if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == self.pid:
+                    pids.add(int(entry.name))
+            except OSError:
+                continue
+        return pids
+
     def sample(self, done: int) -> None:
-        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                self.rss_kib.append((done, int(line.split()[1])))
+        """RSS: the largest of the worker processes' (each is one worker; the supervisor is small)."""
+        rss = 0
+        for pid in self.worker_pids():
+            try:
+                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                    if line.startswith("VmRSS:"):
+                        rss = max(rss, int(line.split()[1]))
+            except OSError:
+                continue
+        self.rss_kib.append((done, rss))
         with psycopg.connect(DATABASE_URL, autocommit=True) as conn:
             # The worker's backends: its application names start with "vpay-" (the bench's
             # own connections carry "bench" or none).
@@ -212,7 +242,7 @@ def vacuum() -> None:
 
 
 def throughput(
-    concurrency: int, events: int, endpoints: int, receiver_kind: str, limit_requests: int, vacuum_every: float
+    concurrency: int | None, events: int, endpoints: int, receiver_kind: str, limit_requests: int, vacuum_every: float
 ) -> dict:
     reset()
     receiver = make_receiver(receiver_kind)
@@ -256,7 +286,7 @@ def throughput(
     return {
         "measure": "throughput",
         "receiver": receiver_kind,
-        "concurrency": concurrency,
+        "concurrency": "default" if concurrency is None else concurrency,
         "deliveries": total,
         "endpoints": endpoints,
         "received": len(got),
@@ -296,7 +326,7 @@ def latency(n: int, receiver_kind: str) -> dict:
     receiver = make_receiver(receiver_kind)
     try:
         merchant = setup_merchant(receiver, 1)
-        worker = start_worker(8)
+        worker = start_worker(None)
         time.sleep(4)  # booted, seeded, idle
         committed: dict[str, float] = {}
         for _ in range(n):
@@ -359,7 +389,7 @@ def main() -> int:
         name, _, value = pair.partition("=")
         WORKER_ENV[name] = value
     results = [
-        throughput(int(c), args.events, args.endpoints, args.receiver, args.limit_requests, args.vacuum_every)
+        throughput(None if c == "default" else int(c), args.events, args.endpoints, args.receiver, args.limit_requests, args.vacuum_every)
         for c in args.concurrency.split(",")
     ]
     if args.latency_events:
@@ -387,7 +417,7 @@ def main() -> int:
     for r in results:
         if r["measure"] == "latency":
             print(
-                f"\ncommit → receipt at idle (concurrency 8, {r['received']} of {r['events']} events 100 ms apart):"
+                f"\ncommit → receipt at idle (runworker's defaults, {r['received']} of {r['events']} events 100 ms apart):"
                 f" p50 {r['p50_ms']} ms, p95 {r['p95_ms']} ms, p99 {r['p99_ms']} ms, max {r['max_ms']} ms"
             )
     return 0

@@ -18,7 +18,8 @@ The contract both keep (tests/test_queue_port.py runs it on each):
   policy), so its effect must be idempotent by the job's name or subject;
 * ``pull_forward(name)`` makes the waiting job of that name due now, and wakes it if it is
   running (a plain reschedule it answers then runs it again at once);
-  ``pull_forward_first(names)`` moves the first of several names that is waiting.
+  ``pull_forward_waiting(names, limit)`` moves the first ``limit`` of several names that
+  are waiting.
 """
 
 from __future__ import annotations
@@ -63,7 +64,9 @@ class QueueAdapter(Protocol):
 
     def pull_forward(self, dedupe_key: str, floor: timedelta | float = 0) -> bool: ...
 
-    def pull_forward_first(self, dedupe_keys: list[str], floor: timedelta | float = 0) -> str | None: ...
+    def pull_forward_waiting(
+        self, dedupe_keys: list[str], limit: int = 1, floor: timedelta | float = 0
+    ) -> list[str]: ...
 
 
 class PostgresQueue:
@@ -85,8 +88,8 @@ class PostgresQueue:
     def pull_forward(self, dedupe_key: str, floor: timedelta | float = 0) -> bool:
         return queue.pull_forward(dedupe_key, floor)
 
-    def pull_forward_first(self, dedupe_keys: list[str], floor: timedelta | float = 0) -> str | None:
-        return queue.pull_forward_first(dedupe_keys, floor)
+    def pull_forward_waiting(self, dedupe_keys: list[str], limit: int = 1, floor: timedelta | float = 0) -> list[str]:
+        return queue.pull_forward_waiting(dedupe_keys, limit, floor)
 
 
 def _named(dedupe_key: str | None) -> None:
@@ -170,7 +173,7 @@ def pull_forward(dedupe_key: str, floor: timedelta | float = 0) -> bool:
     return adapter().pull_forward(dedupe_key, floor)
 
 
-def pull_forward_first(dedupe_keys: list[str], floor: timedelta | float = 0) -> str | None:
-    """Make the first of the waiting jobs named ``dedupe_keys`` (in order) that can move due
-    now; returns its name, or None."""
-    return adapter().pull_forward_first(dedupe_keys, floor)
+def pull_forward_waiting(dedupe_keys: list[str], limit: int = 1, floor: timedelta | float = 0) -> list[str]:
+    """Make the first ``limit`` of the waiting jobs named ``dedupe_keys`` (in order) that can
+    move due now; returns their names, in order."""
+    return adapter().pull_forward_waiting(dedupe_keys, limit, floor)

@@ -143,19 +143,22 @@ def test_pull_forward_makes_a_delayed_job_due_now(harness, effects):
     assert port.pull_forward("port:later") is False  # finished: nothing waits under that name
 
 
-def test_pull_forward_first_moves_the_first_name_in_order_that_can_move(harness, effects):
+def test_pull_forward_waiting_moves_the_first_names_in_order_that_can_move(harness, effects):
     port.enqueue("task", task("record", "port:due"), dedupe_key="port:due")  # already due: cannot move
     port.enqueue("task", task("record", "port:b"), dedupe_key="port:b", delay=3600)
     port.enqueue("task", task("record", "port:c"), dedupe_key="port:c", delay=3600)
-    assert port.pull_forward_first(["port:missing", "port:due", "port:b", "port:c"]) == "port:b"
+    assert port.pull_forward_waiting(["port:missing", "port:due", "port:b", "port:c"]) == ["port:b"]
     harness.run_jobs(timeout=2.0)
     assert sorted(effects("port:")) == [("port:b", ""), ("port:due", "")]  # c still waits an hour
-    assert port.pull_forward_first(["port:b", "port:missing"]) is None
-    assert port.pull_forward_first([]) is None
-    assert port.pull_forward_first(["port:c"]) == "port:c"
+    assert port.pull_forward_waiting(["port:b", "port:missing"]) == []
+    assert port.pull_forward_waiting([]) == []
+    assert port.pull_forward_waiting(["port:c"], 0) == []
+    assert port.pull_forward_waiting(["port:c"]) == ["port:c"]
     odd = 'port:a "quoted", {braced} \\ name'  # every character an array literal must escape
     port.enqueue("task", task("record", "port:odd"), dedupe_key=odd, delay=3600)
-    assert port.pull_forward_first(["port:missing", odd]) == odd
+    port.enqueue("task", task("record", "port:e"), dedupe_key="port:e", delay=3600)
+    port.enqueue("task", task("record", "port:f"), dedupe_key="port:f", delay=3600)
+    assert port.pull_forward_waiting(["port:missing", "port:f", odd, "port:e"], 2) == ["port:f", odd]
 
 
 def waking_handler(monkeypatch, answer, floor: float = 0):

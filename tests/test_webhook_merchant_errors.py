@@ -18,7 +18,7 @@ from django.db import transaction
 
 from jobs.models import Alert
 from tests.api_support import MerchantClient
-from webhooks import attempt_errors
+from webhooks import attempt_errors, ssrf
 from webhooks.event_types import EventType
 from webhooks.events import emit
 from webhooks.models import DeliveryState, WebhookDelivery
@@ -44,7 +44,7 @@ def _settings(settings):
     settings.VPAY_WEBHOOK_CONNECT_TIMEOUT = 1.0
 
 
-def one_attempt(api: MerchantClient, url: str, resolver=delivery.ssrf.system_resolver) -> tuple[dict, int]:
+def one_attempt(api: MerchantClient, url: str, resolver=ssrf.system_resolver) -> tuple[dict, int]:
     """A test event sent to a new endpoint at ``url`` through the three steps; the
     endpoint's deliveries as the merchant reads them, and the delivery's id."""
     ep, _ = endpoints.create_endpoint(api.merchant, url=url, enabled_events=["*"])

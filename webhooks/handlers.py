@@ -64,14 +64,15 @@ def deliver(ctx: JobContext) -> Outcome:
     ticket = None
     # One read of the delivery, its event, endpoint and secrets: it names the host's breaker
     # and is what the attempt sends (whether to send is decided under the row lock below).
-    loaded = delivery.load(ctx.payload["delivery_id"])
+    # Each step goes through its group commit: the executors at the same step share one batch.
+    loaded = delivery.LOADS.submit(ctx.payload["delivery_id"])
     name = host_breakers.breaker_named_for(loaded.event.merchant_id, loaded.endpoint_url) if loaded else None
     if name is not None and ctx.deferrals_left > 0:
         try:
             ticket = breakers.admit(name, host_breakers.limits())
         except breakers.BreakerOpen as exc:
             return Outcome.defer(exc.delay_seconds, str(exc))
-    begun = delivery.begin_attempt(ctx.payload["delivery_id"], share=delivery.worker_share(ctx.worker_concurrency))
+    begun = delivery.BEGINS.submit((ctx.payload["delivery_id"], delivery.worker_share(ctx.worker_concurrency)))
     if begun.kind is not delivery.Begin.CLAIMED and ticket is not None:
         breakers.release(ticket)  # nothing was sent
     if begun.kind in (delivery.Begin.GONE, delivery.Begin.HELD):
@@ -85,7 +86,7 @@ def deliver(ctx: JobContext) -> Outcome:
         faultpoints.reached("webhook.attempt_recorded")
         attempted = delivery.perform(begun.lease, loaded=loaded)
         faultpoints.reached("webhook.answered", str(attempted.attempt_state))
-        recorded = delivery.record(begun.lease, attempted)
+        recorded = delivery.RECORDS.submit((begun.lease, attempted))
     finally:
         delivery.release(begun)
     if ticket is not None:

@@ -163,13 +163,16 @@ class InProcessQueue:
                 return True
             return self._move_waiting(job, floor)
 
-    def pull_forward_first(self, dedupe_keys: list[str], floor: timedelta | float = 0) -> str | None:
+    def pull_forward_waiting(self, dedupe_keys: list[str], limit: int = 1, floor: timedelta | float = 0) -> list[str]:
         floor = floor.total_seconds() if isinstance(floor, timedelta) else float(floor)
+        moved: list[str] = []
         with self._cv:
             for name in dedupe_keys:
+                if len(moved) >= limit:
+                    break
                 if self._move_waiting(self._live.get(name), floor):
-                    return name
-        return None
+                    moved.append(name)
+        return moved
 
     def _move_waiting(self, job: _Job | None, floor: float) -> bool:
         """Under the lock: a waiting job due more than ``floor`` from now, made due now."""

@@ -136,12 +136,12 @@ def pull_forward(dedupe_key: str, floor: timedelta | float = 0) -> bool:
     return pull_forward_sql.pull_forward(dedupe_key, _seconds(floor, "floor"))
 
 
-def pull_forward_first(dedupe_keys: list[str], floor: timedelta | float = 0) -> str | None:
-    """:func:`pull_forward` for the first of ``dedupe_keys`` (in order) that can be moved,
-    in one statement; returns the name moved, or None."""
-    if not dedupe_keys:
-        return None
-    return pull_forward_sql.pull_forward_first(list(dedupe_keys), _seconds(floor, "floor"))
+def pull_forward_waiting(dedupe_keys: list[str], limit: int = 1, floor: timedelta | float = 0) -> list[str]:
+    """:func:`pull_forward` for the first ``limit`` of ``dedupe_keys`` (in order) that are
+    waiting and can be moved, in one statement; returns the names moved, in order."""
+    if not dedupe_keys or limit < 1:
+        return []
+    return pull_forward_sql.pull_forward_waiting(list(dedupe_keys), limit, _seconds(floor, "floor"))
 
 
 def validated(request: JobRequest) -> tuple:

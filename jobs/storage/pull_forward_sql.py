@@ -1,9 +1,10 @@
 """The SQL that pulls a named job forward: a waiting one made due now, a running one woken
 (``jobs.adapters.postgres.pull_forward``); and the first of several waiting names moved, for a freed
-webhook slot (``jobs.adapters.postgres.pull_forward_first``)."""
+webhook slot (``jobs.adapters.postgres.pull_forward_waiting``)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
 from django.db import connection
@@ -39,22 +40,24 @@ def pull_forward(dedupe_key: str, floor_seconds: float) -> bool:
         return cursor.fetchone()[0] > 0
 
 
-# The first of several named jobs (in the order given) that is waiting, not leased and due
-# more than the floor from now, made due now: one statement for a caller that would
+# The first ``limit`` of several named jobs (in the order given) that are waiting, not leased
+# and due more than the floor from now, made due now: one statement for a caller that would
 # otherwise try the names one by one (jobs_job_dedupe_key_unique finds each name; SKIP
-# LOCKED passes over a row another transaction is moving). Prepared: a freed webhook slot
-# asks it once per recorded attempt.
-_PULL_FORWARD_FIRST = f"""
+# LOCKED passes over a row another transaction is moving). Prepared: freed webhook slots ask
+# it once per batch of recorded attempts. One row: the names moved, as a JSON array in the
+# order given.
+_PULL_FORWARD_WAITING = f"""
 WITH candidate AS (
-    SELECT j.id FROM jobs j JOIN unnest(%s::text[]) WITH ORDINALITY AS k(name, n) ON j.dedupe_key = k.name
+    SELECT j.id, k.n FROM jobs j JOIN unnest(%s::text[]) WITH ORDINALITY AS k(name, n) ON j.dedupe_key = k.name
      WHERE j.locked_at IS NULL AND j.run_at > now() + make_interval(secs => %s::float8)
-     ORDER BY k.n LIMIT 1
+     ORDER BY k.n LIMIT %s::int
        FOR UPDATE OF j SKIP LOCKED
 ), moved AS (
     UPDATE jobs SET run_at = now() FROM candidate WHERE jobs.id = candidate.id
-    RETURNING jobs.queue, jobs.dedupe_key
+    RETURNING jobs.queue, jobs.dedupe_key, candidate.n
 )
-SELECT dedupe_key, pg_notify('{NOTIFY_CHANNEL}', queue) FROM moved
+SELECT COALESCE((SELECT json_agg(dedupe_key ORDER BY n) FROM moved)::text, '[]'),
+       (SELECT count(pg_notify('{NOTIFY_CHANNEL}', queue)) FROM moved)
 """
 
 
@@ -63,6 +66,6 @@ def _text_array(values: Sequence[str]) -> str:
     return "{" + ",".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values) + "}"
 
 
-def pull_forward_first(dedupe_keys: list[str], floor_seconds: float) -> str | None:
-    row = execute_prepared(_PULL_FORWARD_FIRST, [_text_array(dedupe_keys), float(floor_seconds)])
-    return row[0] if row else None
+def pull_forward_waiting(dedupe_keys: list[str], limit: int, floor_seconds: float) -> list[str]:
+    row = execute_prepared(_PULL_FORWARD_WAITING, [_text_array(dedupe_keys), float(floor_seconds), int(limit)])
+    return json.loads(row[0]) if row else []

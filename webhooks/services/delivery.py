@@ -1,18 +1,25 @@
 """Delivering one webhook attempt (the ``webhook_deliver`` job), in three steps.
 
-1. :func:`begin_attempt` — one short transaction under the delivery's row lock: recover
+1. :func:`begin_attempts` — one short transaction under the deliveries' row locks: recover
    an expired lease, respect ``next_attempt_at`` and the endpoint's in-flight cap, then
    move the delivery to ``delivering`` and write the attempt row (``in_flight``, with a
    fresh lease token). It commits *before* anything is sent, so every request that ever
    left has a row.
-2. :func:`perform` — render the event once, hash it and compare the digest with the one
-   stored by the first attempt that may have sent it, sign it with every active secret,
-   vet the address (SSRF guard) and POST it over a connection pinned to the vetted
-   address. Nothing here writes to the database; it never raises for the network.
-3. :func:`record` — one fenced transaction: the delivery moves only while this attempt's
-   lease is still the delivery's and unexpired; otherwise the attempt is marked ``stale``
-   and the answer discarded. Exhaustion and refusal are counted once, by the writer that
-   made the transition, on their endpoint's alerts (``delivery_alerts``).
+2. :func:`perform` (``webhooks.services.sending``) — render the event once, hash it and
+   compare the digest with the one stored by the first attempt that may have sent it, sign
+   it with every active secret, vet the address (SSRF guard) and POST it over a connection
+   pinned to the vetted address. Nothing here writes to the database; it never raises for
+   the network.
+3. :func:`record_many` — one fenced statement (a transaction where an outcome may alert):
+   a delivery moves only while its attempt's lease is still the delivery's and unexpired;
+   otherwise the attempt is marked ``stale`` and the answer discarded. Exhaustion and
+   refusal are counted once, by the writer that made the transition, on their endpoint's
+   alerts (``delivery_alerts``).
+
+Steps 1 and 3 (and the read before step 1) take batches: the deliver jobs a worker's
+executors run at the same moment share each step's transaction through a group commit
+(:data:`LOADS`, :data:`BEGINS`, :data:`RECORDS`; ``jobs.primitives.group_commit``), each
+attempt keeping its own row, lease token and fence. A lone attempt is a batch of one.
 
 The handler is unfenced (it calls the network): it is idempotent because every write is
 a compare-and-swap on the delivery's state and lease token. Tests drive the steps directly.
@@ -22,26 +29,28 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import hashlib
-import json
 import logging
 import random
-import time
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
-import httpx
 from django.conf import settings
 from django.db import DatabaseError, transaction
 
-from jobs.operator.alerts import Severity, admin_path, raise_alert
-from jobs.port import pull_forward_first
-from vpay.errors import error_chain
-from webhooks import attempt_errors, attempt_sql, metrics, repository, sealing, ssrf
-from webhooks.decisions import AttemptResult, Next, after_failure, attempt_result, delivery_delay
-from webhooks.models import AttemptState, DeliveryState, Event, WebhookDelivery
-from webhooks.services import delivery_alerts, transport
+from jobs.port import pull_forward_waiting
+from jobs.primitives.group_commit import GroupCommit
+from webhooks import attempt_batch_sql, attempt_sql, metrics, repository
+from webhooks.decisions import Next, after_failure, delivery_delay
+from webhooks.models import AttemptState, DeliveryState, WebhookDelivery
+from webhooks.services import delivery_alerts
+from webhooks.services.sending import Attempted, perform, render_body
 from webhooks.services.shares import EndpointShares
-from webhooks.signing import HEADER, signature_header
+
+__all__ = [  # step 2 lives in webhooks.services.sending; the job and the tests read the three steps here
+    "Attempted",
+    "perform",
+    "render_body",
+]
 
 logger = logging.getLogger("webhooks.delivery")
 
@@ -106,67 +115,139 @@ def at_cap_wait(earliest_lease_left: float | None) -> float:
 
 
 def begin_attempt(delivery_id: int, *, share: int | None = None) -> BeginResult:
-    """Step 1: claim the next attempt of ``delivery_id`` (see the module docstring).
+    """Step 1 for one delivery: :func:`begin_attempts` of it alone."""
+    return begin_attempts([(delivery_id, share)])[0]
+
+
+def begin_attempts(requests: Sequence[tuple[int, int | None]]) -> list[BeginResult]:
+    """Step 1: claim the next attempt of each ``(delivery_id, share)``, in one transaction
+    (see the module docstring); one answer per request, in order. The deliver job asks
+    through :data:`BEGINS`, so the executors that begin at the same moment share it.
 
     ``share``: the most attempts this process may have in flight to one endpoint, and to
     one merchant's endpoints together (the deliver job passes :func:`worker_share` of its
     worker); a CLAIMED result then holds a slot of each in :data:`SHARES` until
-    :func:`release`."""
-    with transaction.atomic():
-        row = attempt_sql.lock_delivery(delivery_id)
-        if row is None or row.state not in (DeliveryState.PENDING, DeliveryState.DELIVERING):
+    :func:`release`. A delivery asked for twice in one batch is claimed once (the other: BUSY)."""
+    results: dict[int, BeginResult] = {}
+    try:
+        with transaction.atomic():
+            _begin_locked(requests, results)
+    except BaseException:
+        # Nothing of this transaction stands: the share slots its claims took are given back.
+        for result in results.values():
+            release(result)
+        raise
+    return [results[index] for index in range(len(requests))]
+
+
+def _begin_locked(requests: Sequence[tuple[int, int | None]], results: dict[int, BeginResult]) -> None:
+    """:func:`begin_attempts`' transaction: answers ``results`` by request index."""
+    rows = attempt_batch_sql.lock_deliveries([delivery_id for delivery_id, _ in requests])
+    candidates: list[tuple[attempt_sql.DeliveryRow, int | None]] = []
+    for index, (delivery_id, share) in enumerate(requests):
+        row = rows.get(delivery_id)
+        if any(delivery_id == other for other, _ in requests[:index]):
+            results[index] = BeginResult(Begin.BUSY, wait=0.0)
+            continue
+        found = _before_the_cap(row)
+        if found is not None:
+            results[index] = found
+        else:
+            assert row is not None
+            candidates.append((row, share))
+    _claim_under_the_cap(requests, candidates, results)
+
+
+def _before_the_cap(row: attempt_sql.DeliveryRow | None) -> BeginResult | None:
+    """What a locked delivery's state decides before its endpoint's cap is asked: an answer,
+    or None for a delivery due now (one whose expired lease this recovers included)."""
+    if row is None or row.state not in (DeliveryState.PENDING, DeliveryState.DELIVERING):
+        return BeginResult(Begin.GONE)
+    if row.state == DeliveryState.DELIVERING:
+        if row.lease_left is not None and row.lease_left > 0:
+            return BeginResult(Begin.BUSY, wait=row.lease_left)
+        if _recover(row) != DeliveryState.PENDING:
             return BeginResult(Begin.GONE)
-        if row.state == DeliveryState.DELIVERING:
-            if row.lease_left is not None and row.lease_left > 0:
-                return BeginResult(Begin.BUSY, wait=row.lease_left)
-            next_state = _recover(row)
-            if next_state != DeliveryState.PENDING:
-                return BeginResult(Begin.GONE)
-            if row.endpoint_disabled:
-                return BeginResult(Begin.HELD, endpoint_id=row.endpoint_id)
-        elif row.endpoint_deleted:
-            # Created by a fan-out that raced the delete, or left by an attempt that was in
-            # flight during it: ended like the delete ended the others, without an alert.
-            if repository.cancel_pending(row.id):
-                metrics.DELIVERIES_FINISHED.labels(state=str(DeliveryState.CANCELLED)).inc()
-            return BeginResult(Begin.GONE)
-        elif row.endpoint_disabled:
-            # Nothing is sent to a disabled endpoint and no rung is spent; re-enabling it
-            # enqueues this delivery again (webhooks.services.endpoint_health).
+        if row.endpoint_disabled:
             return BeginResult(Begin.HELD, endpoint_id=row.endpoint_id)
-        elif row.due_in > 0:
-            return BeginResult(Begin.NOT_DUE, wait=row.due_in)
+        return None
+    if row.endpoint_deleted:
+        # Created by a fan-out that raced the delete, or left by an attempt that was in
+        # flight during it: ended like the delete ended the others, without an alert.
+        if repository.cancel_pending(row.id):
+            metrics.DELIVERIES_FINISHED.labels(state=str(DeliveryState.CANCELLED)).inc()
+        return BeginResult(Begin.GONE)
+    if row.endpoint_disabled:
+        # Nothing is sent to a disabled endpoint and no rung is spent; re-enabling it
+        # enqueues this delivery again (webhooks.services.endpoint_health).
+        return BeginResult(Begin.HELD, endpoint_id=row.endpoint_id)
+    if row.due_in > 0:
+        return BeginResult(Begin.NOT_DUE, wait=row.due_in)
+    return None
+
+
+def _claim_under_the_cap(
+    requests: Sequence[tuple[int, int | None]],
+    candidates: list[tuple[attempt_sql.DeliveryRow, int | None]],
+    results: dict[int, BeginResult],
+) -> None:
+    """Start the candidates' attempts that their endpoints' caps and this worker's shares
+    allow (in request order), answering AT_CAP for the rest, in the caller's transaction."""
+    if not candidates:
+        return
+    in_flight = attempt_batch_sql.in_flight_for_endpoints([row.endpoint_id for row, _ in candidates])
+    taken: dict[str, int] = {}
+    starting: dict[int, tuple[str, ...]] = {}  # delivery id -> the share slots its lease will hold
+    for row, share in candidates:
         # The endpoint's share of this worker, then its merchant's (all its endpoints together,
         # one more than an endpoint's, so the merchant's other endpoints are not starved by
         # its slow one): a merchant with many slow endpoints is bounded as a whole.
         merchant_key = MERCHANT_SHARE_PREFIX + row.merchant_id
         held = share is not None and SHARES.acquire(row.endpoint_id, share)
         merchant_held = held and share is not None and SHARES.acquire(merchant_key, share + 1)
-        keys = [row.endpoint_id, merchant_key][: int(held) + int(merchant_held)]
-        try:
-            in_flight, earliest = attempt_sql.in_flight_for_endpoint(row.endpoint_id)
-            if (share is not None and not merchant_held) or in_flight >= settings.VPAY_WEBHOOK_MAX_IN_FLIGHT:
-                for key in keys:
-                    SHARES.release(key)
-                metrics.AT_CAP.inc()
-                return BeginResult(Begin.AT_CAP, wait=at_cap_wait(earliest), endpoint_id=row.endpoint_id)
-            lease = attempt_sql.start_attempt(delivery_id, settings.VPAY_WEBHOOK_LEASE_SECONDS)
-        except BaseException:
+        keys = (row.endpoint_id, merchant_key)[: int(held) + int(merchant_held)]
+        count, earliest = in_flight[row.endpoint_id]
+        if (share is not None and not merchant_held) or count + taken.get(row.endpoint_id, 0) >= (
+            settings.VPAY_WEBHOOK_MAX_IN_FLIGHT
+        ):
             for key in keys:
                 SHARES.release(key)
-            raise
+            metrics.AT_CAP.inc()
+            results[_index(requests, row.id)] = BeginResult(
+                Begin.AT_CAP, wait=at_cap_wait(earliest), endpoint_id=row.endpoint_id
+            )
+            continue
+        taken[row.endpoint_id] = taken.get(row.endpoint_id, 0) + 1
+        starting[row.id] = keys
+    if not starting:
+        return
+    try:
+        leases = attempt_batch_sql.start_attempts(list(starting), settings.VPAY_WEBHOOK_LEASE_SECONDS)
+    except BaseException:
+        for keys in starting.values():
+            for key in keys:
+                SHARES.release(key)
+        raise
+    for delivery_id, keys in starting.items():
+        lease = leases[delivery_id]
         if keys:
             SHARES.bind(lease.token, *keys)
-        return BeginResult(Begin.CLAIMED, lease=lease, endpoint_id=row.endpoint_id)
+        results[_index(requests, delivery_id)] = BeginResult(Begin.CLAIMED, lease=lease, endpoint_id=lease.endpoint_id)
 
 
-def hand_off(endpoint_id: str) -> int | None:
-    """A slot of ``endpoint_id`` was just freed: pull the job of its longest-waiting due
-    delivery forward, so the slot is used now rather than when that job's at-cap wait ends.
-    Returns the delivery woken, if any. Best effort: the waiters' own timers are the backstop."""
-    candidates = {dedupe_key(d): d for d in attempt_sql.waiting_deliveries(endpoint_id, HAND_OFF_CANDIDATES)}
-    moved = pull_forward_first(list(candidates)) if candidates else None
-    return candidates[moved] if moved is not None else None
+def _index(requests: Sequence[tuple[int, int | None]], delivery_id: int) -> int:
+    return next(i for i, (did, _) in enumerate(requests) if did == delivery_id)
+
+
+def hand_off(endpoint_id: str, slots: int = 1) -> list[int]:
+    """``slots`` of ``endpoint_id`` were just freed: pull the jobs of as many of its
+    longest-waiting due deliveries forward, so the slots are used now rather than when those
+    jobs' at-cap waits end. Returns the deliveries woken. Best effort: the waiters' own
+    timers are the backstop."""
+    candidates = {
+        dedupe_key(d): d for d in attempt_sql.waiting_deliveries(endpoint_id, slots + HAND_OFF_CANDIDATES - 1)
+    }
+    return [candidates[name] for name in pull_forward_waiting(list(candidates), slots)] if candidates else []
 
 
 def _recover(row: attempt_sql.DeliveryRow) -> str:
@@ -202,169 +283,69 @@ def recover_expired(delivery_id: int) -> str | None:
         return _recover(row)
 
 
-@dataclass
-class Attempted:
-    """What :func:`perform` found out; :func:`record` writes it."""
-
-    attempt_state: AttemptState
-    delivery_state: DeliveryState | None = None  # set for a refusal (decided before sending)
-    status_code: int | None = None
-    excerpt: str = ""
-    # What the merchant reads (webhooks.attempt_errors: a fixed phrase, nothing about vpay's
-    # network); ``detail`` is the full account, for the operators' log line and alert only.
-    error: str = ""
-    detail: str = ""
-    # The digest of a body that may have reached the receiver; None when nothing left the
-    # process (unsigned, unresolved, refused, out of budget before the first byte): the
-    # first stored digest is what every later attempt is compared with, so it must be of
-    # a body a receiver may have seen.
-    payload_sha256: str | None = None
-    duration_ms: int | None = None
-    connected_to: tuple[str, int] | None = None
-
-
-def render_body(event: Event) -> bytes:
-    """The exact bytes sent: the event rendered by the renderer ``GET /v1/events`` uses."""
-    from webhooks.events import render_event
-
-    return json.dumps(render_event(event), separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-
-
 def load(delivery_id: int) -> attempt_sql.Loaded | None:
-    """The delivery with its event, its endpoint's URL and the endpoint's signing secrets
-    still signing now, in one read (:func:`webhooks.attempt_sql.load_delivery`).
+    """:func:`load_many` of one delivery."""
+    return load_many([delivery_id])[0]
+
+
+def load_many(delivery_ids: Sequence[int]) -> list[attempt_sql.Loaded | None]:
+    """Each delivery with its event, its endpoint's URL and the endpoint's signing secrets
+    still signing now, in one read (:func:`webhooks.attempt_batch_sql.load_deliveries`).
 
     The deliver job reads this *before* it claims the attempt (it names the host's breaker,
     and the attempt then sends what was read). Nothing read here decides whether to send:
-    :func:`begin_attempt` decides that under the delivery's row lock, and the digest an
+    :func:`begin_attempts` decides that under the delivery's row lock, and the digest an
     attempt is compared with is the one that lock read (the lease carries it)."""
-    return attempt_sql.load_delivery(delivery_id)
-
-
-def perform(
-    lease: attempt_sql.Lease,
-    *,
-    resolver: ssrf.Resolver = ssrf.system_resolver,
-    loaded: attempt_sql.Loaded | None = None,
-) -> Attempted:
-    """Step 2: render, hash, sign, vet, POST. Never raises for the network or the receiver.
-
-    ``loaded``: the delivery as :func:`load` read it before the claim (read now otherwise)."""
-    delivery = loaded if loaded is not None else load(lease.delivery_id)
-    if delivery is None:
-        return Attempted(AttemptState.FAILED, error="the delivery is gone; nothing sent")
-    if delivery.endpoint_deleted:
-        return Attempted(
-            AttemptState.FAILED, delivery_state=DeliveryState.CANCELLED, error="the endpoint was deleted; nothing sent"
-        )
-    body = render_body(delivery.event)
-    digest = hashlib.sha256(body).hexdigest()
-    # The digest stored by the first attempt that may have sent a body, as read under the
-    # delivery's row lock when this attempt was claimed (the lease), so a digest recorded by
-    # an attempt that ended just before this claim is never missed.
-    if lease.payload_sha256 is not None and lease.payload_sha256 != digest:
-        # The renderer no longer produces what was signed before: sending would put a
-        # different body under the same event id. Fail loudly instead.
-        with transaction.atomic():
-            raise_alert(
-                key=f"webhook_body_changed:{delivery.id}",
-                title=f"Webhook delivery {delivery.id}: the rendered body changed since its first sent attempt",
-                source="webhooks.body_changed",
-                severity=Severity.ERROR,
-                details={
-                    "delivery_id": delivery.id,
-                    "event_id": delivery.event_id,
-                    "endpoint_id": delivery.endpoint_id,
-                },
-                link=admin_path(WebhookDelivery(pk=delivery.id)),
-                correlation_id=delivery.event_id,
-            )
-        return Attempted(AttemptState.FAILED, error="rendered body differs from the first sent attempt; not sent")
-    secrets = []
-    for sealed in delivery.sealed_secrets:
-        try:
-            secrets.append(sealing.open_sealed_cached(sealed, delivery.endpoint_id))
-        except sealing.SecretUnreadable:
-            logger.warning(
-                "a webhook secret is unreadable with the configured keys", extra={"endpoint": delivery.endpoint_id}
-            )
-    if not secrets:
-        # Never an unsigned send: a failed attempt on the ladder (a key fix heals it).
-        return Attempted(AttemptState.FAILED, error="the endpoint has no usable signing secret; nothing sent")
-    headers = {
-        HEADER: signature_header(body, secrets, lease.timestamp),
-        "Vpay-Event-Id": delivery.event_id,
-        "Vpay-Delivery-Attempt": str(lease.number),
-    }
-    # One budget for the whole attempt, resolution included: a merchant's slow nameserver
-    # must not hold an executor beyond VPAY_WEBHOOK_TIMEOUT.
-    started = time.monotonic()
-    deadline = started + settings.VPAY_WEBHOOK_TIMEOUT
-    try:
-        url = httpx.URL(delivery.endpoint_url)
-        if url.scheme not in ("http", "https") or not url.host or (settings.LIVE_MODE and url.scheme != "https"):
-            return Attempted(AttemptState.FAILED, error="the endpoint URL is not deliverable (https only in live mode)")
-        port = url.port or (443 if url.scheme == "https" else 80)
-        addresses = ssrf.vet(
-            url.host,
-            port,
-            allow=settings.VPAY_WEBHOOK_ALLOW_CIDRS,
-            resolver=resolver,
-            timeout=min(settings.VPAY_WEBHOOK_CONNECT_TIMEOUT, settings.VPAY_WEBHOOK_TIMEOUT),
-        )
-    except ssrf.AddressRefused as exc:
-        if exc.permanent:
-            return Attempted(
-                AttemptState.FAILED,
-                delivery_state=DeliveryState.REFUSED,
-                error=attempt_errors.REFUSED,
-                detail=f"refused by the SSRF guard: {exc}",
-            )
-        return Attempted(
-            AttemptState.NO_RESPONSE,
-            error=attempt_errors.unresolved(exc),
-            detail=error_chain(exc, 1000),
-            duration_ms=int((time.monotonic() - started) * 1000),
-        )
-    except httpx.InvalidURL as exc:
-        return Attempted(AttemptState.FAILED, error=attempt_errors.INVALID_URL, detail=error_chain(exc, 1000))
-    left = deadline - time.monotonic()
-    if left <= 0:
-        return Attempted(
-            AttemptState.NO_RESPONSE,
-            error="the attempt's total timeout elapsed while resolving the host; nothing sent",
-            duration_ms=int((time.monotonic() - started) * 1000),
-        )
-    answer = transport.post(
-        str(url),
-        body,
-        headers,
-        addresses=addresses,
-        connect_timeout=settings.VPAY_WEBHOOK_CONNECT_TIMEOUT,
-        total_timeout=left,
-        keep=transport.kept_connections() if settings.VPAY_WEBHOOK_KEEPALIVE_CONNECTIONS else None,
-    )
-    duration_ms = int((time.monotonic() - started) * 1000)
-    result = attempt_result(answer.status_code)
-    state = {
-        AttemptResult.SUCCEEDED: AttemptState.SUCCEEDED,
-        AttemptResult.FAILED: AttemptState.FAILED,
-        AttemptResult.NO_RESPONSE: AttemptState.NO_RESPONSE,
-    }[result]
-    return Attempted(
-        state,
-        status_code=answer.status_code,
-        excerpt=answer.excerpt,
-        error=attempt_errors.transport(answer.error) if answer.error is not None else "",
-        detail=error_chain(answer.error, 1000) if answer.error is not None else "",
-        payload_sha256=digest if answer.sent else None,
-        duration_ms=duration_ms,
-        connected_to=answer.connected_to,
-    )
+    loaded = attempt_batch_sql.load_deliveries(delivery_ids)
+    return [loaded.get(delivery_id) for delivery_id in delivery_ids]
 
 
 def record(lease: attempt_sql.Lease, attempted: Attempted) -> attempt_sql.Recorded:
-    """Step 3: write the outcome, fenced on the lease; alert once on exhaustion or refusal."""
+    """Step 3 for one attempt: :func:`record_many` of it alone."""
+    return record_many([(lease, attempted)])[0]
+
+
+def record_many(answers: Sequence[tuple[attempt_sql.Lease, Attempted]]) -> list[attempt_sql.Recorded]:
+    """Step 3: write each outcome, fenced on its lease, in one statement; alert once on
+    exhaustion or refusal. Then each freed slot is handed on. The deliver job records
+    through :data:`RECORDS`, so the executors that record at the same moment share it."""
+    outcomes = [_outcome(lease, attempted) for lease, attempted in answers]
+    # Successes alert nothing: a batch of them needs no transaction of its own (two round
+    # trips fewer on the path every delivery takes). Any other outcome may alert, and the
+    # alert must commit with the transition that made it.
+    failing = [o.lease.delivery_id for o in outcomes if o.delivery_state != DeliveryState.SUCCEEDED]
+    with transaction.atomic() if failing else contextlib.nullcontext():
+        deleted = attempt_batch_sql.endpoints_deleted_for(failing) if failing else set()
+        outcomes = [
+            # Deleted while this attempt was in flight: no next rung, no exhaustion alert.
+            replace(o, delivery_state=DeliveryState.CANCELLED, delay=None)
+            if o.lease.delivery_id in deleted and o.delivery_state != DeliveryState.CANCELLED
+            else o
+            for o in outcomes
+        ]
+        moved = attempt_batch_sql.record_outcomes(outcomes)
+        for outcome, (_, attempted), did_move in zip(outcomes, answers, moved, strict=True):
+            if did_move:
+                _alert(outcome, attempted)
+    freed: dict[str, int] = {}
+    for outcome, (lease, attempted), did_move in zip(outcomes, answers, moved, strict=True):
+        SHARES.release_lease(lease.token)  # first: the woken waiter may be claimed by this worker
+        if did_move:
+            freed[lease.endpoint_id] = freed.get(lease.endpoint_id, 0) + 1
+        _account(outcome, attempted, did_move)
+    for endpoint_id, slots in freed.items():
+        try:
+            hand_off(endpoint_id, slots)  # these attempts' slots are free: give them to waiters now
+        except DatabaseError:
+            logger.warning("could not hand a freed slot on; the waiters' timers will", exc_info=True)
+    return [
+        attempt_sql.Recorded(False, outcome.delivery_state) if did_move else attempt_sql.Recorded(True)
+        for outcome, did_move in zip(outcomes, moved, strict=True)
+    ]
+
+
+def _outcome(lease: attempt_sql.Lease, attempted: Attempted) -> attempt_batch_sql.Outcome:
+    """The delivery's next state after this answer, by the ladder."""
     delay: float | None = None
     if attempted.delivery_state is not None:
         delivery_state = attempted.delivery_state
@@ -373,73 +354,76 @@ def record(lease: attempt_sql.Lease, attempted: Attempted) -> attempt_sql.Record
     else:
         next_, delay = after_failure(lease.rung, _schedule())
         delivery_state = DeliveryState.EXHAUSTED if next_ is Next.EXHAUSTED else DeliveryState.PENDING
-    # A success writes one statement and alerts nothing: it needs no transaction of its own
-    # (two round trips fewer on the path every delivery takes). Every other outcome may
-    # alert, and the alert must commit with the transition that made it.
-    with transaction.atomic() if delivery_state != DeliveryState.SUCCEEDED else contextlib.nullcontext():
-        if delivery_state not in (DeliveryState.SUCCEEDED, DeliveryState.CANCELLED) and (
-            attempt_sql.endpoint_deleted_for(lease.delivery_id)
-        ):
-            # Deleted while this attempt was in flight: no next rung, no exhaustion alert.
-            delivery_state, delay = DeliveryState.CANCELLED, None
-        recorded = attempt_sql.record_outcome(
-            lease,
-            attempt_state=attempted.attempt_state,
-            delivery_state=delivery_state,
-            delay=delay,
-            status_code=attempted.status_code,
-            excerpt=attempted.excerpt,
-            error=attempted.error,
-            payload_sha256=attempted.payload_sha256,
-            duration_ms=attempted.duration_ms,
+    return attempt_batch_sql.Outcome(
+        lease,
+        attempt_state=attempted.attempt_state,
+        delivery_state=delivery_state,
+        delay=delay,
+        status_code=attempted.status_code,
+        excerpt=attempted.excerpt,
+        error=attempted.error,
+        payload_sha256=attempted.payload_sha256,
+        duration_ms=attempted.duration_ms,
+    )
+
+
+def _alert(outcome: attempt_batch_sql.Outcome, attempted: Attempted) -> None:
+    """Counted by the writer that made the transition, in its transaction: exactly once
+    (one page per endpoint and period: webhooks.services.delivery_alerts)."""
+    if outcome.delivery_state not in (DeliveryState.EXHAUSTED, DeliveryState.REFUSED):
+        return
+    delivery = WebhookDelivery.objects.get(pk=outcome.lease.delivery_id)
+    if outcome.delivery_state == DeliveryState.EXHAUSTED:
+        delivery_alerts.alert_exhausted(
+            delivery_id=delivery.pk,
+            endpoint_id=delivery.endpoint_id,
+            event_id=delivery.event_id,
+            attempts=outcome.lease.number,
         )
-        # Counted by the writer that made the transition, in its transaction: exactly once
-        # (one page per endpoint and period: webhooks.services.delivery_alerts).
-        if not recorded.stale and delivery_state in (DeliveryState.EXHAUSTED, DeliveryState.REFUSED):
-            delivery = WebhookDelivery.objects.get(pk=lease.delivery_id)
-            if delivery_state == DeliveryState.EXHAUSTED:
-                delivery_alerts.alert_exhausted(
-                    delivery_id=delivery.pk,
-                    endpoint_id=delivery.endpoint_id,
-                    event_id=delivery.event_id,
-                    attempts=lease.number,
-                )
-            else:
-                delivery_alerts.alert_refused(
-                    delivery_id=delivery.pk,
-                    endpoint_id=delivery.endpoint_id,
-                    event_id=delivery.event_id,
-                    reason=attempted.detail or attempted.error,
-                )
-    SHARES.release_lease(lease.token)  # first: the woken waiter may be claimed by this worker
-    if not recorded.stale:
-        try:
-            hand_off(lease.endpoint_id)  # this attempt's slot is free: give it to a waiter now
-        except DatabaseError:
-            logger.warning("could not hand a freed slot on; the waiters' timers will", exc_info=True)
-    metrics.ATTEMPTS.labels(outcome="stale" if recorded.stale else str(attempted.attempt_state)).inc()
+    else:
+        delivery_alerts.alert_refused(
+            delivery_id=delivery.pk,
+            endpoint_id=delivery.endpoint_id,
+            event_id=delivery.event_id,
+            reason=attempted.detail or attempted.error,
+        )
+
+
+def _account(outcome: attempt_batch_sql.Outcome, attempted: Attempted, moved: bool) -> None:
+    """One recorded attempt's metrics and log lines."""
+    lease = outcome.lease
+    metrics.ATTEMPTS.labels(outcome=str(attempted.attempt_state) if moved else "stale").inc()
     if attempted.duration_ms is not None:
         metrics.ATTEMPT_DURATION.observe(attempted.duration_ms / 1000)
-    if not recorded.stale and delivery_state != DeliveryState.PENDING:
-        metrics.DELIVERIES_FINISHED.labels(state=str(delivery_state)).inc()
+    if moved and outcome.delivery_state != DeliveryState.PENDING:
+        metrics.DELIVERIES_FINISHED.labels(state=str(outcome.delivery_state)).inc()
     if attempted.detail:
         # The operators' account of what the merchant reads as a fixed phrase (the attempt
         # row keeps only that): the resolved address, the exception chain.
         logger.log(
-            logging.WARNING if delivery_state == DeliveryState.REFUSED else logging.INFO,
+            logging.WARNING if outcome.delivery_state == DeliveryState.REFUSED else logging.INFO,
             "webhook attempt failed: %s",
             attempted.error,
             extra={"delivery_id": lease.delivery_id, "attempt": lease.number, "error": attempted.detail},
         )
-    if recorded.stale:
+    if not moved:
         logger.warning(
             "webhook attempt was stale: its lease expired first; answer discarded",
             # The row may already be abandoned (and keeps that): this line is where what the
             # late finisher heard is still told.
             extra={"delivery_id": lease.delivery_id, "attempt": lease.number, "status_code": attempted.status_code},
         )
-    return recorded
 
 
 def _schedule() -> tuple[float, ...]:
     return settings.VPAY_WEBHOOK_RETRY_SCHEDULE
+
+
+# Group commits of the deliver job's steps, one of each per process (see the module docstring).
+# A batch is at most a worker's executors; the bound only keeps one transaction short.
+BATCH_MAX = 64
+LOADS: GroupCommit[int, attempt_sql.Loaded | None] = GroupCommit(load_many, max_batch=BATCH_MAX)
+BEGINS: GroupCommit[tuple[int, int | None], BeginResult] = GroupCommit(begin_attempts, max_batch=BATCH_MAX)
+RECORDS: GroupCommit[tuple[attempt_sql.Lease, Attempted], attempt_sql.Recorded] = GroupCommit(
+    record_many, max_batch=BATCH_MAX
+)
