@@ -219,3 +219,19 @@ def test_a_batch_reads_and_writes_the_same_whether_its_statements_run_prepared_o
     with connection.cursor() as cursor:
         cursor.execute("SELECT id, state, attempts, length(payload_sha256) FROM webhook_deliveries ORDER BY id")
         assert cursor.fetchall() == sorted([(ok.pk, "succeeded", 1, 64), (failing.pk, "pending", 1, 64)])
+
+
+def test_two_leases_of_one_delivery_in_one_record_batch_are_answered_each_on_its_own(receiver):
+    # The first attempt's lease expired and was recovered, and a second attempt began: the
+    # late answer of the first is stale even beside the second's in the same batch.
+    [d] = deliveries(receiver, "/two-leases", 1)
+    first = delivery.begin_attempt(d.pk).lease
+    sql("UPDATE webhook_deliveries SET lease_expires_at = now() - interval '1 second' WHERE id = %s", [d.pk])
+    second = delivery.begin_attempt(d.pk).lease
+    assert (first.delivery_id, first.attempt_id != second.attempt_id) == (second.delivery_id, True)
+    late = delivery.Attempted(AttemptState.SUCCEEDED, status_code=200, duration_ms=1)
+    failed = delivery.Attempted(AttemptState.FAILED, status_code=500, duration_ms=1)
+    recorded = delivery.record_many([(first, late), (second, failed)])
+    assert [(r.stale, r.delivery_state) for r in recorded] == [(True, None), (False, DeliveryState.PENDING)]
+    states = dict(sql("SELECT id, state FROM webhook_delivery_attempts"))
+    assert states == {first.attempt_id: "abandoned", second.attempt_id: "failed"}

@@ -25,13 +25,20 @@ from webhooks.repository import CANCELLED_ENDPOINT_DELETED, ERROR_MAX, EXCERPT_M
 # Each statement here takes its batch as arrays. Prepared (vpay.pipelined: parsed once per
 # connection), PostgreSQL would still plan them again on every call: a custom plan for a
 # one-element array costs less than the generic plan (priced for ten), so plan_cache_mode
-# auto never settles on the generic one (pg_prepared_statements: 0 generic plans to 1,500
-# custom over 1,500 single attempts, 0.3-1.5 ms of planning each). So each is sent with
-# SET LOCAL plan_cache_mode = force_generic_plan in the same round trip (in its own
-# transaction where the caller has none). The generic plans lead with the primary keys the
-# arrays name. Values come back typed; on the plain path (queries captured, prepared
-# statements off behind a pooler) as Django's cursor returns them: the readers take both.
+# auto rarely settles on the generic one (an array shorter than the ten elements the generic
+# plan is priced for makes every custom plan look cheaper: pg_prepared_statements showed 0
+# generic plans to 1,500 custom, 0.3-1.5 ms of planning each). So each is sent with SET LOCAL
+# plan_cache_mode = force_generic_plan in the same round trip (in its own transaction where
+# the caller has none) and, inside the caller's, set back after it, so nothing else of that
+# transaction is planned so. The generic plans lead with the primary keys the arrays name.
+# A statement inside the caller's transaction also waits at most LOCK_TIMEOUT for a row lock:
+# a batch stalled on one contended row would stall every executor in it, so it fails instead
+# and each request runs again alone (jobs.primitives.group_commit), waiting only for itself.
+# Values come back typed; on the plain path (queries captured, prepared statements off behind
+# a pooler) as Django's cursor returns them: the readers take both.
 _GENERIC = b"SET LOCAL plan_cache_mode = force_generic_plan"
+LOCK_TIMEOUT = b"SET LOCAL lock_timeout = '2s'"
+_RESET = (b"SET LOCAL plan_cache_mode TO DEFAULT", b"SET LOCAL lock_timeout TO DEFAULT")
 _NAMED: dict[str, str] = {}
 
 
@@ -42,7 +49,7 @@ def _rows(sql: str, params: Sequence) -> list[tuple]:
         named = _NAMED[sql] = _name_placeholders(sql)
     values = {f"p{i}": value for i, value in enumerate(params, start=1)}
     if connection.in_atomic_block:
-        rows = execute_pipelined(named, values, before=(_GENERIC,), in_transaction=True)
+        rows = execute_pipelined(named, values, before=(_GENERIC, LOCK_TIMEOUT), after=_RESET, in_transaction=True)
     else:
         rows = execute_pipelined(named, values, before=(b"BEGIN", _GENERIC), after=(b"COMMIT",), in_transaction=False)
     if rows is None:
@@ -263,20 +270,20 @@ WITH p AS (
       FROM p
      WHERE d.id = p.id AND d.state = 'delivering' AND d.lease_token = p.token
        AND d.lease_expires_at > now()
-    RETURNING d.id
+    RETURNING p.attempt
 ), heard AS (
     UPDATE webhook_delivery_attempts a
        SET state = p.attempt_state, status_code = p.status, response_excerpt = p.excerpt,
            error = p.error, duration_ms = p.duration, finished_at = now()
       FROM p
-     WHERE a.id = p.attempt AND a.state = 'in_flight' AND p.id IN (SELECT id FROM moved)
+     WHERE a.id = p.attempt AND a.state = 'in_flight' AND p.attempt IN (SELECT attempt FROM moved)
 ), stale AS (
     UPDATE webhook_delivery_attempts a
        SET state = 'stale', finished_at = now(), duration_ms = p.duration, error = p.stale_error
       FROM p
-     WHERE a.id = p.attempt AND a.state = 'in_flight' AND p.id NOT IN (SELECT id FROM moved)
+     WHERE a.id = p.attempt AND a.state = 'in_flight' AND p.attempt NOT IN (SELECT attempt FROM moved)
 )
-SELECT id FROM moved
+SELECT attempt FROM moved
 """
 
 
@@ -321,7 +328,7 @@ def record_outcomes(outcomes: Sequence[Outcome]) -> list[bool]:
         ):
             column.append(value)
     moved = {int(r[0]) for r in _rows(_RECORD, [*columns, CANCELLED_ENDPOINT_DELETED])}
-    return [o.lease.delivery_id in moved for o in outcomes]
+    return [o.lease.attempt_id in moved for o in outcomes]  # by attempt: two leases of one delivery stay apart
 
 
 def endpoints_deleted_for(delivery_ids: Sequence[int]) -> set[int]:

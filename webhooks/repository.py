@@ -191,11 +191,18 @@ CANCELLED_BY_OPERATOR = "cancelled by an operator before it was delivered; nothi
 def cancel_pending_for_endpoint(endpoint_id: str, reason: str = CANCELLED_ENDPOINT_DELETED) -> int:
     """Every ``pending`` delivery of the endpoint → ``cancelled`` with ``reason`` (its
     delete's transaction). ``delivering`` ones are left to their attempt; the next begin
-    cancels them. Returns how many were cancelled."""
+    cancels them. Returns how many were cancelled.
+
+    The rows are locked in id order first (``webhook_deliveries_ep_due`` finds them, the
+    sort orders them), the order a batch of attempts locks its deliveries in
+    (``webhooks.attempt_batch_sql``): locked in the index's due order instead, a delete and a
+    batch holding two of its deliveries could each wait for the other."""
     return _rowcount(
-        "UPDATE webhook_deliveries SET state = 'cancelled', cancel_reason = %s, completed_at = now(),"
-        " updated_at = now() WHERE endpoint_id = %s AND state = 'pending'",
-        [_bounded(reason, 300), endpoint_id],
+        "WITH locked AS (SELECT id FROM webhook_deliveries WHERE endpoint_id = %s AND state = 'pending'"
+        " ORDER BY id FOR UPDATE)"
+        " UPDATE webhook_deliveries d SET state = 'cancelled', cancel_reason = %s, completed_at = now(),"
+        " updated_at = now() FROM locked WHERE d.id = locked.id AND d.state = 'pending'",
+        [endpoint_id, _bounded(reason, 300)],
     )
 
 

@@ -78,8 +78,7 @@ class GroupCommit(Generic[T, R]):
                     self._leading = False
                     self._cv.notify_all()
         if slot.alone:
-            self.batches += 1
-            self.requests += 1
+            self._count(1)
             (result,) = self._run_batch([request])
             return result
         if slot.error is not None:
@@ -101,9 +100,13 @@ class GroupCommit(Generic[T, R]):
                 if not slot.done:
                     slot.error, slot.done = RuntimeError("group commit: no answer for this request"), True
 
+    def _count(self, requests: int) -> None:
+        with self._cv:
+            self.batches += 1
+            self.requests += requests
+
     def _answer(self, batch: list[_Slot[T]], results: Sequence[R]) -> None:
-        self.batches += 1
-        self.requests += len(batch)
+        self._count(len(batch))
         if len(results) != len(batch):
             raise RuntimeError(f"group commit: {len(results)} answers for {len(batch)} requests")
         for slot, result in zip(batch, results, strict=True):

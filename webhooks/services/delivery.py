@@ -35,22 +35,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from django.conf import settings
-from django.db import DatabaseError, transaction
+from django.db import transaction
 
 from jobs.port import pull_forward_waiting
 from jobs.primitives.group_commit import GroupCommit
 from webhooks import attempt_batch_sql, attempt_sql, metrics, repository
 from webhooks.decisions import Next, after_failure, delivery_delay
-from webhooks.models import AttemptState, DeliveryState, WebhookDelivery
-from webhooks.services import delivery_alerts
-from webhooks.services.sending import Attempted, perform, render_body
+from webhooks.models import AttemptState, DeliveryState
+from webhooks.services import attempt_outcomes, delivery_alerts
+from webhooks.services.sending import Attempted, perform, render_body  # noqa: F401 - step 2, read here with steps 1 and 3
 from webhooks.services.shares import EndpointShares
-
-__all__ = [  # step 2 lives in webhooks.services.sending; the job and the tests read the three steps here
-    "Attempted",
-    "perform",
-    "render_body",
-]
 
 logger = logging.getLogger("webhooks.delivery")
 
@@ -144,7 +138,12 @@ def _begin_locked(requests: Sequence[tuple[int, int | None]], results: dict[int,
     """:func:`begin_attempts`' transaction: answers ``results`` by request index."""
     rows = attempt_batch_sql.lock_deliveries([delivery_id for delivery_id, _ in requests])
     candidates: list[tuple[attempt_sql.DeliveryRow, int | None]] = []
-    for index, (delivery_id, share) in enumerate(requests):
+    # By endpoint, then delivery: a recovery's exhaustion alert locks its endpoint's alert row,
+    # and two batches taking those locks in their own arrival orders could each wait for the other.
+    ordered = sorted(
+        enumerate(requests), key=lambda item: (getattr(rows.get(item[1][0]), "endpoint_id", ""), item[1][0], item[0])
+    )
+    for index, (delivery_id, share) in ordered:
         row = rows.get(delivery_id)
         if any(delivery_id == other for other, _ in requests[:index]):
             results[index] = BeginResult(Begin.BUSY, wait=0.0)
@@ -192,40 +191,40 @@ def _claim_under_the_cap(
     results: dict[int, BeginResult],
 ) -> None:
     """Start the candidates' attempts that their endpoints' caps and this worker's shares
-    allow (in request order), answering AT_CAP for the rest, in the caller's transaction."""
+    allow (in the candidates' order), answering AT_CAP for the rest, in the caller's transaction."""
     if not candidates:
         return
     in_flight = attempt_batch_sql.in_flight_for_endpoints([row.endpoint_id for row, _ in candidates])
     taken: dict[str, int] = {}
     starting: dict[int, tuple[str, ...]] = {}  # delivery id -> the share slots its lease will hold
-    for row, share in candidates:
-        # The endpoint's share of this worker, then its merchant's (all its endpoints together,
-        # one more than an endpoint's, so the merchant's other endpoints are not starved by
-        # its slow one): a merchant with many slow endpoints is bounded as a whole.
-        merchant_key = MERCHANT_SHARE_PREFIX + row.merchant_id
-        held = share is not None and SHARES.acquire(row.endpoint_id, share)
-        merchant_held = held and share is not None and SHARES.acquire(merchant_key, share + 1)
-        keys = (row.endpoint_id, merchant_key)[: int(held) + int(merchant_held)]
-        count, earliest = in_flight[row.endpoint_id]
-        if (share is not None and not merchant_held) or count + taken.get(row.endpoint_id, 0) >= (
-            settings.VPAY_WEBHOOK_MAX_IN_FLIGHT
-        ):
-            for key in keys:
-                SHARES.release(key)
-            metrics.AT_CAP.inc()
-            results[_index(requests, row.id)] = BeginResult(
-                Begin.AT_CAP, wait=at_cap_wait(earliest), endpoint_id=row.endpoint_id
-            )
-            continue
-        taken[row.endpoint_id] = taken.get(row.endpoint_id, 0) + 1
-        starting[row.id] = keys
-    if not starting:
-        return
+    keys: tuple[str, ...] = ()
     try:
-        leases = attempt_batch_sql.start_attempts(list(starting), settings.VPAY_WEBHOOK_LEASE_SECONDS)
+        for row, share in candidates:
+            # The endpoint's share of this worker, then its merchant's (all its endpoints
+            # together, one more than an endpoint's, so the merchant's other endpoints are not
+            # starved by its slow one): a merchant with many slow endpoints is bounded as a whole.
+            merchant_key = MERCHANT_SHARE_PREFIX + row.merchant_id
+            held = share is not None and SHARES.acquire(row.endpoint_id, share)
+            merchant_held = held and share is not None and SHARES.acquire(merchant_key, share + 1)
+            keys = (row.endpoint_id, merchant_key)[: int(held) + int(merchant_held)]
+            count, earliest = in_flight[row.endpoint_id]
+            if (share is not None and not merchant_held) or count + taken.get(row.endpoint_id, 0) >= (
+                settings.VPAY_WEBHOOK_MAX_IN_FLIGHT
+            ):
+                for key in keys:
+                    SHARES.release(key)
+                keys = ()
+                metrics.AT_CAP.inc()
+                results[_index(requests, row.id)] = BeginResult(
+                    Begin.AT_CAP, wait=at_cap_wait(earliest), endpoint_id=row.endpoint_id
+                )
+                continue
+            taken[row.endpoint_id] = taken.get(row.endpoint_id, 0) + 1
+            starting[row.id], keys = keys, ()
+        leases = attempt_batch_sql.start_attempts(list(starting), settings.VPAY_WEBHOOK_LEASE_SECONDS) if starting else {}
     except BaseException:
-        for keys in starting.values():
-            for key in keys:
+        for held_keys in (*starting.values(), keys):  # no lease binds them yet
+            for key in held_keys:
                 SHARES.release(key)
         raise
     for delivery_id, keys in starting.items():
@@ -324,19 +323,28 @@ def record_many(answers: Sequence[tuple[attempt_sql.Lease, Attempted]]) -> list[
             for o in outcomes
         ]
         moved = attempt_batch_sql.record_outcomes(outcomes)
-        for outcome, (_, attempted), did_move in zip(outcomes, answers, moved, strict=True):
+        # In endpoint order: an alert locks its endpoint's alert row, and two batches taking
+        # those locks in their own arrival orders could each wait for the other.
+        for outcome, attempted, did_move in sorted(
+            zip(outcomes, (a for _, a in answers), moved, strict=True), key=lambda x: x[0].lease.endpoint_id
+        ):
             if did_move:
-                _alert(outcome, attempted)
+                attempt_outcomes.alert(outcome, attempted)
+    # Committed: what follows is bookkeeping, and must not fail the batch (a failed batch is
+    # run again, and its attempts would then be recorded as stale).
     freed: dict[str, int] = {}
     for outcome, (lease, attempted), did_move in zip(outcomes, answers, moved, strict=True):
         SHARES.release_lease(lease.token)  # first: the woken waiter may be claimed by this worker
         if did_move:
             freed[lease.endpoint_id] = freed.get(lease.endpoint_id, 0) + 1
-        _account(outcome, attempted, did_move)
+        try:
+            attempt_outcomes.account(outcome, attempted, did_move)
+        except Exception:
+            logger.exception("could not account for a recorded webhook attempt")
     for endpoint_id, slots in freed.items():
         try:
             hand_off(endpoint_id, slots)  # these attempts' slots are free: give them to waiters now
-        except DatabaseError:
+        except Exception:
             logger.warning("could not hand a freed slot on; the waiters' timers will", exc_info=True)
     return [
         attempt_sql.Recorded(False, outcome.delivery_state) if did_move else attempt_sql.Recorded(True)
@@ -365,54 +373,6 @@ def _outcome(lease: attempt_sql.Lease, attempted: Attempted) -> attempt_batch_sq
         payload_sha256=attempted.payload_sha256,
         duration_ms=attempted.duration_ms,
     )
-
-
-def _alert(outcome: attempt_batch_sql.Outcome, attempted: Attempted) -> None:
-    """Counted by the writer that made the transition, in its transaction: exactly once
-    (one page per endpoint and period: webhooks.services.delivery_alerts)."""
-    if outcome.delivery_state not in (DeliveryState.EXHAUSTED, DeliveryState.REFUSED):
-        return
-    delivery = WebhookDelivery.objects.get(pk=outcome.lease.delivery_id)
-    if outcome.delivery_state == DeliveryState.EXHAUSTED:
-        delivery_alerts.alert_exhausted(
-            delivery_id=delivery.pk,
-            endpoint_id=delivery.endpoint_id,
-            event_id=delivery.event_id,
-            attempts=outcome.lease.number,
-        )
-    else:
-        delivery_alerts.alert_refused(
-            delivery_id=delivery.pk,
-            endpoint_id=delivery.endpoint_id,
-            event_id=delivery.event_id,
-            reason=attempted.detail or attempted.error,
-        )
-
-
-def _account(outcome: attempt_batch_sql.Outcome, attempted: Attempted, moved: bool) -> None:
-    """One recorded attempt's metrics and log lines."""
-    lease = outcome.lease
-    metrics.ATTEMPTS.labels(outcome=str(attempted.attempt_state) if moved else "stale").inc()
-    if attempted.duration_ms is not None:
-        metrics.ATTEMPT_DURATION.observe(attempted.duration_ms / 1000)
-    if moved and outcome.delivery_state != DeliveryState.PENDING:
-        metrics.DELIVERIES_FINISHED.labels(state=str(outcome.delivery_state)).inc()
-    if attempted.detail:
-        # The operators' account of what the merchant reads as a fixed phrase (the attempt
-        # row keeps only that): the resolved address, the exception chain.
-        logger.log(
-            logging.WARNING if outcome.delivery_state == DeliveryState.REFUSED else logging.INFO,
-            "webhook attempt failed: %s",
-            attempted.error,
-            extra={"delivery_id": lease.delivery_id, "attempt": lease.number, "error": attempted.detail},
-        )
-    if not moved:
-        logger.warning(
-            "webhook attempt was stale: its lease expired first; answer discarded",
-            # The row may already be abandoned (and keeps that): this line is where what the
-            # late finisher heard is still told.
-            extra={"delivery_id": lease.delivery_id, "attempt": lease.number, "status_code": attempted.status_code},
-        )
 
 
 def _schedule() -> tuple[float, ...]:
