@@ -19,7 +19,7 @@ from charges.rails import get_rail
 from charges.rails.adapter import RailConfigurationError, RailRejected, RailUnavailable
 from charges.recovery import Step, recovery_step
 from charges.repository import ChargeRow
-from charges.services import rail_calls, transitions
+from charges.services import rail_calls, rail_slots, transitions
 from charges.services.rail_gate import RailDeferred, worker_share
 from charges.settlement import Settlement, settle
 from charges.states import CHARGE_TERMINAL, ChargeStatus, RailFlow, RailStatus
@@ -170,6 +170,8 @@ def _deferred(ctx: JobContext, row: ChargeRow, policy: RecoveryPolicy, exc: Rail
     rail has not been asked about (escalation, above). The reschedule resets the job's
     deferral count, so a rail down for hours costs a poll one rung per ceiling's worth."""
     if ctx.deferrals_left > 0:
+        if exc.for_slot:
+            rail_slots.wait_for_slot(row.rail, repository.poll_dedupe_key(row.id))
         return Outcome.defer(exc.delay_seconds, str(exc))
     return Outcome.reschedule_in(
         max(poll_delay(row.polls, policy), exc.delay_seconds), f"{exc}; deferral ceiling reached: next rung"

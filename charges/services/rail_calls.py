@@ -26,7 +26,7 @@ from charges.metrics import RAIL_REQUESTS
 from charges.models import RequestOperation
 from charges.rails import RailConfig
 from charges.rails.adapter import RailAnswer, RailError, RailRejected, RailUnavailable, adapter_for
-from charges.services import rail_gate
+from charges.services import rail_gate, rail_slots
 from charges.services.rail_gate import SHARES, RailDeferred
 from jobs.primitives.breakers import Ticket
 from vpay import faultpoints
@@ -178,6 +178,7 @@ def _call(
     ticket = ticket or rail_gate.admit(rail.code)
     if not SHARES.acquire(rail.code, share):
         raise rail_gate.at_ceiling(rail.code, ticket, None, f"holds this worker's share ({share}) of threads")
+    failed_recorded = False
     try:
         request_id, resend = _record_sent(
             charge_id, rail, operation, method, path, idempotency_key, ticket, ceiling, refund_id
@@ -187,6 +188,7 @@ def _call(
             answer = send()
         except RailError as exc:
             _record_error(request_id, exc)
+            failed_recorded = True
             RAIL_REQUESTS.labels(
                 rail=rail.code, operation=str(operation), result=str(exc.http_status or "no_answer")
             ).inc()
@@ -202,10 +204,13 @@ def _call(
             raise
     finally:
         SHARES.release(rail.code)
+        if failed_recorded:
+            rail_slots.slot_freed(rail.code)  # the failure is recorded: the slot is free everywhere
     faultpoints.reached("rail.answered", str(operation))
     RAIL_REQUESTS.labels(rail=rail.code, operation=str(operation), result=str(answer.http_status)).inc()
     if record_answer:
         record_submit_answer(request_id, answer)
+        rail_slots.slot_freed(rail.code)  # answered: the slot is free in provider_requests too
     rail_gate.answered(ticket)
     return request_id, answer, resend
 

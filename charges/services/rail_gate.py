@@ -44,7 +44,13 @@ JITTER = 0.25
 
 class RailDeferred(DeferError):
     """Nothing was sent: the rail's breaker is open, or the rail has its ceiling (or this
-    worker its share) of requests in flight. Not a ``RailError``: the rail said nothing."""
+    worker its share) of requests in flight. Not a ``RailError``: the rail said nothing.
+    ``for_slot``: held back for a slot (ceiling or share), not by the breaker: a freed slot
+    may wake the caller sooner (``charges.services.rail_slots``)."""
+
+    def __init__(self, message: str = "deferred", *, delay_seconds: float = 30.0, for_slot: bool = False) -> None:
+        super().__init__(message, delay_seconds=delay_seconds)
+        self.for_slot = for_slot
 
 
 def breaker_name(rail_code: str) -> str:
@@ -72,7 +78,7 @@ def at_ceiling(rail_code: str, ticket: breakers.Ticket, earliest_left: float | N
     """Refused after the breaker admitted it: the probe (if it was one) hands its turn back."""
     _quietly(breakers.release, ticket)
     wait = min(max(earliest_left or 0.0, MIN_WAIT_SECONDS), CEILING_MAX_WAIT_SECONDS)
-    return RailDeferred(f"rail {rail_code} {why}", delay_seconds=wait * (1.0 + JITTER * random.random()))
+    return RailDeferred(f"rail {rail_code} {why}", delay_seconds=wait * (1.0 + JITTER * random.random()), for_slot=True)
 
 
 def abandoned(ticket: breakers.Ticket) -> None:

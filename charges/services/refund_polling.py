@@ -17,7 +17,7 @@ from charges.rails.adapter import RailConfigurationError, RailRejected, RailUnav
 from charges.recovery import SubmitEvidence
 from charges.refund_policy import RefundPolicy, RefundStep, from_settings, recovery_step, settle_refund
 from charges.refund_repository import RefundRow
-from charges.services import rail_calls, refunds
+from charges.services import rail_calls, rail_slots, refunds
 from charges.services.rail_gate import RailDeferred, worker_share
 from charges.settlement import Settlement
 from charges.states import REFUND_TERMINAL, RailStatus, RefundStatus
@@ -151,6 +151,8 @@ def _deferred(ctx: JobContext, row: RefundRow, policy: RefundPolicy, exc: RailDe
     """Held back by the rail's guards: deferred (no attempt spent) while deferrals are left,
     then the next rung, never a dead letter (the horizon is what tells a human)."""
     if ctx.deferrals_left > 0:
+        if exc.for_slot:
+            rail_slots.wait_for_slot(row.rail, refund_repository.poll_dedupe_key(row.id))
         return Outcome.defer(exc.delay_seconds, str(exc))
     return Outcome.reschedule_in(
         max(policy.next_wait(row.polls, row.age), exc.delay_seconds), f"{exc}; deferral ceiling reached: next rung"

@@ -1,0 +1,99 @@
+"""A freed rail slot goes to the longest-waiting poll of this process
+(charges/services/rail_slots.py): the waiters' table, exhaustively, then on the shipping
+path against the sandbox rail over HTTP and the real database."""
+
+from __future__ import annotations
+
+import pytest
+
+from charges import request_log
+from charges.models import RequestOperation
+from charges.services import rail_calls, rail_slots
+from charges.services.rail_slots import RailWaiters
+from tests import test_rail_guards
+from tests.charges_support import charge_of, scalar, sql
+from tests.test_charges_poll import job_of, live_charge
+from tests.test_rail_guards import known_charge, poll_now, rail_gate_rail
+
+merchant = test_rail_guards.merchant  # the guards' fixture: a merchant on the sandbox rails, fast policy
+
+
+def test_waiters_are_woken_longest_waiting_first_and_once():
+    w = RailWaiters()
+    for name in ("a", "b", "c"):
+        w.add("r", name)
+    w.add("r", "a")  # deferred again: it waits from now
+    assert w.waiting("r") == ["b", "c", "a"]
+    assert w.take("r", 2) == ["b", "c"] and w.take("other", 1) == []
+    w.put_back("r", ["c"])
+    assert w.waiting("r") == ["c", "a"]
+    assert w.take("r", 5) == ["c", "a"] and w.waiting("r") == [] and w.take("r", 1) == []
+
+
+def test_waiters_remember_at_most_their_limit_forgetting_the_oldest():
+    w = RailWaiters(limit=2)
+    for name in ("a", "b", "c"):
+        w.add("r", name)
+    assert w.waiting("r") == ["b", "c"]  # "a" keeps its own timer
+
+
+def test_put_back_keeps_the_order_and_never_duplicates():
+    w = RailWaiters()
+    w.add("r", "z")
+    w.put_back("r", ["x", "y", "z"])
+    assert w.waiting("r") == ["x", "y", "z"]
+
+
+@pytest.fixture
+def no_waiters():
+    rail_slots.WAITERS = RailWaiters()
+    yield rail_slots.WAITERS
+
+
+def due_in(charge_id: str) -> float:
+    return scalar(
+        "SELECT EXTRACT(EPOCH FROM run_at - now())::float8 FROM jobs WHERE dedupe_key = %s",
+        [f"charge:poll:{charge_id}"],
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_poll_deferred_at_the_ceiling_runs_as_soon_as_a_request_of_this_process_frees_the_slot(
+    merchant, settings, sandbox_rail, no_waiters
+):
+    settings.VPAY_RAIL_MAX_IN_FLIGHT = 1
+    holder = live_charge(merchant, status="submitted", job=False)
+    held = request_log.record_sent(  # a request out and unanswered: it holds the one slot
+        holder.id, RequestOperation.STATUS, rail="sandbox_push", method="GET", path="/x", idempotency_key=None
+    )
+    waiting = known_charge(merchant, sandbox_rail, amount=5000)
+    poll_now(waiting.id)
+    assert "has its ceiling (1) in flight" in job_of(waiting.id)[1]
+    assert due_in(waiting.id) >= 1.0  # deferred for at least a second
+    assert no_waiters.waiting("sandbox_push") == [f"charge:poll:{waiting.id}"]
+    # The held request is answered, and another request of this process ends: the slot it
+    # frees goes to the waiting poll at once, not when its timer ends.
+    sql("UPDATE provider_requests SET status_code = 200, answered_at = now() WHERE id = %s", [held])
+    other = known_charge(merchant, sandbox_rail, amount=5000, job=False)
+    assert rail_calls.status(other.id, rail_gate_rail(), pay_token=None).http_status == 200
+    assert due_in(waiting.id) <= 0 and no_waiters.waiting("sandbox_push") == []
+    poll_now(waiting.id)
+    assert charge_of(waiting.intent_id)["status"] == "succeeded"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_freed_slot_passes_over_a_waiter_that_moved_on_and_asks_nothing_with_nobody_waiting(
+    merchant, sandbox_rail, no_waiters, django_assert_max_num_queries
+):
+    gone = "charge:poll:ch_gone"  # no such job: it ran elsewhere, or settled
+    first, second = (known_charge(merchant, sandbox_rail, amount=5000) for _ in range(2))
+    for charge in (first, second):
+        sql("UPDATE jobs SET run_at = now() + interval '5 seconds' WHERE dedupe_key = %s", [f"charge:poll:{charge.id}"])
+    for name in (gone, f"charge:poll:{first.id}", f"charge:poll:{second.id}"):
+        no_waiters.add("sandbox_push", name)
+    assert rail_slots.slot_freed("sandbox_push") == f"charge:poll:{first.id}"
+    assert no_waiters.waiting("sandbox_push") == [f"charge:poll:{second.id}"]  # still waits its turn
+    assert due_in(first.id) <= 0 < due_in(second.id)
+    no_waiters.take("sandbox_push", 1)
+    with django_assert_max_num_queries(0):
+        assert rail_slots.slot_freed("sandbox_push") is None
