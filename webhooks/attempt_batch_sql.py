@@ -8,18 +8,15 @@ row when the worker is not busy). Every instant is the database's.
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
 from django.db import connection
 
 from vpay.pipelined import execute_pipelined
 from webhooks import attempt_sql
-from webhooks.attempt_sql import DeliveryRow, Lease, Loaded, _bool, _float, _uuid
-from webhooks.models import Event
+from webhooks.attempt_sql import DeliveryRow, Lease, Loaded, _float
 from webhooks.repository import CANCELLED_ENDPOINT_DELETED, ERROR_MAX, EXCERPT_MAX, _bounded
 
 # Each statement here takes its batch as arrays. Prepared (vpay.pipelined: parsed once per
@@ -64,23 +61,9 @@ def _name_placeholders(sql: str) -> str:
     return parts[0] + "".join(f"%(p{i})s{part}" for i, part in enumerate(parts[1:], start=1))
 
 
-# Everything the attempts of a batch send, in one read (hand-written: the ORM's compile of
-# this join cost more CPU than the rest of an attempt). Served by the primary keys of the
-# deliveries, their endpoints and events, and ``webhook_secrets_endpoint``. Sealed secrets are
-# sealed tokens (a prefix, then URL-safe base64): a space never occurs in one.
-_LOAD = """
-SELECT d.id, d.event_id, d.endpoint_id, e.url, e.deleted_at IS NOT NULL,
-       ev.merchant_id, ev.type, ev.data::text, ev.api_version,
-       to_char(ev.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US'),
-       array_to_string(ARRAY(
-           SELECT s.sealed FROM webhook_secrets s
-            WHERE s.endpoint_id = d.endpoint_id AND (s.expires_at IS NULL OR s.expires_at > now())
-            ORDER BY s.created_at, s.id), ' ')
-  FROM webhook_deliveries d
-  JOIN webhook_endpoints e ON e.id = d.endpoint_id
-  JOIN events ev ON ev.id = d.event_id
- WHERE d.id = ANY(%s::bigint[])
-"""
+# Everything the attempts of a batch send, in one read (attempt_sql.LOAD_SELECT's columns):
+# the deliveries by primary key.
+_LOAD = attempt_sql.LOAD_SELECT + " WHERE d.id = ANY(%s::bigint[])"
 
 
 def load_deliveries(delivery_ids: Sequence[int]) -> dict[int, Loaded]:
@@ -89,44 +72,15 @@ def load_deliveries(delivery_ids: Sequence[int]) -> dict[int, Loaded]:
         one = attempt_sql.load_delivery(delivery_ids[0])
         return {one.id: one} if one is not None else {}
     loaded = {}
-    for (
-        did,
-        event_id,
-        endpoint_id,
-        url,
-        deleted,
-        merchant_id,
-        type_,
-        data,
-        version,
-        created_at,
-        sealed,
-    ) in _rows(_LOAD, [list(delivery_ids)]):
-        # The event as the ORM would load it: data decoded from the stored JSON text, the instant in UTC.
-        event = Event(
-            id=event_id,
-            merchant_id=merchant_id,
-            type=type_,
-            data=json.loads(data),
-            api_version=version,
-            created_at=datetime.fromisoformat(created_at).replace(tzinfo=UTC),
-        )
-        loaded[int(did)] = Loaded(int(did), event_id, endpoint_id, url, _bool(deleted), event, sealed.split())
+    for row in _rows(_LOAD, [list(delivery_ids)]):
+        one = attempt_sql.loaded_from(row)
+        loaded[one.id] = one
     return loaded
 
 
-# The deliveries, locked FOR UPDATE in id order (every batch takes its locks in one order),
-# with their endpoints read, not locked (the cap check locks those, after the deliveries:
-# one lock order). Primary keys of both.
-_LOCK = """
-SELECT d.id, d.endpoint_id, d.event_id, d.state, d.attempts, d.ladder_base,
-       EXTRACT(EPOCH FROM d.next_attempt_at - now())::float8,
-       EXTRACT(EPOCH FROM d.lease_expires_at - now())::float8,
-       d.lease_token, d.payload_sha256,
-       e.deleted_at IS NOT NULL, e.disabled_at IS NOT NULL, e.merchant_id
-  FROM webhook_deliveries d JOIN webhook_endpoints e ON e.id = d.endpoint_id
- WHERE d.id = ANY(%s::bigint[]) ORDER BY d.id FOR UPDATE OF d
-"""
+# The deliveries (attempt_sql.LOCK_SELECT's columns), locked FOR UPDATE in id order: every
+# batch, and the endpoint delete's cancel, takes its locks in one order. Primary keys.
+_LOCK = attempt_sql.LOCK_SELECT + " WHERE d.id = ANY(%s::bigint[]) ORDER BY d.id FOR UPDATE OF d"
 
 
 def lock_deliveries(delivery_ids: Sequence[int]) -> dict[int, DeliveryRow]:
@@ -136,23 +90,8 @@ def lock_deliveries(delivery_ids: Sequence[int]) -> dict[int, DeliveryRow]:
         return {row.id: row} if row is not None else {}
     rows = {}
     for found in _rows(_LOCK, [sorted(delivery_ids)]):
-        did, endpoint_id, event_id, state, attempts, base, due_in, lease_left, token, digest = found[:10]
-        deleted, disabled, merchant = found[10:]
-        rows[int(did)] = DeliveryRow(
-            int(did),
-            endpoint_id,
-            event_id,
-            state,
-            int(attempts),
-            int(base),
-            float(due_in),
-            _float(lease_left),
-            _uuid(token),
-            digest,
-            _bool(deleted),
-            _bool(disabled),
-            merchant,
-        )
+        row = attempt_sql.delivery_row_from(found)
+        rows[row.id] = row
     return rows
 
 
@@ -247,44 +186,17 @@ class Outcome:
     duration_ms: int | None
 
 
-# Each outcome fenced on its lease, in one statement: a delivery moves only if that lease is
-# still the delivery's and has not expired (primary key); its attempt (primary key) is then
-# recorded as heard, or marked stale if the delivery did not move. Only an attempt nobody has
-# ended yet is written: one already abandoned by the recovery keeps that first terminal
-# state. ``payload_sha256`` is COALESCEd: the first digest of a body that may have left stays.
-_RECORD = """
+# A batch's outcomes as the CTE ``p`` of attempt_sql.RECORD_FROM_P (the reason: one for all).
+_RECORD = (
+    """
 WITH p AS (
-    SELECT * FROM unnest(%s::text[], %s::float8[], %s::text[], %s::int[], %s::bigint[], %s::uuid[], %s::text[],
-                         %s::text[], %s::text[], %s::int[], %s::bigint[], %s::text[])
-        AS p(state, delay, digest, status, id, token, attempt_state, excerpt, error, duration, attempt, stale_error)
-), moved AS (
-    UPDATE webhook_deliveries d
-       SET state = p.state, lease_token = NULL, lease_expires_at = NULL,
-           next_attempt_at = CASE WHEN p.state = 'pending'
-                                  THEN now() + make_interval(secs => p.delay)
-                                  ELSE d.next_attempt_at END,
-           payload_sha256 = COALESCE(d.payload_sha256, p.digest),
-           last_status_code = p.status, updated_at = now(),
-           completed_at = CASE WHEN p.state <> 'pending' THEN now() END,
-           cancel_reason = CASE WHEN p.state = 'cancelled' THEN %s::text ELSE d.cancel_reason END
-      FROM p
-     WHERE d.id = p.id AND d.state = 'delivering' AND d.lease_token = p.token
-       AND d.lease_expires_at > now()
-    RETURNING p.attempt
-), heard AS (
-    UPDATE webhook_delivery_attempts a
-       SET state = p.attempt_state, status_code = p.status, response_excerpt = p.excerpt,
-           error = p.error, duration_ms = p.duration, finished_at = now()
-      FROM p
-     WHERE a.id = p.attempt AND a.state = 'in_flight' AND p.attempt IN (SELECT attempt FROM moved)
-), stale AS (
-    UPDATE webhook_delivery_attempts a
-       SET state = 'stale', finished_at = now(), duration_ms = p.duration, error = p.stale_error
-      FROM p
-     WHERE a.id = p.attempt AND a.state = 'in_flight' AND p.attempt NOT IN (SELECT attempt FROM moved)
+    SELECT *, %s::text AS reason
+      FROM unnest(%s::text[], %s::float8[], %s::text[], %s::int[], %s::bigint[], %s::uuid[], %s::text[],
+                  %s::text[], %s::text[], %s::int[], %s::bigint[], %s::text[])
+        AS u(state, delay, digest, status, id, token, attempt_state, excerpt, error, duration, attempt, stale_error)
+)"""
+    + attempt_sql.RECORD_FROM_P
 )
-SELECT attempt FROM moved
-"""
 
 
 def record_outcomes(outcomes: Sequence[Outcome]) -> list[bool]:
@@ -306,8 +218,6 @@ def record_outcomes(outcomes: Sequence[Outcome]) -> list[bool]:
         return [not recorded.stale]
     columns: list[list] = [[] for _ in range(12)]
     for o in outcomes:
-        heard = f"heard {o.status_code}" if o.status_code is not None else "no answer"
-        stale_error = f"lease expired before the answer was recorded; answer discarded ({heard}). {o.error}"
         for column, value in zip(
             columns,
             (
@@ -322,12 +232,12 @@ def record_outcomes(outcomes: Sequence[Outcome]) -> list[bool]:
                 _bounded(o.error, ERROR_MAX),
                 o.duration_ms,
                 o.lease.attempt_id,
-                _bounded(stale_error, ERROR_MAX),
+                attempt_sql.stale_error(o.status_code, o.error),
             ),
             strict=True,
         ):
             column.append(value)
-    moved = {int(r[0]) for r in _rows(_RECORD, [*columns, CANCELLED_ENDPOINT_DELETED])}
+    moved = {int(r[0]) for r in _rows(_RECORD, [CANCELLED_ENDPOINT_DELETED, *columns])}
     return [o.lease.attempt_id in moved for o in outcomes]  # by attempt: two leases of one delivery stay apart
 
 

@@ -53,29 +53,34 @@ class Loaded:
         return f"<Loaded delivery {self.id} event {self.event_id} endpoint {self.endpoint_id}>"
 
 
+# Everything an attempt sends, by delivery: the delivery, its endpoint's URL, its event and
+# the endpoint's secrets still signing now (primary keys, webhook_secrets_endpoint). The
+# WHERE names the deliveries: one here, a batch's in attempt_batch_sql.
+LOAD_SELECT = """
+SELECT d.id, d.event_id, d.endpoint_id, e.url, e.deleted_at IS NOT NULL,
+       ev.merchant_id, ev.type, ev.data::text, ev.api_version,
+       to_char(ev.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US'),
+       array_to_string(ARRAY(
+           SELECT s.sealed FROM webhook_secrets s
+            WHERE s.endpoint_id = d.endpoint_id AND (s.expires_at IS NULL OR s.expires_at > now())
+            ORDER BY s.created_at, s.id), ' ')
+  FROM webhook_deliveries d
+  JOIN webhook_endpoints e ON e.id = d.endpoint_id
+  JOIN events ev ON ev.id = d.event_id
+"""
+
+
 def load_delivery(delivery_id: int) -> Loaded | None:
     """One read of everything an attempt sends (hand-written and prepared: the ORM's compile
     of this join cost more CPU than the rest of an attempt). Served by the primary keys of
     the delivery, its endpoint and its event, and ``webhook_secrets_endpoint``. Sealed
     secrets are sealed tokens (a prefix, then URL-safe base64): a space never occurs in one."""
-    row = execute_prepared(
-        """
-        SELECT d.id, d.event_id, d.endpoint_id, e.url, e.deleted_at IS NOT NULL,
-               ev.merchant_id, ev.type, ev.data::text, ev.api_version,
-               to_char(ev.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US'),
-               array_to_string(ARRAY(
-                   SELECT s.sealed FROM webhook_secrets s
-                    WHERE s.endpoint_id = d.endpoint_id AND (s.expires_at IS NULL OR s.expires_at > now())
-                    ORDER BY s.created_at, s.id), ' ')
-          FROM webhook_deliveries d
-          JOIN webhook_endpoints e ON e.id = d.endpoint_id
-          JOIN events ev ON ev.id = d.event_id
-         WHERE d.id = %s::bigint
-        """,
-        [delivery_id],
-    )
-    if row is None:
-        return None
+    row = execute_prepared(LOAD_SELECT + " WHERE d.id = %s::bigint", [delivery_id])
+    return None if row is None else loaded_from(row)
+
+
+def loaded_from(row: tuple) -> Loaded:
+    """A :class:`Loaded` from a row of this read's columns (``attempt_batch_sql``'s too)."""
     did, event_id, endpoint_id, url, deleted, merchant_id, type_, data, version, created_at, sealed = row
     # The event as the ORM would load it: data decoded from the stored JSON text, the instant in UTC.
     event = Event(
@@ -108,25 +113,44 @@ class DeliveryRow:
     merchant_id: str = ""
 
 
+# A delivery as a claim decides on it (the endpoint read, not locked: the cap check locks
+# it, after the delivery: one lock order). The WHERE and the lock follow: one delivery here,
+# a batch's in attempt_batch_sql.
+LOCK_SELECT = """
+SELECT d.id, d.endpoint_id, d.event_id, d.state, d.attempts, d.ladder_base,
+       EXTRACT(EPOCH FROM d.next_attempt_at - now())::float8,
+       EXTRACT(EPOCH FROM d.lease_expires_at - now())::float8,
+       d.lease_token, d.payload_sha256,
+       e.deleted_at IS NOT NULL, e.disabled_at IS NOT NULL, e.merchant_id
+  FROM webhook_deliveries d JOIN webhook_endpoints e ON e.id = d.endpoint_id
+"""
+
+
 def lock_delivery(delivery_id: int) -> DeliveryRow | None:
     """The delivery, locked ``FOR UPDATE`` (MUST run in a transaction); the endpoint row
     is read, not locked (the cap check locks it, after the delivery: one lock order).
     Primary keys of both; prepared."""
-    row = execute_prepared(
-        """
-        SELECT d.id, d.endpoint_id, d.event_id, d.state, d.attempts, d.ladder_base,
-               EXTRACT(EPOCH FROM d.next_attempt_at - now())::float8,
-               EXTRACT(EPOCH FROM d.lease_expires_at - now())::float8,
-               d.lease_token, d.payload_sha256,
-               e.deleted_at IS NOT NULL, e.disabled_at IS NOT NULL, e.merchant_id
-          FROM webhook_deliveries d JOIN webhook_endpoints e ON e.id = d.endpoint_id
-         WHERE d.id = %s::bigint FOR UPDATE OF d
-        """,
-        [delivery_id],
-    )
-    if row is None:
-        return None
-    did, endpoint_id, event_id, state, attempts, base, due_in, lease_left, token, digest, deleted, disabled, merchant = row
+    row = execute_prepared(LOCK_SELECT + " WHERE d.id = %s::bigint FOR UPDATE OF d", [delivery_id])
+    return None if row is None else delivery_row_from(row)
+
+
+def delivery_row_from(row: tuple) -> DeliveryRow:
+    """A :class:`DeliveryRow` from a row of this lock's columns (``attempt_batch_sql``'s too)."""
+    (
+        did,
+        endpoint_id,
+        event_id,
+        state,
+        attempts,
+        base,
+        due_in,
+        lease_left,
+        token,
+        digest,
+        deleted,
+        disabled,
+        merchant,
+    ) = row
     return DeliveryRow(
         int(did),
         endpoint_id,
@@ -232,6 +256,52 @@ class Recorded:
     delivery_state: str | None = None
 
 
+# The record of outcomes, after a CTE ``p`` of them (state, delay, digest, status, id, token,
+# reason, attempt_state, excerpt, error, duration, attempt, stale_error): one row here, a
+# batch's in attempt_batch_sql. Each fenced on its lease: a delivery moves only if that
+# lease is still the delivery's and has not expired (primary key); its attempt (primary key)
+# is then recorded as heard, or marked stale if the delivery did not move; matched by
+# attempt, so two leases of one delivery stay apart. Only an attempt nobody has ended yet
+# is written: one already abandoned by the recovery keeps that first terminal state.
+# ``payload_sha256`` is COALESCEd: the first digest of a body that may have left stays.
+# Answers the attempts whose delivery moved.
+RECORD_FROM_P = """
+, moved AS (
+    UPDATE webhook_deliveries d
+       SET state = p.state, lease_token = NULL, lease_expires_at = NULL,
+           next_attempt_at = CASE WHEN p.state = 'pending'
+                                  THEN now() + make_interval(secs => p.delay)
+                                  ELSE d.next_attempt_at END,
+           payload_sha256 = COALESCE(d.payload_sha256, p.digest),
+           last_status_code = p.status, updated_at = now(),
+           completed_at = CASE WHEN p.state <> 'pending' THEN now() END,
+           cancel_reason = CASE WHEN p.state = 'cancelled' THEN p.reason ELSE d.cancel_reason END
+      FROM p
+     WHERE d.id = p.id AND d.state = 'delivering' AND d.lease_token = p.token
+       AND d.lease_expires_at > now()
+    RETURNING p.attempt
+), heard AS (
+    UPDATE webhook_delivery_attempts a
+       SET state = p.attempt_state, status_code = p.status, response_excerpt = p.excerpt,
+           error = p.error, duration_ms = p.duration, finished_at = now()
+      FROM p
+     WHERE a.id = p.attempt AND a.state = 'in_flight' AND p.attempt IN (SELECT attempt FROM moved)
+), stale AS (
+    UPDATE webhook_delivery_attempts a
+       SET state = 'stale', finished_at = now(), duration_ms = p.duration, error = p.stale_error
+      FROM p
+     WHERE a.id = p.attempt AND a.state = 'in_flight' AND p.attempt NOT IN (SELECT attempt FROM moved)
+)
+SELECT attempt FROM moved
+"""
+
+
+def stale_error(status_code: int | None, error: str) -> str:
+    """What a stale attempt's row says: its answer, discarded."""
+    heard = f"heard {status_code}" if status_code is not None else "no answer"
+    return _bounded(f"lease expired before the answer was recorded; answer discarded ({heard}). {error}", ERROR_MAX)
+
+
 def record_outcome(
     lease: Lease,
     *,
@@ -251,45 +321,12 @@ def record_outcome(
 
     ``payload_sha256`` is COALESCEd: the first digest of a body that may have left stays.
     """
-    heard = f"heard {status_code}" if status_code is not None else "no answer"
-    # One prepared statement (no savepoint, no second round trip): the fenced move of the
-    # delivery (primary key), then its attempt (primary key) recorded as heard if the
-    # delivery moved, or marked stale if not. Only an attempt nobody has ended yet is
-    # written: one already abandoned by the recovery keeps that first terminal state.
-    (moved,) = execute_prepared_row(
-        """
-        WITH p(state, delay, digest, status, id, token, reason, attempt_state, excerpt, error, duration, attempt,
-               stale_error) AS (
-            VALUES (%s::text, %s::float8, %s::text, %s::int, %s::bigint, %s::uuid, %s::text, %s::text, %s::text,
-                    %s::text, %s::int, %s::bigint, %s::text)
-        ), moved AS (
-            UPDATE webhook_deliveries d
-               SET state = p.state, lease_token = NULL, lease_expires_at = NULL,
-                   next_attempt_at = CASE WHEN p.state = 'pending'
-                                          THEN now() + make_interval(secs => p.delay)
-                                          ELSE d.next_attempt_at END,
-                   payload_sha256 = COALESCE(d.payload_sha256, p.digest),
-                   last_status_code = p.status, updated_at = now(),
-                   completed_at = CASE WHEN p.state <> 'pending' THEN now() END,
-                   cancel_reason = CASE WHEN p.state = 'cancelled' THEN p.reason ELSE d.cancel_reason END
-              FROM p
-             WHERE d.id = p.id AND d.state = 'delivering' AND d.lease_token = p.token
-               AND d.lease_expires_at > now()
-            RETURNING d.id
-        ), heard AS (
-            UPDATE webhook_delivery_attempts a
-               SET state = p.attempt_state, status_code = p.status, response_excerpt = p.excerpt,
-                   error = p.error, duration_ms = p.duration, finished_at = now()
-              FROM p
-             WHERE a.id = p.attempt AND a.state = 'in_flight' AND EXISTS (SELECT 1 FROM moved)
-        ), stale AS (
-            UPDATE webhook_delivery_attempts a
-               SET state = 'stale', finished_at = now(), duration_ms = p.duration, error = p.stale_error
-              FROM p
-             WHERE a.id = p.attempt AND a.state = 'in_flight' AND NOT EXISTS (SELECT 1 FROM moved)
-        )
-        SELECT EXISTS (SELECT 1 FROM moved)
-        """,
+    # One prepared statement (no savepoint, no second round trip): RECORD_FROM_P over this
+    # one outcome.
+    row = execute_prepared(
+        "WITH p(state, delay, digest, status, id, token, reason, attempt_state, excerpt, error, duration, attempt,"
+        " stale_error) AS (VALUES (%s::text, %s::float8, %s::text, %s::int, %s::bigint, %s::uuid, %s::text,"
+        " %s::text, %s::text, %s::text, %s::int, %s::bigint, %s::text))" + RECORD_FROM_P,
         [
             str(delivery_state),
             float(delay or 0.0),
@@ -303,10 +340,10 @@ def record_outcome(
             _bounded(error, ERROR_MAX),
             duration_ms,
             lease.attempt_id,
-            _bounded(f"lease expired before the answer was recorded; answer discarded ({heard}). {error}", ERROR_MAX),
+            stale_error(status_code, error),
         ],
     )
-    return Recorded(False, delivery_state) if _bool(moved) else Recorded(True)
+    return Recorded(False, delivery_state) if row is not None else Recorded(True)
 
 
 def recover_lease(row: DeliveryRow, next_state: str) -> None:
