@@ -21,33 +21,43 @@ merchant = test_rail_guards.merchant  # the guards' fixture: a merchant on the s
 def test_waiters_are_woken_longest_waiting_first_and_once():
     w = RailWaiters()
     for name in ("a", "b", "c"):
-        w.add("r", name)
-    w.add("r", "a")  # deferred again: it waits from now
+        w.add("r", name, 60)
+    w.add("r", "a", 60)  # deferred again: it waits from now
     assert w.waiting("r") == ["b", "c", "a"]
-    assert w.take("r", 2) == ["b", "c"] and w.take("other", 1) == []
-    w.put_back("r", ["c"])
+    taken = w.take("r", 2)
+    assert [name for name, _ in taken] == ["b", "c"] and w.take("other", 1) == []
+    w.put_back("r", taken[1:])
     assert w.waiting("r") == ["c", "a"]
-    assert w.take("r", 5) == ["c", "a"] and w.waiting("r") == [] and w.take("r", 1) == []
+    assert [name for name, _ in w.take("r", 5)] == ["c", "a"] and w.waiting("r") == [] and w.take("r", 1) == []
+
+
+def test_a_waiter_past_its_own_timer_is_not_woken():
+    # Its timer ran it: woken later, a poll waiting for its next rung would ask the rail early.
+    w = RailWaiters()
+    w.add("r", "ran", 0)
+    w.add("r", "waits", 60)
+    assert [name for name, _ in w.take("r", 2)] == ["waits"] and w.waiting("r") == []
 
 
 def test_waiters_remember_at_most_their_limit_forgetting_the_oldest():
     w = RailWaiters(limit=2)
     for name in ("a", "b", "c"):
-        w.add("r", name)
+        w.add("r", name, 60)
     assert w.waiting("r") == ["b", "c"]  # "a" keeps its own timer
 
 
 def test_put_back_keeps_the_order_and_never_duplicates():
     w = RailWaiters()
-    w.add("r", "z")
-    w.put_back("r", ["x", "y", "z"])
+    w.add("r", "z", 60)
+    w.put_back("r", [("x", 1e12), ("y", 1e12), ("z", 1e12)])
     assert w.waiting("r") == ["x", "y", "z"]
 
 
 @pytest.fixture
-def no_waiters():
-    rail_slots.WAITERS = RailWaiters()
-    yield rail_slots.WAITERS
+def no_waiters(monkeypatch):
+    waiters = RailWaiters()
+    monkeypatch.setattr(rail_slots, "WAITERS", waiters)
+    return waiters
 
 
 def due_in(charge_id: str) -> float:
@@ -90,10 +100,30 @@ def test_a_freed_slot_passes_over_a_waiter_that_moved_on_and_asks_nothing_with_n
     for charge in (first, second):
         sql("UPDATE jobs SET run_at = now() + interval '5 seconds' WHERE dedupe_key = %s", [f"charge:poll:{charge.id}"])
     for name in (gone, f"charge:poll:{first.id}", f"charge:poll:{second.id}"):
-        no_waiters.add("sandbox_push", name)
+        no_waiters.add("sandbox_push", name, 5)
     assert rail_slots.slot_freed("sandbox_push") == f"charge:poll:{first.id}"
     assert no_waiters.waiting("sandbox_push") == [f"charge:poll:{second.id}"]  # still waits its turn
     assert due_in(first.id) <= 0 < due_in(second.id)
     no_waiters.take("sandbox_push", 1)
     with django_assert_max_num_queries(0):
         assert rail_slots.slot_freed("sandbox_push") is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_poll_the_breaker_holds_back_waits_its_timer_not_for_a_slot(merchant, sandbox_rail, no_waiters):
+    test_rail_guards.open_the_rails_breaker(merchant, sandbox_rail)
+    charge = known_charge(merchant, sandbox_rail, amount=5000)
+    poll_now(charge.id)
+    assert "breaker" in job_of(charge.id)[1] and no_waiters.waiting("sandbox_push") == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_request_that_fails_frees_its_slot_for_a_waiter_too(merchant, sandbox_rail, no_waiters):
+    sandbox_rail.scenario(amount=5503, error_polls=1)  # the first poll of this one answers 503
+    failing = known_charge(merchant, sandbox_rail, amount=5503, job=False)
+    waiting = known_charge(merchant, sandbox_rail, amount=5000)
+    sql("UPDATE jobs SET run_at = now() + interval '5 seconds' WHERE dedupe_key = %s", [f"charge:poll:{waiting.id}"])
+    no_waiters.add("sandbox_push", f"charge:poll:{waiting.id}", 5)
+    with pytest.raises(rail_calls.RailUnavailable):
+        rail_calls.status(failing.id, rail_gate_rail(), pay_token=None)
+    assert due_in(waiting.id) <= 0 and no_waiters.waiting("sandbox_push") == []

@@ -28,14 +28,16 @@ from webhooks.repository import CANCELLED_ENDPOINT_DELETED, ERROR_MAX, EXCERPT_M
 # plan_cache_mode = force_generic_plan in the same round trip (in its own transaction where
 # the caller has none) and, inside the caller's, set back after it, so nothing else of that
 # transaction is planned so. The generic plans lead with the primary keys the arrays name.
-# A statement inside the caller's transaction also waits at most LOCK_TIMEOUT for a row lock:
-# a batch stalled on one contended row would stall every executor in it, so it fails instead
-# and each request runs again alone (jobs.primitives.group_commit), waiting only for itself.
+# The first also sets LOCK_TIMEOUT for the rest of its transaction (a batch's: every
+# statement a batch runs, single-row ones included, comes after one of these): a batch
+# stalled on one contended row would stall every executor in it, so it fails instead and
+# each request runs again alone (jobs.primitives.group_commit), waiting only for itself. Not
+# on the plain path (behind a transaction pooler), where a batch waits as a request would.
 # Values come back typed; on the plain path (queries captured, prepared statements off behind
 # a pooler) as Django's cursor returns them: the readers take both.
 _GENERIC = b"SET LOCAL plan_cache_mode = force_generic_plan"
 LOCK_TIMEOUT = b"SET LOCAL lock_timeout = '2s'"
-_RESET = (b"SET LOCAL plan_cache_mode TO DEFAULT", b"SET LOCAL lock_timeout TO DEFAULT")
+_RESET = (b"SET LOCAL plan_cache_mode TO DEFAULT",)
 _NAMED: dict[str, str] = {}
 
 
@@ -48,7 +50,9 @@ def _rows(sql: str, params: Sequence) -> list[tuple]:
     if connection.in_atomic_block:
         rows = execute_pipelined(named, values, before=(_GENERIC, LOCK_TIMEOUT), after=_RESET, in_transaction=True)
     else:
-        rows = execute_pipelined(named, values, before=(b"BEGIN", _GENERIC), after=(b"COMMIT",), in_transaction=False)
+        rows = execute_pipelined(
+            named, values, before=(b"BEGIN", _GENERIC, LOCK_TIMEOUT), after=(b"COMMIT",), in_transaction=False
+        )
     if rows is None:
         with connection.cursor() as cursor:
             cursor.execute(named, values)
@@ -217,7 +221,8 @@ def record_outcomes(outcomes: Sequence[Outcome]) -> list[bool]:
         )
         return [not recorded.stale]
     columns: list[list] = [[] for _ in range(12)]
-    for o in outcomes:
+    # In delivery order: the statement locks the deliveries in the order of its rows.
+    for o in sorted(outcomes, key=lambda o: (o.lease.delivery_id, o.lease.attempt_id)):
         for column, value in zip(
             columns,
             (

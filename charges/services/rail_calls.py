@@ -210,8 +210,9 @@ def _call(
     RAIL_REQUESTS.labels(rail=rail.code, operation=str(operation), result=str(answer.http_status)).inc()
     if record_answer:
         record_submit_answer(request_id, answer)
-        rail_slots.slot_freed(rail.code)  # answered: the slot is free in provider_requests too
     rail_gate.answered(ticket)
+    if record_answer:
+        rail_slots.slot_freed(rail.code)  # answered: the slot is free in provider_requests too
     return request_id, answer, resend
 
 

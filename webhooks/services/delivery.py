@@ -221,7 +221,9 @@ def _claim_under_the_cap(
                 continue
             taken[row.endpoint_id] = taken.get(row.endpoint_id, 0) + 1
             starting[row.id], keys = keys, ()
-        leases = attempt_batch_sql.start_attempts(list(starting), settings.VPAY_WEBHOOK_LEASE_SECONDS) if starting else {}
+        leases = (
+            attempt_batch_sql.start_attempts(list(starting), settings.VPAY_WEBHOOK_LEASE_SECONDS) if starting else {}
+        )
     except BaseException:
         for held_keys in (*starting.values(), keys):  # no lease binds them yet
             for key in held_keys:
@@ -326,7 +328,8 @@ def record_many(answers: Sequence[tuple[attempt_sql.Lease, Attempted]]) -> list[
         # In endpoint order: an alert locks its endpoint's alert row, and two batches taking
         # those locks in their own arrival orders could each wait for the other.
         for outcome, attempted, did_move in sorted(
-            zip(outcomes, (a for _, a in answers), moved, strict=True), key=lambda x: x[0].lease.endpoint_id
+            zip(outcomes, (a for _, a in answers), moved, strict=True),
+            key=lambda x: (x[0].lease.endpoint_id, x[0].delivery_state),
         ):
             if did_move:
                 attempt_outcomes.alert(outcome, attempted)
