@@ -56,6 +56,7 @@ if str(ROOT) not in sys.path:
 import psycopg  # noqa: E402
 
 from bench.receivers import make_receiver  # noqa: E402
+from bench.worker_resources import Resources  # noqa: E402
 
 WORKER_ENV = {
     **os.environ,
@@ -144,96 +145,6 @@ def succeeded() -> int:
         return conn.execute("SELECT count(*) FROM webhook_deliveries WHERE state = 'succeeded'").fetchone()[0]
 
 
-class Resources:
-    """The worker's CPU and RSS (from /proc), the machine's CPU, and the database's backends,
-    sampled while a run lasts."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.rss_kib: list[tuple[int, int]] = []  # (deliveries succeeded so far, RSS)
-        self.backends = 0
-
-    def proc_cpu(self) -> float:
-        """CPU seconds so far of the worker processes (the runworker and those it forked)."""
-        total = 0
-        for pid in self.worker_pids():
-            try:
-                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            total += int(fields[11]) + int(fields[12])
-        return total / os.sysconf("SC_CLK_TCK")
-
-    @staticmethod
-    def machine_cpu() -> float:
-        jiffies = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-        busy = sum(jiffies) - jiffies[3] - jiffies[4]  # all but idle and iowait
-        return busy / os.sysconf("SC_CLK_TCK")
-
-    def cpu_by_role(self) -> dict[str, float]:
-        """CPU seconds so far by role: the worker, its database's backends, the database
-        server's own processes (WAL writer, checkpointer...), nginx, and the kernel's workers
-        (writeback). Other processes on the machine are left out; a process that exited
-        during the run is not counted."""
-        out: dict[str, float] = {}
-        tick = os.sysconf("SC_CLK_TCK")
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                raw = (entry / "stat").read_text()
-                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            name = raw[raw.index("(") + 1 : raw.rindex(")")]
-            if int(entry.name) in self.worker_pids():
-                role = "worker"
-            elif name == "postgres" and f" {DB} " in cmdline:
-                role = "postgres backends"
-            elif name == "postgres" and " root " not in cmdline and "postgres: " in cmdline:
-                role = "postgres server"
-            elif name == "nginx":
-                role = "nginx"
-            elif name.startswith("kworker"):
-                role = "kernel workers"
-            else:
-                continue
-            fields = raw.rsplit(")", 1)[1].split()
-            out[role] = out.get(role, 0.0) + (int(fields[11]) + int(fields[12])) / tick
-        return out
-
-    def worker_pids(self) -> set[int]:
-        """The runworker process and the worker processes it forked (``--processes``)."""
-        pids = {self.pid}
-        for entry in Path("/proc").iterdir():
-            try:
-                if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == self.pid:
-                    pids.add(int(entry.name))
-            except OSError:
-                continue
-        return pids
-
-    def sample(self, done: int) -> None:
-        """RSS: the largest of the worker processes' (each is one worker; the supervisor is small)."""
-        rss = 0
-        for pid in self.worker_pids():
-            try:
-                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                    if line.startswith("VmRSS:"):
-                        rss = max(rss, int(line.split()[1]))
-            except OSError:
-                continue
-        self.rss_kib.append((done, rss))
-        with psycopg.connect(DATABASE_URL, autocommit=True) as conn:
-            # The worker's backends: its application names start with "vpay-" (the bench's
-            # own connections carry "bench" or none).
-            n = conn.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND application_name LIKE 'vpay-%%'",
-                [DB],
-            ).fetchone()[0]
-        self.backends = max(self.backends, n)
-
-
 def vacuum() -> None:
     """What autovacuum would do (it is off on the shared server this was written on): the
     queue's and the deliveries' dead rows reclaimed, so a long run measures vpay, not bloat."""
@@ -252,7 +163,7 @@ def throughput(
         total = events * endpoints
         launched = time.time()
         worker = start_worker(concurrency)
-        res = Resources(worker.pid)
+        res = Resources(worker.pid, DB)
         cpu0, machine0, t0 = res.proc_cpu(), res.machine_cpu(), time.monotonic()
         by_command0 = res.cpu_by_role()
         deadline = time.monotonic() + 3600
@@ -389,7 +300,14 @@ def main() -> int:
         name, _, value = pair.partition("=")
         WORKER_ENV[name] = value
     results = [
-        throughput(None if c == "default" else int(c), args.events, args.endpoints, args.receiver, args.limit_requests, args.vacuum_every)
+        throughput(
+            None if c == "default" else int(c),
+            args.events,
+            args.endpoints,
+            args.receiver,
+            args.limit_requests,
+            args.vacuum_every,
+        )
         for c in args.concurrency.split(",")
     ]
     if args.latency_events:

@@ -19,7 +19,7 @@ The contract both keep (tests/test_queue_port.py runs it on each):
 * ``pull_forward(name)`` makes the waiting job of that name due now, and wakes it if it is
   running (a plain reschedule it answers then runs it again at once);
   ``pull_forward_waiting(names, limit)`` moves the first ``limit`` of several names that
-  are waiting.
+  are waiting (with ``deferred_only``, that are waiting because their last run deferred).
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class QueueAdapter(Protocol):
     def pull_forward(self, dedupe_key: str, floor: timedelta | float = 0) -> bool: ...
 
     def pull_forward_waiting(
-        self, dedupe_keys: list[str], limit: int = 1, floor: timedelta | float = 0
+        self, dedupe_keys: list[str], limit: int = 1, floor: timedelta | float = 0, *, deferred_only: bool = False
     ) -> list[str]: ...
 
 
@@ -88,8 +88,10 @@ class PostgresQueue:
     def pull_forward(self, dedupe_key: str, floor: timedelta | float = 0) -> bool:
         return queue.pull_forward(dedupe_key, floor)
 
-    def pull_forward_waiting(self, dedupe_keys: list[str], limit: int = 1, floor: timedelta | float = 0) -> list[str]:
-        return queue.pull_forward_waiting(dedupe_keys, limit, floor)
+    def pull_forward_waiting(
+        self, dedupe_keys: list[str], limit: int = 1, floor: timedelta | float = 0, *, deferred_only: bool = False
+    ) -> list[str]:
+        return queue.pull_forward_waiting(dedupe_keys, limit, floor, deferred_only=deferred_only)
 
 
 def _named(dedupe_key: str | None) -> None:
@@ -173,7 +175,10 @@ def pull_forward(dedupe_key: str, floor: timedelta | float = 0) -> bool:
     return adapter().pull_forward(dedupe_key, floor)
 
 
-def pull_forward_waiting(dedupe_keys: list[str], limit: int = 1, floor: timedelta | float = 0) -> list[str]:
+def pull_forward_waiting(
+    dedupe_keys: list[str], limit: int = 1, floor: timedelta | float = 0, *, deferred_only: bool = False
+) -> list[str]:
     """Make the first ``limit`` of the waiting jobs named ``dedupe_keys`` (in order) that can
-    move due now; returns their names, in order."""
-    return adapter().pull_forward_waiting(dedupe_keys, limit, floor)
+    move due now (``deferred_only``: only those whose last run deferred); returns their names,
+    in order."""
+    return adapter().pull_forward_waiting(dedupe_keys, limit, floor, deferred_only=deferred_only)

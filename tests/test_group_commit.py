@@ -55,6 +55,19 @@ def submit_all(group, requests):
     return threads, answers
 
 
+def while_a_batch_runs(group, fn, later):
+    """Request 0 leads a batch that ``fn`` holds; ``later`` arrive and wait; then it is let
+    go. Returns (request 0's answer, the later ones' answers)."""
+    first, answers = submit_all(group, [0])
+    assert fn.entered.wait(5)
+    rest, more = submit_all(group, later)
+    wait_until(lambda: len(group._waiting) == len(later))
+    fn.release.set()
+    for t in first + rest:
+        t.join(5)
+    return answers, more
+
+
 def test_a_lone_request_runs_at_once_as_a_batch_of_one():
     group = GroupCommit(lambda rs: [r + 1 for r in rs])
     assert group.submit(1) == 2
@@ -63,42 +76,21 @@ def test_a_lone_request_runs_at_once_as_a_batch_of_one():
 
 def test_requests_that_arrive_while_a_batch_runs_share_the_next_one_and_each_gets_its_own_answer():
     fn = Held()
-    group = GroupCommit(fn)
-    first, answers = submit_all(group, [0])
-    assert fn.entered.wait(5)
-    rest, more = submit_all(group, range(1, 8))
-    wait_until(lambda: len(group._waiting) == 7)
-    fn.release.set()
-    for t in first + rest:
-        t.join(5)
+    answers, more = while_a_batch_runs(GroupCommit(fn), fn, range(1, 8))
     assert answers == {0: 0} and more == {r: r * 10 for r in range(1, 8)}
     assert fn.batches[0] == [0] and sorted(fn.batches[1]) == list(range(1, 8)) and len(fn.batches) == 2
 
 
 def test_a_batch_is_never_larger_than_its_bound():
     fn = Held()
-    group = GroupCommit(fn, max_batch=3)
-    first, _ = submit_all(group, [0])
-    assert fn.entered.wait(5)
-    rest, answers = submit_all(group, range(1, 8))
-    wait_until(lambda: len(group._waiting) == 7)
-    fn.release.set()
-    for t in first + rest:
-        t.join(5)
+    _, answers = while_a_batch_runs(GroupCommit(fn, max_batch=3), fn, range(1, 8))
     assert answers == {r: r * 10 for r in range(1, 8)}
     assert max(len(b) for b in fn.batches) == 3 and sorted(r for b in fn.batches[1:] for r in b) == list(range(1, 8))
 
 
 def test_a_failing_batch_is_run_again_one_request_at_a_time_so_only_the_bad_request_fails():
     fn = Held(fail_on={5})
-    group = GroupCommit(fn)
-    first, _ = submit_all(group, [0])
-    assert fn.entered.wait(5)
-    rest, answers = submit_all(group, range(1, 8))
-    wait_until(lambda: len(group._waiting) == 7)
-    fn.release.set()
-    for t in first + rest:
-        t.join(5)
+    _, answers = while_a_batch_runs(GroupCommit(fn), fn, range(1, 8))
     assert isinstance(answers.pop(5), ValueError)
     assert answers == {r: r * 10 for r in (1, 2, 3, 4, 6, 7)}
     # The batch again, one request at a time, each in the thread that asked for it.

@@ -277,3 +277,26 @@ def test_an_unknown_adapter_is_refused_by_name():
     result = _manage("check", VPAY_QUEUE_ADAPTER="redis")
     assert result.returncode != 0
     assert "VPAY_QUEUE_ADAPTER must be postgres or inprocess" in result.stderr
+
+
+def test_pull_forward_waiting_deferred_only_moves_a_job_whose_last_run_deferred(harness, monkeypatch):
+    # A run that made progress resets the deferrals (both adapters): a job deferred once and
+    # since rescheduled on its own is not "deferred" any more.
+    runs: dict[str, int] = {}
+
+    def handler(ctx):
+        name = ctx.payload["args"][0]
+        runs[name] = runs.get(name, 0) + 1
+        if name == "port:deferred" or (name == "port:progressed" and runs[name] == 1):
+            return Outcome.defer(3600 if name == "port:deferred" else 0.05, "waiting for a slot")
+        return Outcome.reschedule_in(3600)
+
+    spec = registry.get("task")
+    monkeypatch.setitem(registry._REGISTRY, "task", dataclasses.replace(spec, handler=handler, fenced=False))
+    names = ["port:plain", "port:progressed", "port:deferred"]
+    for name in names:
+        port.enqueue("task", task("record", name), dedupe_key=name)
+    harness.run_jobs(timeout=3.0)
+    assert runs == {"port:plain": 1, "port:progressed": 2, "port:deferred": 1}
+    assert port.pull_forward_waiting(names, 3, deferred_only=True) == ["port:deferred"]
+    assert port.pull_forward_waiting(names, 3) == ["port:plain", "port:progressed"]

@@ -21,35 +21,26 @@ merchant = test_rail_guards.merchant  # the guards' fixture: a merchant on the s
 def test_waiters_are_woken_longest_waiting_first_and_once():
     w = RailWaiters()
     for name in ("a", "b", "c"):
-        w.add("r", name, 60)
-    w.add("r", "a", 60)  # deferred again: it waits from now
+        w.add("r", name)
+    w.add("r", "a")  # deferred again: it waits from now
     assert w.waiting("r") == ["b", "c", "a"]
-    taken = w.take("r", 2)
-    assert [name for name, _ in taken] == ["b", "c"] and w.take("other", 1) == []
-    w.put_back("r", taken[1:])
+    assert w.take("r", 2) == ["b", "c"] and w.take("other", 1) == []
+    w.put_back("r", ["c"])
     assert w.waiting("r") == ["c", "a"]
-    assert [name for name, _ in w.take("r", 5)] == ["c", "a"] and w.waiting("r") == [] and w.take("r", 1) == []
-
-
-def test_a_waiter_past_its_own_timer_is_not_woken():
-    # Its timer ran it: woken later, a poll waiting for its next rung would ask the rail early.
-    w = RailWaiters()
-    w.add("r", "ran", 0)
-    w.add("r", "waits", 60)
-    assert [name for name, _ in w.take("r", 2)] == ["waits"] and w.waiting("r") == []
+    assert w.take("r", 5) == ["c", "a"] and w.waiting("r") == [] and w.take("r", 1) == []
 
 
 def test_waiters_remember_at_most_their_limit_forgetting_the_oldest():
     w = RailWaiters(limit=2)
     for name in ("a", "b", "c"):
-        w.add("r", name, 60)
+        w.add("r", name)
     assert w.waiting("r") == ["b", "c"]  # "a" keeps its own timer
 
 
 def test_put_back_keeps_the_order_and_never_duplicates():
     w = RailWaiters()
-    w.add("r", "z", 60)
-    w.put_back("r", [("x", 1e12), ("y", 1e12), ("z", 1e12)])
+    w.add("r", "z")
+    w.put_back("r", ["x", "y", "z"])
     assert w.waiting("r") == ["x", "y", "z"]
 
 
@@ -58,6 +49,14 @@ def no_waiters(monkeypatch):
     waiters = RailWaiters()
     monkeypatch.setattr(rail_slots, "WAITERS", waiters)
     return waiters
+
+
+def deferred(charge_id: str) -> None:
+    """The charge's poll job as a deferral leaves it: waiting 5 s, its deferrals counted."""
+    sql(
+        "UPDATE jobs SET run_at = now() + interval '5 seconds', deferrals = deferrals + 1 WHERE dedupe_key = %s",
+        [f"charge:poll:{charge_id}"],
+    )
 
 
 def due_in(charge_id: str) -> float:
@@ -98,9 +97,9 @@ def test_a_freed_slot_passes_over_a_waiter_that_moved_on_and_asks_nothing_with_n
     gone = "charge:poll:ch_gone"  # no such job: it ran elsewhere, or settled
     first, second = (known_charge(merchant, sandbox_rail, amount=5000) for _ in range(2))
     for charge in (first, second):
-        sql("UPDATE jobs SET run_at = now() + interval '5 seconds' WHERE dedupe_key = %s", [f"charge:poll:{charge.id}"])
+        deferred(charge.id)
     for name in (gone, f"charge:poll:{first.id}", f"charge:poll:{second.id}"):
-        no_waiters.add("sandbox_push", name, 5)
+        no_waiters.add("sandbox_push", name)
     assert rail_slots.slot_freed("sandbox_push") == f"charge:poll:{first.id}"
     assert no_waiters.waiting("sandbox_push") == [f"charge:poll:{second.id}"]  # still waits its turn
     assert due_in(first.id) <= 0 < due_in(second.id)
@@ -122,8 +121,21 @@ def test_a_request_that_fails_frees_its_slot_for_a_waiter_too(merchant, sandbox_
     sandbox_rail.scenario(amount=5503, error_polls=1)  # the first poll of this one answers 503
     failing = known_charge(merchant, sandbox_rail, amount=5503, job=False)
     waiting = known_charge(merchant, sandbox_rail, amount=5000)
-    sql("UPDATE jobs SET run_at = now() + interval '5 seconds' WHERE dedupe_key = %s", [f"charge:poll:{waiting.id}"])
-    no_waiters.add("sandbox_push", f"charge:poll:{waiting.id}", 5)
+    deferred(waiting.id)
+    no_waiters.add("sandbox_push", f"charge:poll:{waiting.id}")
     with pytest.raises(rail_calls.RailUnavailable):
         rail_calls.status(failing.id, rail_gate_rail(), pay_token=None)
     assert due_in(waiting.id) <= 0 and no_waiters.waiting("sandbox_push") == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_waiter_its_own_timer_ran_meanwhile_is_left_to_its_next_rung(merchant, sandbox_rail, no_waiters):
+    # Deferred, then run by its timer (another process freed the slot): it answered and now
+    # waits for its next rung, its deferrals reset. A slot freed here must not ask early.
+    ran, still = (known_charge(merchant, sandbox_rail, amount=5000) for _ in range(2))
+    sql("UPDATE jobs SET run_at = now() + interval '30 seconds' WHERE dedupe_key = %s", [f"charge:poll:{ran.id}"])
+    deferred(still.id)
+    for charge in (ran, still):
+        no_waiters.add("sandbox_push", f"charge:poll:{charge.id}")
+    assert rail_slots.slot_freed("sandbox_push") == f"charge:poll:{still.id}"
+    assert due_in(ran.id) > 25 and due_in(still.id) <= 0

@@ -7,10 +7,13 @@ and a real receiver process."""
 from __future__ import annotations
 
 import threading
+import time
 
+import psycopg
 import pytest
-from django.db import connection
+from django.db import OperationalError, connection
 
+from tests.conftest import database_url
 from tests.test_webhook_delivery import LOOPBACK, emit_events, endpoint, merchant, sql
 from webhooks.models import AttemptState, DeliveryAttempt, DeliveryState, WebhookDelivery
 from webhooks.services import delivery, fanout
@@ -235,3 +238,20 @@ def test_two_leases_of_one_delivery_in_one_record_batch_are_answered_each_on_its
     assert [(r.stale, r.delivery_state) for r in recorded] == [(True, None), (False, DeliveryState.PENDING)]
     states = dict(sql("SELECT id, state FROM webhook_delivery_attempts"))
     assert states == {first.attempt_id: "abandoned", second.attempt_id: "failed"}
+
+
+def test_a_batch_waits_at_most_its_lock_timeout_for_a_row_another_transaction_holds(receiver):
+    # A batch stalled on one contended row would stall every executor in it: it fails
+    # instead (each request then runs alone, waiting only for itself), and leaves nothing.
+    first, second = deliveries(receiver, "/contended", 2)
+    other = psycopg.connect(database_url(), autocommit=False)
+    try:
+        other.execute("SELECT 1 FROM webhook_endpoints WHERE id = %s FOR NO KEY UPDATE", [first.endpoint_id])
+        started = time.monotonic()
+        with pytest.raises(OperationalError, match="lock timeout"):
+            delivery.begin_attempts([(first.pk, 2), (second.pk, 2)])
+        assert time.monotonic() - started < 10
+    finally:
+        other.close()
+    assert delivery.SHARES.held(first.endpoint_id) == 0
+    assert sql("SELECT count(*) FROM webhook_deliveries WHERE state = 'pending'") == [(2,)]

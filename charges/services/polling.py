@@ -171,7 +171,7 @@ def _deferred(ctx: JobContext, row: ChargeRow, policy: RecoveryPolicy, exc: Rail
     deferral count, so a rail down for hours costs a poll one rung per ceiling's worth."""
     if ctx.deferrals_left > 0:
         if exc.for_slot:
-            rail_slots.wait_for_slot(row.rail, repository.poll_dedupe_key(row.id), exc.delay_seconds)
+            rail_slots.wait_for_slot(row.rail, repository.poll_dedupe_key(row.id))
         return Outcome.defer(exc.delay_seconds, str(exc))
     return Outcome.reschedule_in(
         max(poll_delay(row.polls, policy), exc.delay_seconds), f"{exc}; deferral ceiling reached: next rung"

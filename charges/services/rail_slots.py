@@ -13,14 +13,15 @@ endpoint's slot on (``webhooks.services.delivery.hand_off``).
 Per process, and best effort: a waiter is woken by its own process's requests (a process
 that holds no slot of the rail wakes nobody, and its waiters keep their timers); a name
 whose job has moved on (run by another process, or not yet settled as deferred when the slot
-freed) is passed over. Nothing is asked of the database while nobody waits.
+freed, or run by its own timer since and now waiting for its next rung) is passed over: the
+job row says whether it is still deferred. Nothing is asked of the database while nobody
+waits.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import OrderedDict
 
 from jobs.port import pull_forward_waiting
@@ -34,44 +35,36 @@ CANDIDATES = 3
 
 
 class RailWaiters:
-    """Polls of this process waiting for a slot, per rail, longest-waiting first, each until
-    its own timer would run it (after that it is not waiting: woken then, a poll waiting for
-    its next rung would ask the rail early)."""
+    """Polls of this process waiting for a slot, per rail, longest-waiting first."""
 
     def __init__(self, limit: int = REMEMBERED) -> None:
         self.limit = limit
         self._lock = threading.Lock()
-        self._waiting: dict[str, OrderedDict[str, float]] = {}  # rail -> name -> monotonic deadline
+        self._waiting: dict[str, OrderedDict[str, None]] = {}
 
-    def add(self, rail_code: str, job_name: str, seconds: float) -> None:
+    def add(self, rail_code: str, job_name: str) -> None:
         with self._lock:
             names = self._waiting.setdefault(rail_code, OrderedDict())
             names.pop(job_name, None)
-            names[job_name] = time.monotonic() + seconds
+            names[job_name] = None
             while len(names) > self.limit:
                 names.popitem(last=False)
 
-    def take(self, rail_code: str, n: int) -> list[tuple[str, float]]:
-        """Up to ``n`` names still waiting, longest-waiting first (those past their timer dropped)."""
-        now = time.monotonic()
-        taken: list[tuple[str, float]] = []
+    def take(self, rail_code: str, n: int) -> list[str]:
         with self._lock:
             names = self._waiting.get(rail_code)
-            while names and len(taken) < n:
-                name, deadline = names.popitem(last=False)
-                if deadline > now:
-                    taken.append((name, deadline))
+            taken = [names.popitem(last=False)[0] for _ in range(min(n, len(names)))] if names else []
             if names is not None and not names:
                 del self._waiting[rail_code]
-        return taken
+            return taken
 
-    def put_back(self, rail_code: str, entries: list[tuple[str, float]]) -> None:
+    def put_back(self, rail_code: str, job_names: list[str]) -> None:
         """Names taken but not woken, back at the front in their order."""
         with self._lock:
             names = self._waiting.setdefault(rail_code, OrderedDict())
-            for name, deadline in reversed(entries):
+            for name in reversed(job_names):
                 if name not in names:
-                    names[name] = deadline
+                    names[name] = None
                     names.move_to_end(name, last=False)
 
     def waiting(self, rail_code: str) -> list[str]:
@@ -82,26 +75,26 @@ class RailWaiters:
 WAITERS = RailWaiters()
 
 
-def wait_for_slot(rail_code: str, job_name: str, seconds: float) -> None:
-    """The poll named ``job_name`` is deferred ``seconds`` for a slot of ``rail_code``: wake it
-    when one frees before then."""
-    WAITERS.add(rail_code, job_name, seconds)
+def wait_for_slot(rail_code: str, job_name: str) -> None:
+    """The poll named ``job_name`` is deferred for a slot of ``rail_code``: wake it when one frees."""
+    WAITERS.add(rail_code, job_name)
 
 
 def slot_freed(rail_code: str) -> str | None:
     """A request of this process to ``rail_code`` ended: pull the longest-waiting poll forward.
     Returns the name woken, if any. Never raises (the waiters' timers are the backstop)."""
-    entries = WAITERS.take(rail_code, CANDIDATES)
-    if not entries:
+    names = WAITERS.take(rail_code, CANDIDATES)
+    if not names:
         return None
-    names = [name for name, _ in entries]
     try:
-        moved = pull_forward_waiting(names, 1)
+        # Only a job still deferred (the database says so: its last run deferred). One whose
+        # timer ran it since, and which now waits for its next rung, is left to its time.
+        moved = pull_forward_waiting(names, 1, deferred_only=True)
     except Exception:  # best effort: it must never cost the rail call it follows
         logger.warning("could not hand a freed rail slot on; the waiters' timers will", exc_info=True)
-        WAITERS.put_back(rail_code, entries)
+        WAITERS.put_back(rail_code, names)
         return None
     if not moved:
         return None  # every name offered had moved on
-    WAITERS.put_back(rail_code, entries[names.index(moved[0]) + 1 :])
+    WAITERS.put_back(rail_code, names[names.index(moved[0]) + 1 :])
     return moved[0]

@@ -163,14 +163,19 @@ class InProcessQueue:
                 return True
             return self._move_waiting(job, floor)
 
-    def pull_forward_waiting(self, dedupe_keys: list[str], limit: int = 1, floor: timedelta | float = 0) -> list[str]:
+    def pull_forward_waiting(
+        self, dedupe_keys: list[str], limit: int = 1, floor: timedelta | float = 0, *, deferred_only: bool = False
+    ) -> list[str]:
         floor = floor.total_seconds() if isinstance(floor, timedelta) else float(floor)
         moved: list[str] = []
         with self._cv:
             for name in dedupe_keys:
                 if len(moved) >= limit:
                     break
-                if self._move_waiting(self._live.get(name), floor):
+                job = self._live.get(name)
+                if deferred_only and (job is None or job.deferrals <= 0):
+                    continue
+                if self._move_waiting(job, floor):
                     moved.append(name)
         return moved
 
@@ -316,6 +321,7 @@ class InProcessQueue:
             return
         if settle.attempts is AttemptsChange.RESET:
             job.attempts = 0
+            job.deferrals = 0  # as jobs.storage.repository's _RESCHEDULE: a run that made progress
         elif settle.attempts is AttemptsChange.REFUND:
             job.attempts = max(job.attempts - 1, 0)
         if settle.add_deferral:

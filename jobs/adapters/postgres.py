@@ -136,12 +136,16 @@ def pull_forward(dedupe_key: str, floor: timedelta | float = 0) -> bool:
     return pull_forward_sql.pull_forward(dedupe_key, _seconds(floor, "floor"))
 
 
-def pull_forward_waiting(dedupe_keys: list[str], limit: int = 1, floor: timedelta | float = 0) -> list[str]:
+def pull_forward_waiting(
+    dedupe_keys: list[str], limit: int = 1, floor: timedelta | float = 0, *, deferred_only: bool = False
+) -> list[str]:
     """:func:`pull_forward` for the first ``limit`` of ``dedupe_keys`` (in order) that are
-    waiting and can be moved, in one statement; returns the names moved, in order."""
+    waiting and can be moved, in one statement; returns the names moved, in order.
+    ``deferred_only``: only jobs whose last settle deferred them (a job waiting for its next
+    rung after a run that made progress is left to its time)."""
     if not dedupe_keys or limit < 1:
         return []
-    return pull_forward_sql.pull_forward_waiting(list(dedupe_keys), limit, _seconds(floor, "floor"))
+    return pull_forward_sql.pull_forward_waiting(list(dedupe_keys), limit, _seconds(floor, "floor"), deferred_only)
 
 
 def validated(request: JobRequest) -> tuple:

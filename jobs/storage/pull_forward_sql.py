@@ -41,7 +41,9 @@ def pull_forward(dedupe_key: str, floor_seconds: float) -> bool:
 
 
 # The first ``limit`` of several named jobs (in the order given) that are waiting, not leased
-# and due more than the floor from now, made due now: one statement for a caller that would
+# and due more than the floor from now (and, asked for, deferred since their last settle
+# that was not a deferral: ``deferrals > 0``, which a run that made progress resets), made
+# due now: one statement for a caller that would
 # otherwise try the names one by one (jobs_job_dedupe_key_unique finds each name; SKIP
 # LOCKED passes over a row another transaction is moving). Prepared: freed webhook slots ask
 # it once per batch of recorded attempts. One row: the names moved, as a JSON array in the
@@ -50,6 +52,7 @@ _PULL_FORWARD_WAITING = f"""
 WITH candidate AS (
     SELECT j.id, k.n FROM jobs j JOIN unnest(%s::text[]) WITH ORDINALITY AS k(name, n) ON j.dedupe_key = k.name
      WHERE j.locked_at IS NULL AND j.run_at > now() + make_interval(secs => %s::float8)
+       AND (j.deferrals > 0 OR NOT %s::bool)
      ORDER BY k.n LIMIT %s::int
        FOR UPDATE OF j SKIP LOCKED
 ), moved AS (
@@ -66,6 +69,8 @@ def _text_array(values: Sequence[str]) -> str:
     return "{" + ",".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values) + "}"
 
 
-def pull_forward_waiting(dedupe_keys: list[str], limit: int, floor_seconds: float) -> list[str]:
-    row = execute_prepared(_PULL_FORWARD_WAITING, [_text_array(dedupe_keys), float(floor_seconds), int(limit)])
+def pull_forward_waiting(dedupe_keys: list[str], limit: int, floor_seconds: float, deferred_only: bool) -> list[str]:
+    row = execute_prepared(
+        _PULL_FORWARD_WAITING, [_text_array(dedupe_keys), float(floor_seconds), bool(deferred_only), int(limit)]
+    )
     return json.loads(row[0]) if row else []
