@@ -25,7 +25,13 @@ def start_heartbeating_task(tmp_path, label: str) -> tuple:
     job_id = enqueue(
         "task", {"task": "tests.tasks.heartbeat_until_cancelled", "args": [label, 60, str(started)], "kwargs": {}}
     )
-    wait_for(started.exists, timeout=30, message="the task's handler to start")
+    # The handler's open() creates the file before its line is written: wait for the line, or
+    # a kill in between loses it and a test counting runs reads none.
+    wait_for(
+        lambda: started.exists() and "started" in started.read_text(),
+        timeout=30,
+        message="the task's handler to start",
+    )
     return job_id, started
 
 
