@@ -14,6 +14,7 @@ from api.errors import API, AUTHENTICATION, IDEMPOTENCY, INVALID_REQUEST, RATE_L
 from api.framework import METADATA
 from charges.states import (
     CancellationReason,
+    CaptureMethod,
     ChargeStatus,
     CheckoutPaymentStatus,
     CheckoutSessionStatus,
@@ -74,6 +75,8 @@ CHARGE = _wire(
         "rail": STRING,
         "flow": _enum(RailFlow),
         "status": _enum(ChargeStatus),
+        "captured": {"type": "boolean", "description": "Whether the money moved (status succeeded)."},
+        "amount_captured": {**INTEGER, "description": "Minor units captured: 0 until it succeeds."},
         "failure_code": nullable(STRING),
         "redirect_url": nullable(STRING),
         "created": TIMESTAMP,
@@ -89,6 +92,12 @@ PAYMENT_INTENT = _wire(
         "status": _enum(IntentStatus),
         "customer": nullable(STRING),
         "metadata": METADATA_SCHEMA,
+        "capture_method": _enum(CaptureMethod),
+        "amount_capturable": {
+            **INTEGER,
+            "description": "Minor units the rail holds for a manual capture (requires_capture); 0 otherwise.",
+        },
+        "amount_received": {**INTEGER, "description": "Minor units captured; refunds are bounded by it."},
         "amount_refunded": INTEGER,
         "canceled_at": nullable(TIMESTAMP),
         "cancellation_reason": nullable(_enum(CancellationReason)),

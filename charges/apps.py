@@ -25,9 +25,10 @@ class ChargesConfig(AppConfig):
 
         # A customer with a payment in flight is not erased by the retention sweep. An
         # intent never confirmed is not in flight (and its creation already moved the
-        # customer's last_used_at); a finished one keeps its record with customer NULL.
+        # customer's last_used_at); a finished one keeps its record with customer NULL. An
+        # authorization waiting for its capture is in flight.
         register_in_use(
             "payment_intents",
             "EXISTS (SELECT 1 FROM payment_intents p WHERE p.customer_id = customers.id"
-            " AND p.status IN ('processing', 'requires_action'))",
+            " AND p.status IN ('processing', 'requires_action', 'requires_capture'))",
         )

@@ -7,7 +7,7 @@ from django.db import connection
 from charges.states import CHARGE_LIVE
 
 # Charges not yet terminal, by rail and state: the partial index charges_live_idx holds
-# exactly these rows (rails are a configured handful, states three).
+# exactly these rows (rails are a configured handful, states six).
 _LIVE = "SELECT rail, status, count(*) FROM charges WHERE status = ANY(%s) GROUP BY rail, status"
 
 

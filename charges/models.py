@@ -18,6 +18,7 @@ from charges.states import (
     CHARGE_LIVE,
     REFUND_LIVE,
     CancellationReason,
+    CaptureMethod,
     ChargeStatus,
     CheckoutPaymentStatus,
     CheckoutSessionStatus,
@@ -68,6 +69,13 @@ class PaymentIntent(models.Model):
         max_length=32, choices=IntentStatus.choices, db_default=IntentStatus.REQUIRES_CONFIRMATION
     )
     metadata = models.JSONField(default=dict, blank=True)
+    capture_method = models.CharField(max_length=16, choices=CaptureMethod.choices, db_default=CaptureMethod.AUTOMATIC)
+    # What the rail holds for a manual capture (its authorized amount) while the intent
+    # requires capture; 0 otherwise.
+    amount_capturable = models.BigIntegerField(db_default=0)
+    # What was captured: the amount once it succeeded (a partial capture's less). Refunds are
+    # bounded by it.
+    amount_received = models.BigIntegerField(db_default=0)
     # The sum of its refunds that are live or succeeded (a failed refund gives its amount
     # back), moved only under this row's lock (charges.refund_repository).
     amount_refunded = models.BigIntegerField(db_default=0)
@@ -83,10 +91,20 @@ class PaymentIntent(models.Model):
             models.CheckConstraint(
                 condition=Q(status__in=IntentStatus.values), name="charges_paymentintent_status_known"
             ),
-            # Never refunded past what was paid: the database's word, behind the row lock.
+            # Never refunded past what was captured: the database's word, behind the row lock.
             models.CheckConstraint(
-                condition=Q(amount_refunded__gte=0) & Q(amount_refunded__lte=F("amount")),
-                name="charges_paymentintent_refunded_within_amount",
+                condition=Q(amount_refunded__gte=0) & Q(amount_refunded__lte=F("amount_received")),
+                name="charges_paymentintent_refunded_within_received",
+            ),
+            models.CheckConstraint(
+                condition=Q(amount_received__gte=0)
+                & Q(amount_received__lte=F("amount"))
+                & Q(amount_capturable__gte=0)
+                & Q(amount_capturable__lte=F("amount")),
+                name="charges_paymentintent_captured_within_amount",
+            ),
+            models.CheckConstraint(
+                condition=Q(capture_method__in=CaptureMethod.values), name="charges_paymentintent_capture_method_known"
             ),
         ]
         indexes = [models.Index(fields=["merchant", "-created_at", "-id"], name="intents_merchant_recent")]
@@ -110,6 +128,9 @@ class Charge(models.Model):
     # The flow the charge was submitted under: recovery branches on it, and a rails file
     # edited afterwards must not change what an old charge is.
     flow = models.CharField(max_length=16, choices=RailFlow.choices)
+    # Submitted as an authorization (the intent's capture_method was manual): fixed at the
+    # confirm, as the flow is.
+    manual_capture = models.BooleanField(db_default=False)
     amount = models.BigIntegerField()
     currency = models.CharField(max_length=3)
     status = models.CharField(max_length=16, choices=ChargeStatus.choices, db_default=ChargeStatus.SUBMITTING)
@@ -121,6 +142,14 @@ class Charge(models.Model):
     not_found_count = models.IntegerField(db_default=0)
     first_not_found_at = models.DateTimeField(null=True, blank=True)
     unresolved_at = models.DateTimeField(null=True, blank=True)
+    # Manual capture (database clock): when the rail's authorization was recorded (its expiry
+    # counts from here), and when a capture or a void was asked for (the horizon of that
+    # operation counts from there).
+    authorized_at = models.DateTimeField(null=True, blank=True)
+    amount_to_capture = models.BigIntegerField(null=True, blank=True)
+    capture_requested_at = models.DateTimeField(null=True, blank=True)
+    void_requested_at = models.DateTimeField(null=True, blank=True)
+    amount_captured = models.BigIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(db_default=Now())
     updated_at = models.DateTimeField(db_default=Now())
 
@@ -135,6 +164,12 @@ class Charge(models.Model):
             # Used by charges.repository.LIVE_PAGE (the backstop scan): live charges by id.
             models.Index(fields=["id"], condition=Q(status__in=sorted(CHARGE_LIVE)), name="charges_live_idx"),
             models.Index(fields=["merchant", "status", "-created_at"], name="charges_merchant_status"),
+            # The authorization expiry sweep (charges.services.authorization_expiry): oldest first.
+            models.Index(
+                fields=["authorized_at"],
+                condition=Q(status=ChargeStatus.AUTHORIZED),
+                name="charges_authorized_expiry",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -193,6 +228,8 @@ class RequestOperation(models.TextChoices):
     STATUS = "status", "GET /charges/{reference}"
     REFUND_SUBMIT = "refund_submit", "POST /refunds"
     REFUND_STATUS = "refund_status", "GET /refunds/{reference}"
+    CAPTURE = "capture", "POST /charges/{reference}/capture"
+    VOID = "void", "POST /charges/{reference}/void"
 
 
 class ProviderRequest(models.Model):

@@ -125,5 +125,9 @@ _AS_CHARGE = {
 
 
 def settle_refund(status: RefundStatus, answer: RailStatus, *, past_horizon: bool) -> Settlement:
-    """The settlement table for a refund (``MARK_SUBMITTED`` means ``submitting → pending``)."""
+    """The settlement table for a refund (``MARK_SUBMITTED`` means ``submitting → pending``).
+    ``authorized`` and ``canceled`` describe a charge's hold, never a refund: a non-answer."""
+    answer = RailStatus(answer)
+    if answer in (RailStatus.AUTHORIZED, RailStatus.CANCELED):
+        answer = RailStatus.UNAVAILABLE
     return settle(_AS_CHARGE[RefundStatus(status)], answer, past_horizon=past_horizon)

@@ -13,6 +13,7 @@ from django.db import connection
 from django.db.models import F
 from django.db.models.functions import Now
 
+from charges import guarded
 from charges.models import PaymentIntent, Refund
 from charges.recovery import SubmitEvidence
 from charges.states import REFUND_LIVE, RefundStatus
@@ -120,10 +121,7 @@ def give_back(intent_id: str, amount: int) -> None:
 
 
 def _cas(refund_id: str, sources, **changes) -> bool:
-    return (
-        Refund.objects.filter(pk=refund_id, status__in=[str(s) for s in sources]).update(**changes, updated_at=Now())
-        == 1
-    )
+    return guarded.cas(Refund, refund_id, sources, **changes)
 
 
 def mark_pending(refund_id: str) -> bool:
@@ -189,25 +187,10 @@ def forget_not_found(refund_id: str) -> None:
 
 # --- the backstop (charges.services.polling.scan_live_charges) ---------------------------
 
-# Live refunds after ``after`` by id (index refunds_live_idx), leaving out one whose poll is a
-# dead letter awaiting review (the human's, as for charges: charges.repository.live_page).
-_LIVE_PAGE = """
-SELECT id, merchant_id FROM refunds
- WHERE status IN ({live}) AND id > %(after)s
-   AND (%(prefix)s::text || id) NOT IN (
-       SELECT d.dedupe_key FROM dead_letters d
-        WHERE d.state = 'pending_review' AND d.kind = %(kind)s AND d.dedupe_key IS NOT NULL
-   )
- ORDER BY id
- LIMIT %(limit)s
-""".format(live=", ".join(f"'{s}'" for s in sorted(REFUND_LIVE)))
-
 
 def live_page(after: str, limit: int) -> list[tuple[str, str]]:
-    """Live refunds with ids after ``after`` whose poll is not awaiting a human's review."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            _LIVE_PAGE,
-            {"after": after, "limit": limit, "prefix": POLL_DEDUPE_PREFIX, "kind": JobKind.POLL_REFUND.value},
-        )
-        return cursor.fetchall()
+    """Live refunds with ids after ``after`` whose poll is not awaiting a human's review
+    (refunds_live_idx)."""
+    return guarded.live_page(
+        "refunds", REFUND_LIVE, prefix=POLL_DEDUPE_PREFIX, kind=JobKind.POLL_REFUND.value, after=after, limit=limit
+    )

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from django.db import connection
 from django.db.models.functions import Now
 
+from charges import guarded
 from charges.models import (
     Charge,
     PaymentIntent,
@@ -55,6 +56,7 @@ class ChargeRow:
     amount: int
     currency: str
     status: ChargeStatus
+    manual_capture: bool
     pay_token: str | None = field(repr=False)
     not_found_count: int
     age: float  # seconds since created_at, on the database clock
@@ -78,7 +80,7 @@ class ChargeRow:
 # submit evidence. Ages are taken here and only here.
 _READ_FOR_POLL = """
 SELECT c.id, c.merchant_id, c.intent_id, c.rail, c.flow, c.amount, c.currency, c.status, c.pay_token,
-       c.not_found_count,
+       c.not_found_count, c.manual_capture,
        extract(epoch FROM now() - c.created_at)::float8,
        extract(epoch FROM now() - c.first_not_found_at)::float8,
        (SELECT count(*) FROM provider_requests r WHERE r.charge_id = c.id AND r.operation = 'status'),
@@ -110,11 +112,12 @@ def read_for_poll(charge_id: str) -> ChargeRow | None:
         status=ChargeStatus(r[7]),
         pay_token=sealing.open_text(r[8], sealing.binding_of(Charge, "pay_token", r[0])),  # sealed for its row
         not_found_count=r[9],
-        age=r[10],
-        not_found_age=r[11],
-        polls=r[12],
-        submit_sent=r[13],
-        submit_answered=r[14],
+        manual_capture=r[10],
+        age=r[11],
+        not_found_age=r[12],
+        polls=r[13],
+        submit_sent=r[14],
+        submit_answered=r[15],
     )
 
 
@@ -125,8 +128,7 @@ def charge_status(charge_id: str) -> str | None:
 # --- compare-and-swap transitions -----------------------------------------------------------
 
 
-def _cas(model, pk: str, sources, **changes) -> bool:
-    return model.objects.filter(pk=pk, status__in=[str(s) for s in sources]).update(**changes, updated_at=Now()) == 1
+_cas = guarded.cas
 
 
 def mark_submitted(charge_id: str, *, pay_token: str | None, redirect_url: str | None) -> bool:
@@ -186,8 +188,19 @@ def forget_not_found(charge_id: str) -> None:
         cursor.execute(_FORGET_NOT_FOUND, [charge_id])
 
 
-def intent_to(intent_id: str, status: IntentStatus, sources) -> bool:
-    return _cas(PaymentIntent, intent_id, sources, status=status)
+def intent_to(intent_id: str, status: IntentStatus, sources, **changes) -> bool:
+    return _cas(PaymentIntent, intent_id, sources, status=status, **changes)
+
+
+def authorize_charge(charge_id: str) -> bool:
+    """``submitted | unresolved → authorized``; its expiry counts from ``authorized_at``."""
+    return _cas(
+        Charge,
+        charge_id,
+        [ChargeStatus.SUBMITTED, ChargeStatus.UNRESOLVED],
+        status=ChargeStatus.AUTHORIZED,
+        authorized_at=Now(),
+    )
 
 
 def cancel_intent(intent_id: str, reason: str | None) -> bool:
@@ -216,31 +229,11 @@ def touch_customer(customer_id: str | None) -> bool:
 
 # --- the backstop ---------------------------------------------------------------------------
 
-# Uses charges_live_idx. Keyset pagination by id: bounded pages, and a charge created during
+
+# Keyset pagination by id over charges_live_idx: bounded pages, and a charge created during
 # the pass is either on a later page or picked up by the next pass.
-#
-# A charge whose poll job is in dead_letters awaiting review is left out: the letter (and
-# its alert) is the human's to replay or discard, and re-enqueueing it here would go round
-# the loop poll -> dead letter -> backstop -> poll once a pass. NOT IN over a non-NULL
-# column is planned as one hashed subplan per statement (the letters awaiting review are
-# few); once the letter is replayed or discarded the charge is on the next page again.
-_LIVE_PAGE = """
-SELECT id, merchant_id FROM charges
- WHERE status IN ({live}) AND id > %(after)s
-   AND (%(prefix)s::text || id) NOT IN (
-       SELECT d.dedupe_key FROM dead_letters d
-        WHERE d.state = 'pending_review' AND d.kind = %(kind)s AND d.dedupe_key IS NOT NULL
-   )
- ORDER BY id
- LIMIT %(limit)s
-""".format(live=", ".join(f"'{s}'" for s in sorted(CHARGE_LIVE)))
-
-
 def live_page(after: str, limit: int) -> list[tuple[str, str]]:
     """Live charges with ids after ``after`` whose poll is not awaiting a human's review."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            _LIVE_PAGE,
-            {"after": after, "limit": limit, "prefix": POLL_DEDUPE_PREFIX, "kind": JobKind.POLL_CHARGE.value},
-        )
-        return cursor.fetchall()
+    return guarded.live_page(
+        "charges", CHARGE_LIVE, prefix=POLL_DEDUPE_PREFIX, kind=JobKind.POLL_CHARGE.value, after=after, limit=limit
+    )

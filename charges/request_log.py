@@ -56,8 +56,9 @@ def record_sent(
 #   by provider_requests_in_flight (partial: answered rows, nearly all of them, cost nothing).
 # * The insert: its columns not named here take their database defaults (sent_at is the
 #   statement's timestamp), as the ORM's create would; no index read.
-# * For a submit, whether an earlier submit went out for the same object (the refund, else
-#   the charge): whether this one is a resend (false for any other operation). Decided here, in
+# * For a submit (a charge's, a refund's, a capture, a void), whether an earlier one went out
+#   for the same object (the refund, else the charge): whether this one is a resend (false
+#   for a status read). Decided here, in
 #   the statement that records the request, after the lock, so it sees every send
 #   committed before it (a concurrent run's included), and never from a read taken before
 #   the send. The insert's own row is invisible to it (one statement, one snapshot).
@@ -80,7 +81,7 @@ WITH in_flight AS (
     RETURNING id
 )
 SELECT (SELECT id FROM sent), earliest_left,
-       CASE WHEN %(operation)s NOT IN ('submit', 'refund_submit') THEN false
+       CASE WHEN %(operation)s NOT IN ('submit', 'refund_submit', 'capture', 'void') THEN false
             WHEN %(refund_id)s::text IS NULL
             THEN EXISTS (SELECT 1 FROM provider_requests e
                           WHERE e.charge_id = %(charge_id)s AND e.operation = %(operation)s)

@@ -16,30 +16,44 @@ from charges.states import ChargeStatus, CheckoutPaymentStatus, CheckoutSessionS
 _SETTLEABLE = sorted({ChargeStatus.SUBMITTED, ChargeStatus.UNRESOLVED})
 _OPEN_INTENT = sorted({IntentStatus.PROCESSING, IntentStatus.REQUIRES_ACTION})
 
-# Both compare-and-swaps in one statement (one round trip): the charge's (primary key,
-# submitted | unresolved → succeeded | failed) and, only if it moved, its intent's (primary
-# key, processing | requires_action → the same outcome). The intent's write reads the
-# charge's RETURNING, so it waits for it: row locks are taken charge first, intent second,
-# the order the two separate statements took before. Counts the charges moved (0 or 1).
+# Both compare-and-swaps in one statement (one round trip): the charge's (primary key, from
+# one of ``settleable`` to succeeded | failed; a success records what was captured, the whole
+# amount unless the rail said less) and, only if it moved, its intent's (primary key, from
+# one of ``open_intent`` to the same outcome, with what it received). The intent's write
+# reads the charge's RETURNING, so it waits for it: row locks are taken charge first,
+# intent second, the order the two separate statements took before. Counts the charges
+# moved (0 or 1).
 _SETTLE = """
 WITH charge AS (
     UPDATE charges
-       SET status = %(status)s, failure_code = %(failure_code)s, updated_at = statement_timestamp()
+       SET status = %(status)s, failure_code = %(failure_code)s,
+           amount_captured = CASE WHEN %(status)s = 'succeeded' THEN coalesce(%(amount_captured)s::bigint, amount) END,
+           updated_at = statement_timestamp()
      WHERE id = %(charge_id)s AND status = ANY(%(settleable)s)
-    RETURNING intent_id
+    RETURNING intent_id, amount_captured
 ), intent AS (
-    UPDATE payment_intents
-       SET status = %(intent_status)s, updated_at = statement_timestamp()
-     WHERE id IN (SELECT intent_id FROM charge) AND status = ANY(%(open_intent)s)
+    UPDATE payment_intents p
+       SET status = %(intent_status)s, amount_received = coalesce(charge.amount_captured, 0),
+           amount_capturable = 0, updated_at = statement_timestamp()
+      FROM charge
+     WHERE p.id = charge.intent_id AND p.status = ANY(%(open_intent)s)
 )
 SELECT count(*) FROM charge
 """
 
 
 def settle_charge_and_intent(
-    charge_id: str, status: ChargeStatus, intent_status: IntentStatus, failure_code: str | None = None
+    charge_id: str,
+    status: ChargeStatus,
+    intent_status: IntentStatus,
+    failure_code: str | None = None,
+    *,
+    settleable=_SETTLEABLE,
+    open_intent=_OPEN_INTENT,
+    amount_captured: int | None = None,
 ) -> bool:
-    """``submitted | unresolved → succeeded | failed``, and the intent with it; whether the charge moved."""
+    """``submitted | unresolved`` (or ``settleable``) ``→ succeeded | failed``, and the intent
+    with it from ``open_intent``; whether the charge moved."""
     with connection.cursor() as cursor:
         cursor.execute(
             _SETTLE,
@@ -48,8 +62,9 @@ def settle_charge_and_intent(
                 "status": str(status),
                 "failure_code": failure_code,
                 "intent_status": str(intent_status),
-                "settleable": [str(s) for s in _SETTLEABLE],
-                "open_intent": [str(s) for s in _OPEN_INTENT],
+                "settleable": [str(s) for s in settleable],
+                "open_intent": [str(s) for s in open_intent],
+                "amount_captured": amount_captured,
             },
         )
         return cursor.fetchone()[0] == 1
@@ -72,16 +87,17 @@ RETURNING was.status = %(open)s
 """
 
 
-def complete_session(intent_id: str) -> CheckoutSession | None:
+def complete_session(intent_id: str, *, paid: bool = True) -> CheckoutSession | None:
     """The intent's session, marked paid, and ``open → complete``; returns it when it moved to
     complete (so its event is emitted), else None. An expired session is marked paid too
-    but stays expired."""
+    but stays expired. ``paid=False``: an authorization completes the payer's part, and the
+    session, but nothing is paid until the capture (which marks it paid)."""
     with connection.cursor() as cursor:
         cursor.execute(
             _COMPLETE_SESSION,
             {
                 "intent_id": intent_id,
-                "paid": str(CheckoutPaymentStatus.PAID),
+                "paid": str(CheckoutPaymentStatus.PAID if paid else CheckoutPaymentStatus.UNPAID),
                 "open": str(CheckoutSessionStatus.OPEN),
                 "complete": str(CheckoutSessionStatus.COMPLETE),
             },

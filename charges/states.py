@@ -19,12 +19,17 @@ class IntentStatus(models.TextChoices):
     """Confirmed; its charge is live (also while the charge is ``unresolved``)."""
     REQUIRES_ACTION = "requires_action", "Requires action"
     """Redirect rail: the payer has been handed a URL and has to act."""
+    REQUIRES_CAPTURE = "requires_capture", "Requires capture"
+    """Manual capture: the rail authorized the charge and holds the money; the merchant
+    captures it (``processing`` until the rail confirms) or cancels it (the hold is voided)."""
     SUCCEEDED = "succeeded", "Succeeded"
     """Terminal: the rail settled the charge."""
     FAILED = "failed", "Failed"
     """Terminal: the charge failed; a new intent is needed to try again."""
     CANCELED = "canceled", "Canceled"
-    """Terminal: the merchant canceled it before it was confirmed; no charge was ever made."""
+    """Terminal: canceled before it was confirmed (no charge was ever made), or while its
+    authorization waited for capture (the hold is voided at the rail), or its authorization
+    expired uncaptured."""
 
 
 INTENT_TERMINAL = frozenset({IntentStatus.SUCCEEDED, IntentStatus.FAILED, IntentStatus.CANCELED})
@@ -43,10 +48,33 @@ class ChargeStatus(models.TextChoices):
     """Terminal (the rail said so, or a redirect order nobody could pay)."""
     UNRESOLVED = "unresolved", "Unresolved"
     """Past the 24 h horizon without a terminal answer: a human is told; still polled hourly."""
+    AUTHORIZED = "authorized", "Authorized"
+    """Manual capture: the rail holds the money until the merchant captures or cancels it; its
+    poll waits for the authorization's expiry (then voids it) and is woken by either."""
+    CAPTURING = "capturing", "Capturing"
+    """The merchant captured it: the worker sends the capture and polls until the rail confirms."""
+    VOIDING = "voiding", "Voiding"
+    """Canceled, or its authorization expired: the worker sends the void and polls until the
+    rail confirms the hold is released."""
+    VOIDED = "voided", "Voided"
+    """Terminal: the rail released the authorization; nothing was captured."""
 
 
-CHARGE_TERMINAL = frozenset({ChargeStatus.SUCCEEDED, ChargeStatus.FAILED})
-CHARGE_LIVE = frozenset({ChargeStatus.SUBMITTING, ChargeStatus.SUBMITTED, ChargeStatus.UNRESOLVED})
+CHARGE_TERMINAL = frozenset({ChargeStatus.SUCCEEDED, ChargeStatus.FAILED, ChargeStatus.VOIDED})
+# Charges that have a poll job (the backstop scan restores a lost one). An authorized
+# charge's poll waits, parked, for its authorization's expiry; a capture or a cancel wakes it.
+CHARGE_LIVE = frozenset(
+    {
+        ChargeStatus.SUBMITTING,
+        ChargeStatus.SUBMITTED,
+        ChargeStatus.UNRESOLVED,
+        ChargeStatus.AUTHORIZED,
+        ChargeStatus.CAPTURING,
+        ChargeStatus.VOIDING,
+    }
+)
+# The two rail operations on an authorization, each driven by the charge's poll.
+CHARGE_CAPTURE_PHASE = frozenset({ChargeStatus.CAPTURING, ChargeStatus.VOIDING})
 
 
 class RefundStatus(models.TextChoices):
@@ -83,6 +111,8 @@ class CancellationReason(models.TextChoices):
     FRAUDULENT = "fraudulent", "Fraudulent"
     REQUESTED_BY_CUSTOMER = "requested_by_customer", "Requested by customer"
     ABANDONED = "abandoned", "Abandoned"
+    EXPIRED = "expired", "Expired"
+    """Set by vpay, never by a merchant: the authorization expired uncaptured."""
 
 
 class CheckoutSessionStatus(models.TextChoices):
@@ -103,6 +133,13 @@ class CheckoutPaymentStatus(models.TextChoices):
     PAID = "paid", "Paid"
 
 
+class CaptureMethod(models.TextChoices):
+    """When a confirmed intent's money is taken."""
+
+    AUTOMATIC = "automatic", "Automatic (the charge captures when the payer approves)"
+    MANUAL = "manual", "Manual (the rail authorizes; the merchant captures or cancels later)"
+
+
 class RailFlow(models.TextChoices):
     """How a payer approves a charge on a rail; a capability of the rail, never its name."""
 
@@ -116,5 +153,7 @@ class RailStatus(models.TextChoices):
     PENDING = "pending", "Pending"
     SUCCEEDED = "succeeded", "Succeeded"
     FAILED = "failed", "Failed"
+    AUTHORIZED = "authorized", "Authorized (money held, not captured)"
+    CANCELED = "canceled", "Canceled (authorization voided)"
     NOT_FOUND = "not_found", "Not found (404)"
     UNAVAILABLE = "unavailable", "No usable answer (timeout, 5xx)"

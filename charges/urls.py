@@ -6,6 +6,7 @@ urlpatterns = [
     path("payment_intents", views.payment_intents),
     path("payment_intents/<str:intent_id>", views.payment_intent),
     path("payment_intents/<str:intent_id>/confirm", views.confirm),
+    path("payment_intents/<str:intent_id>/capture", views.capture),
     path("payment_intents/<str:intent_id>/cancel", views.cancel),
     path("refunds", refund_views.refunds),
     path("refunds/<str:refund_id>", refund_views.refund),

@@ -1,4 +1,4 @@
-"""``/v1/payment_intents`` (create, confirm, cancel), ``/v1/checkout/sessions`` and ``/rails/<code>/callback``."""
+"""``/v1/payment_intents`` (create, confirm, capture, cancel), ``/v1/checkout/sessions`` and ``/rails/<code>/callback``."""
 
 from __future__ import annotations
 
@@ -20,9 +20,10 @@ from charges import money, repository
 from charges.models import Charge, CheckoutSession, PaymentIntent
 from charges.rails import get_rail
 from charges.services.cancel import payment_intent_cancel
+from charges.services.capture import payment_intent_capture
 from charges.services.confirm import confirm_intent
 from charges.services.intents import MAX_RETURN_URL, clean_return_url, create_intent, create_session
-from charges.states import CHARGE_LIVE, CancellationReason, IntentStatus
+from charges.states import CHARGE_LIVE, CancellationReason, CaptureMethod, IntentStatus
 from charges.wire import render_intent, render_session
 from jobs import port as queue
 
@@ -42,6 +43,15 @@ PAYMENT_FIELDS = {
     "rail": Field(str, required=True, max_length=32, description="The code of a configured rail."),
     "customer": Field(str, max_length=ID_MAX_LENGTH),
     "metadata": METADATA,
+    "capture_method": Field(
+        str,
+        choices=CaptureMethod.values,
+        description=(
+            "automatic (the default): the charge captures when the payer approves. manual: the rail only"
+            " authorizes; the intent waits in requires_capture for POST /v1/payment_intents/{id}/capture"
+            " or /cancel, and an authorization left VPAY_AUTHORIZATION_EXPIRY_SECONDS (7 days) is voided."
+        ),
+    ),
 }
 CREATE_INTENT = Body(**PAYMENT_FIELDS)
 _URI = {"format": "uri"}
@@ -52,7 +62,17 @@ CREATE_SESSION = Body(
     cancel_url=Field(str, max_length=MAX_RETURN_URL, check=clean_return_url, description=_RETURN_URL, schema=_URI),
 )
 CONFIRM = Body()  # no parameters; anything sent is an unknown-parameter 400
-CANCEL = Body(cancellation_reason=Field(str, choices=CancellationReason.values))
+# "expired" is vpay's own (an authorization that expired), never a merchant's.
+CANCEL = Body(
+    cancellation_reason=Field(str, choices=[r for r in CancellationReason.values if r != CancellationReason.EXPIRED])
+)
+CAPTURE = Body(
+    amount_to_capture=Field(
+        int,
+        description="Minor units to capture, at most amount_capturable (the default: all of it); the rest is released.",
+        schema=AMOUNT_SCHEMA,
+    )
+)
 # What creating an intent (or a session) refuses beyond the body's own checks.
 _PAYMENT_REFUSALS = {400: ("rail_unknown", "currency_unsupported", "resource_missing")}
 
@@ -116,10 +136,29 @@ def confirm(request: ApiRequest, intent_id: str) -> HttpResponse:
     return respond(render_intent(confirm_intent(request.merchant, intent_id)))
 
 
+# Not a rail call: the capture is accepted here and sent by the charge's poll
+# (charges/services/capture.py says why).
 @route(
     Operation(
         "POST",
-        "Cancel a payment intent that is not yet confirmed.",
+        "Capture an authorized payment intent (requires_capture); the worker captures it at the rail.",
+        body=CAPTURE,
+        answers=ref("payment_intent"),
+        errors={
+            400: ("amount_too_large", "parameter_out_of_range"),
+            409: ("payment_intent_unexpected_state", "rail_unknown"),
+        },
+    )
+)
+def capture(request: ApiRequest, intent_id: str) -> HttpResponse:
+    fields = CAPTURE.parse(request)
+    return respond(render_intent(payment_intent_capture(merchant=request.merchant, payment_intent=intent_id, **fields)))
+
+
+@route(
+    Operation(
+        "POST",
+        "Cancel a payment intent that is not yet confirmed, or whose authorization waits for capture (it is voided).",
         body=CANCEL,
         answers=ref("payment_intent"),
         errors={409: ("payment_intent_unexpected_state",)},

@@ -10,7 +10,7 @@ from __future__ import annotations
 from django.conf import settings
 
 from charges.models import Charge, CheckoutSession, PaymentIntent, Refund
-from charges.states import IntentStatus
+from charges.states import ChargeStatus, IntentStatus
 
 
 def _ts(value) -> int | None:
@@ -27,6 +27,8 @@ def render_charge(charge: Charge, *, for_event: bool = False) -> dict:
         "rail": charge.rail,
         "flow": charge.flow,
         "status": charge.status,
+        "captured": charge.status == ChargeStatus.SUCCEEDED,
+        "amount_captured": charge.amount_captured or 0,
         "failure_code": charge.failure_code,
         "redirect_url": None if for_event else charge.redirect_url,
         "created": _ts(charge.created_at),
@@ -55,6 +57,9 @@ def render_intent(intent: PaymentIntent, *, for_event: bool = False) -> dict:
         "status": intent.status,
         "customer": intent.customer_id,
         "metadata": intent.metadata,
+        "capture_method": intent.capture_method,
+        "amount_capturable": intent.amount_capturable,
+        "amount_received": intent.amount_received,
         "amount_refunded": intent.amount_refunded,
         "canceled_at": _ts(intent.canceled_at),
         "cancellation_reason": intent.cancellation_reason,

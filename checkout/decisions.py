@@ -41,7 +41,14 @@ def decide(
     to the rail again before the worker has heard the answer."""
     if not found:
         return Shown(Page.UNKNOWN, 404)
-    if session_status == CheckoutSessionStatus.COMPLETE or intent_status == IntentStatus.SUCCEEDED:
+    if intent_status == IntentStatus.CANCELED:
+        # Also after the payer approved an authorization the merchant then canceled (the
+        # session had completed): the hold is released, and nothing was charged.
+        return Shown(Page.EXPIRED, 410)
+    if session_status == CheckoutSessionStatus.COMPLETE or intent_status in (
+        IntentStatus.SUCCEEDED,
+        IntentStatus.REQUIRES_CAPTURE,  # authorized: the payer's part is done
+    ):
         return Shown(Page.TO_SUCCESS, 303) if has_success_url else Shown(Page.PAID, 200)
     if intent_status in (IntentStatus.PROCESSING, IntentStatus.REQUIRES_ACTION):
         return Shown(Page.FOLLOWING, 200)

@@ -8,17 +8,37 @@ per flow, by path prefix: ``{base}/push`` and ``{base}/redirect``.
 
 Rail protocol (every call needs ``Authorization: Bearer <api key>``, else 401):
 
-* ``POST /<rail>/charges`` ``{reference, amount, currency}``, ``Idempotency-Key:
+* ``POST /<rail>/charges`` ``{reference, amount, currency, capture?}``, ``Idempotency-Key:
   reference`` → ``{status: "pending", reference, pay_token?, redirect_url?}``. The same
-  reference twice is the same charge (the second answer repeats the first's token).
+  reference twice is the same charge (the second answer repeats the first's token; the
+  first submit's ``capture`` holds). ``capture`` (boolean, default true) false makes the
+  charge an *authorization*: it polls as any charge but answers ``authorized`` (with
+  ``amount_capturable``) where it would answer ``succeeded``, and stays so until captured
+  or voided.
 * ``GET /<rail>/charges/<reference>`` (``?pay_token=`` on the redirect rail: without the
   right token the rail does not know the charge) → the same shape, or 404.
 * ``GET /redirect/pay/<reference>?pay_token=…&result=succeeded|failed``: the payer's
-  page (the demo's "pay" button); settles the charge at the next poll.
+  page (the demo's "pay" button); settles the charge at the next poll (an authorization at
+  once, for good: ``authorized`` or ``failed``). A voided charge's page is a 404.
+* ``POST /<rail>/charges/<reference>/capture`` ``{amount}`` (> 0), ``Idempotency-Key:
+  reference:capture`` → ``{reference, status: "succeeded", amount_captured}``: captures
+  ``amount`` (at most the authorized amount; the rest is released) of an authorization a
+  poll or the payer page has settled ``authorized``. Again once captured: the same answer,
+  nothing more captured, whatever the amount. Anything else (pending, failed, voided, a
+  capture-true charge, too much, a bad body) is a 400; an unknown reference a 404. From
+  then on polls answer ``succeeded`` with ``amount_captured`` (after any ``error_polls``).
+* ``POST /<rail>/charges/<reference>/void``, ``Idempotency-Key: reference:void`` → the
+  charge as it stands after it: ``{reference, status: "canceled"}`` when it was pending or
+  authorized (released: polls answer ``canceled`` from then on, captures are refused),
+  else what the rail has already answered for it: ``succeeded`` (with ``amount_captured``)
+  or ``failed`` (with ``failure_code``); 404 for an unknown reference. A charge is
+  succeeded or failed here only once a poll or the payer page has settled it so.
 * ``POST /<rail>/refunds`` ``{reference, charge_reference, amount, currency}``,
   ``Idempotency-Key: reference`` → ``{reference, status: "pending"}``. The same reference
   twice is the same refund (held once). A charge the rail does not know is a 404, and
-  refunds of one charge adding up past its amount a 400 (both refusals for good).
+  refunds of one charge adding up past its amount a 400 (both refusals for good). An
+  authorization or a voided charge takes refunds only once captured ("charge not
+  captured" otherwise), up to its ``amount_captured``.
 * ``GET /<rail>/refunds/<reference>`` → ``{reference, status, failure_code?}``, or 404.
   Refunds follow the same scenarios as charges (per refund reference, else per refund
   amount, else the built-in amounts), every field but the redirect ones.
@@ -43,7 +63,10 @@ the JSON answer, e.g. ``""`` or ``{"status": "weird"}``: the rail keeps the char
 ``url_style`` ``"path"`` (the redirect URL
 carries the pay_token as its last path segment, ``/<rail>/pay/<reference>/<token>``,
 instead of ``?pay_token=``: a URL no key-name redaction can recognise), ``echo_credentials``
-true (a 401 repeats the key it was presented, as some rails' error bodies do).
+true (a 401 repeats the key it was presented, as some rails' error bodies do),
+``capture_error`` / ``void_error`` N (the first N captures / voids answer ``error_status``
+or 503 and do nothing), ``capture_drop`` / ``void_drop`` N (the next N are applied but
+answered by closing the connection), ``capture_delay`` / ``void_delay`` seconds.
 
 Built-in amounts (minor units, ``amount % 1000``): 402 fails ``insufficient_funds``;
 503 answers 503 forever; 404 is unknown for three polls, then succeeds; everything else
@@ -55,7 +78,10 @@ Inspection and control for tests and demos:
   fields (replaces that key's scenario); ``POST /__admin/reset``.
 * ``GET /__admin/requests[?reference=…]``: every request received, in order (method,
   path, reference, idempotency key, body, answer status, whether it was answered).
-* ``GET /__admin/charges/<reference>``: what the rail holds for it.
+* ``GET /__admin/charges/<reference>``: what the rail holds for it, with ``capture``,
+  ``settled`` (null, ``authorized``, ``succeeded``, ``failed`` or ``canceled``: what it has
+  answered for good), ``amount_captured`` and how many ``captures`` and ``voids`` it got
+  (every authenticated one, errored and dropped ones too; logged as kind capture / void).
 * ``GET /__admin/refunds?charge_reference=…``: the refunds the rail holds for a charge
   (what a test counts to prove a refund was held once), with how many submits each got.
 """
@@ -70,13 +96,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
 from sandbox.rail_admin import AdminRoutes
+from sandbox.rail_capture import CaptureRoutes
 from sandbox.rail_refunds import RefundRoutes
-from sandbox.rail_state import RailCharge, RailRefund, State, poll_answer
+from sandbox.rail_state import RailCharge, RailRefund, State, charge_poll
 
 DEFAULT_API_KEY = "sandbox-rail-key"
 
 
-class Handler(RefundRoutes, AdminRoutes, BaseHTTPRequestHandler):
+class Handler(CaptureRoutes, RefundRoutes, AdminRoutes, BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     # TCP_NODELAY: an answer goes out as its headers and then its body, two writes; with
     # Nagle on, the body waits for the client's delayed ACK of the headers (~40 ms on
@@ -146,7 +173,7 @@ class Handler(RefundRoutes, AdminRoutes, BaseHTTPRequestHandler):
                 state.record({**entry, "status": 404})
                 code, status = 404, None
             else:
-                code, status = poll_answer(charge, scenario)
+                code, status = charge_poll(charge, scenario)
                 state.record({**entry, "status": code, "rail_status": status, "poll": charge.polls})
         delay = scenario.get("poll_delay", 0)
         if delay:
@@ -163,6 +190,8 @@ class Handler(RefundRoutes, AdminRoutes, BaseHTTPRequestHandler):
         body = self._body()
         if seg[:1] == ["__admin"]:
             return self._admin_post(seg, body)
+        if len(seg) == 4 and seg[1] == "charges" and seg[3] in ("capture", "void"):
+            return self._capture_or_void(path, seg[0], seg[2], seg[3], body)
         if len(seg) != 2 or seg[1] not in ("charges", "refunds"):
             return self._send(404, {"error": "no such route"})
         rail, refund = seg[0], seg[1] == "refunds"
@@ -190,6 +219,10 @@ class Handler(RefundRoutes, AdminRoutes, BaseHTTPRequestHandler):
             return self._send(
                 400, {"error": "reference, amount and currency (and a refund's charge_reference) are required"}
             )
+        if not refund and not isinstance(body.get("capture", True), bool):
+            with state.lock:
+                state.record({**entry, "status": 400})
+            return self._send(400, {"error": "capture must be a boolean"})
         reference, amount = body["reference"], body["amount"]
         entry["reference"] = reference
         with state.lock:
@@ -224,6 +257,7 @@ class Handler(RefundRoutes, AdminRoutes, BaseHTTPRequestHandler):
                     if charge is None:
                         token = secrets.token_urlsafe(16) if rail == "redirect" else None
                         charge = RailCharge(reference, rail, amount, body["currency"], token)
+                        charge.capture = body.get("capture", True)
                         state.charges[(rail, reference)] = charge
                 if refused:
                     state.record({**entry, "status": forced_status})
@@ -274,17 +308,22 @@ class Handler(RefundRoutes, AdminRoutes, BaseHTTPRequestHandler):
                 )
         if status == "failed":
             body["failure_code"] = scenario.get("failure_code", "declined")
+        elif status == "authorized":
+            body["amount_capturable"] = charge.amount
+        elif status == "succeeded" and charge.amount_captured is not None:
+            body["amount_captured"] = charge.amount_captured
         return body
 
     def _pay(self, rail: str, reference: str, query: dict) -> None:
         state = self.server.state
         with state.lock:
             charge = state.charges.get((rail, reference))
-            if charge is None or query.get("pay_token") != charge.pay_token:
+            if charge is None or query.get("pay_token") != charge.pay_token or charge.settled == "canceled":
                 return self._send(404, {"error": "not found"})
             result = query.get("result", "succeeded")
-            if result in ("succeeded", "failed"):
+            if result in ("succeeded", "failed") and (charge.capture or charge.settled is None):
                 charge.forced = result
+                charge.settled = "authorized" if result == "succeeded" and not charge.capture else result
         return self._send(200, {"reference": reference, "result": charge.forced})
 
 

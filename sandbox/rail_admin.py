@@ -46,6 +46,11 @@ class AdminRoutes:
                         "currency": c.currency,
                         "polls": c.polls,
                         "submits": state.submits.get((c.rail, c.reference), 0),
+                        "capture": c.capture,
+                        "settled": c.settled,
+                        "amount_captured": c.amount_captured,
+                        "captures": c.captures,
+                        "voids": c.voids,
                     },
                 )
         return self._send(404, {"error": "no such route"})

@@ -20,12 +20,17 @@ class RefundRoutes:
         charge = state.charges.get((rail, body["charge_reference"]))
         if charge is None:
             return 404, "no such charge"
+        limit = charge.amount
+        if not charge.capture or charge.settled == "canceled":  # an authorization, or a voided charge
+            if charge.settled != "succeeded":
+                return 400, "charge not captured"
+            limit = charge.amount_captured
         held = sum(
             r.amount
             for r in state.refunds.values()
             if (r.rail, r.charge_reference) == (rail, charge.reference) and not r.failed
         )
-        if held + body["amount"] > charge.amount:
+        if held + body["amount"] > limit:
             return 400, "refunds would exceed the charge"
         return None
 

@@ -31,6 +31,12 @@ SCENARIO_FIELDS = {
     "retry_after": str,
     "url_style": str,
     "echo_credentials": bool,
+    "capture_error": int,
+    "capture_drop": int,
+    "capture_delay": (int, float),
+    "void_error": int,
+    "void_drop": int,
+    "void_delay": (int, float),
 }
 
 
@@ -43,6 +49,13 @@ class RailCharge:
     pay_token: str | None
     polls: int = 0
     forced: str | None = None  # the payer page's result
+    capture: bool = True  # false: an authorization, captured (or voided) by a later call
+    # What the rail has answered for good (a poll, the payer page, a capture or a void):
+    # None while pending, else "authorized", "succeeded", "failed" or "canceled".
+    settled: str | None = None
+    amount_captured: int | None = None  # set by a capture only
+    captures: int = 0  # capture requests received (errored and dropped ones too)
+    voids: int = 0
 
 
 @dataclass
@@ -101,3 +114,26 @@ def poll_answer(charge: RailCharge | RailRefund, scenario: dict) -> tuple[int, s
     if n >= scenario.get("after_polls", 1):
         return 200, scenario.get("outcome", "succeeded")
     return 200, "pending"
+
+
+def charge_poll(charge: RailCharge, scenario: dict) -> tuple[int, str | None]:
+    """``poll_answer`` for a charge, keeping ``charge.settled``. An automatic charge
+    (capture true, never voided) answers exactly as ``poll_answer``; an authorization
+    answers ``authorized`` for ``succeeded`` and then what it settled as. A captured or
+    voided charge answers that for good, after its ``error_polls``."""
+    if charge.settled == "canceled" or charge.amount_captured is not None:
+        charge.polls += 1
+        errors = scenario.get("error_polls", 0)
+        if errors < 0 or charge.polls <= errors:
+            return scenario.get("error_status", 503), None
+        return 200, charge.settled
+    code, status = poll_answer(charge, scenario)
+    if code != 200:
+        return code, status
+    if charge.capture:
+        if status in ("succeeded", "failed"):
+            charge.settled = status
+        return code, status
+    if charge.settled is None and status in ("succeeded", "failed"):
+        charge.settled = "authorized" if status == "succeeded" else status
+    return code, charge.settled or status

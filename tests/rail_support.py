@@ -81,6 +81,10 @@ class SandboxRail:
         query = f"?reference={reference}" if reference else ""
         return self._get(f"/__admin/requests{query}")["requests"]
 
+    def charge(self, reference: str) -> dict:
+        """What the rail holds for a charge (``/__admin/charges/<reference>``)."""
+        return self._get(f"/__admin/charges/{reference}")
+
     def stop(self) -> None:
         self.proc.terminate()
         try:

@@ -35,9 +35,17 @@ SETTLE_TABLE = {
     (S.UNRESOLVED, R.PENDING): (Settlement.STAY, Settlement.ESCALATE),
     (S.UNRESOLVED, R.NOT_FOUND): (Settlement.STAY, Settlement.ESCALATE),
     (S.UNRESOLVED, R.UNAVAILABLE): (Settlement.STAY, Settlement.ESCALATE),
+    # Manual capture: the rail's authorization is final for this table, at any age; a charge
+    # the rail dropped before anyone captured it ("canceled") failed.
     **{
-        (terminal, answer): (Settlement.IGNORE, Settlement.IGNORE)
-        for terminal in (S.SUCCEEDED, S.FAILED)
+        (live, answer): (outcome, outcome)
+        for live in (S.SUBMITTING, S.SUBMITTED, S.UNRESOLVED)
+        for answer, outcome in ((R.AUTHORIZED, Settlement.AUTHORIZE), (R.CANCELED, Settlement.FAIL))
+    },
+    # Terminal, and the capture phase (charges.capture_table's): nothing here.
+    **{
+        (other, answer): (Settlement.IGNORE, Settlement.IGNORE)
+        for other in (S.SUCCEEDED, S.FAILED, S.VOIDED, S.AUTHORIZED, S.CAPTURING, S.VOIDING)
         for answer in R
     },
 }

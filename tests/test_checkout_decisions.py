@@ -10,7 +10,9 @@ from checkout.decisions import Page, Shown, decide
 
 def expected(session_status, past_expiry, intent_status, has_success_url) -> Shown:
     """The table, written out by rule, first match wins."""
-    paid = session_status == "complete" or intent_status == "succeeded"
+    if intent_status == "canceled":
+        return Shown(Page.EXPIRED, 410)  # whatever the session says: nothing was charged
+    paid = session_status == "complete" or intent_status in ("succeeded", "requires_capture")
     if paid:
         return Shown(Page.TO_SUCCESS, 303) if has_success_url else Shown(Page.PAID, 200)
     if intent_status in ("processing", "requires_action"):
@@ -42,7 +44,7 @@ def test_every_combination():
         )
         if got != expected(*case):
             wrong.append((case, got))
-    assert len(CASES) == 3 * 2 * 6 * 2
+    assert len(CASES) == 3 * 2 * 7 * 2
     assert wrong == []
 
 

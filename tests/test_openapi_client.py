@@ -78,3 +78,57 @@ def test_the_generated_client_creates_and_cancels_an_intent_and_reads_its_events
 
     refused = create.sync(client=client, body=models.CreatePaymentIntentBody(amount=0, currency="usd", rail="x"))
     assert isinstance(refused, models.Error) and refused.error.request_id.startswith("req_")
+
+
+def test_the_generated_client_runs_a_manual_capture_payment_and_reads_its_events(generated, live_server, rails):
+    """A payment, as a merchant runs it through the client: created for manual capture,
+    confirmed (the rail called), authorized (the worker's poll, run here in process),
+    captured in part, settled; then its events read back through the client."""
+    from jobs.runner.worker import Worker
+    from tests.charges_support import intent_status
+    from tests.conftest import wait_for
+
+    assert generated.returncode == 0, generated.stdout + generated.stderr
+    client_module = importlib.import_module(PACKAGE)
+    models = importlib.import_module(f"{PACKAGE}.models")
+
+    def operation(name: str):
+        return importlib.import_module(f"{PACKAGE}.api.payment_intents.{name}")
+
+    client = client_module.AuthenticatedClient(base_url=live_server.url, token=MerchantClient("Acme").key)
+    body = models.CreatePaymentIntentBody(
+        amount=2500,
+        currency="usd",
+        rail="sandbox_push",
+        capture_method=models.CreatePaymentIntentBodyCaptureMethod.MANUAL,
+    )
+    intent = operation("create_payment_intent").sync(client=client, body=body)
+    assert isinstance(intent, models.PaymentIntent), intent
+    confirmed = operation("confirm_payment_intent").sync(client=client, intent_id=intent.id)
+    assert confirmed.status.value == "processing"
+
+    worker = Worker(worker_id="w-client")
+
+    def settled_to(status: str):
+        def reached() -> bool:
+            worker.run_once()
+            return intent_status(intent.id) == status
+
+        return reached
+
+    wait_for(settled_to("requires_capture"), timeout=15, interval=0.05, message="the authorization")
+    got = operation("retrieve_payment_intent").sync(client=client, intent_id=intent.id)
+    assert (got.status.value, got.amount_capturable) == ("requires_capture", 2500)
+
+    captured = operation("capture_payment_intent").sync(
+        client=client, intent_id=intent.id, body=models.CapturePaymentIntentBody(amount_to_capture=2000)
+    )
+    assert isinstance(captured, models.PaymentIntent) and captured.status.value == "processing", captured
+    wait_for(settled_to("succeeded"), timeout=15, interval=0.05, message="the capture")
+    got = operation("retrieve_payment_intent").sync(client=client, intent_id=intent.id)
+    assert (got.amount_received, got.charge.amount_captured) == (2000, 2000)
+
+    list_events = importlib.import_module(f"{PACKAGE}.api.events.list_events")
+    types = [event.type_.value for event in list_events.sync(client=client).data]
+    assert types[:3] == ["payment_intent.succeeded", "charge.captured", "payment_intent.processing"]
+    assert "payment_intent.amount_capturable_updated" in types

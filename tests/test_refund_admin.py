@@ -76,7 +76,12 @@ def test_the_refund_tables_constraints_hold(charge, fields, constraint):
 def test_the_admin_shows_amounts_in_their_currency(admin_client, currency, amount, shown, refunded):
     merchant, _ = create_merchant("Acme")
     intent = PaymentIntent.objects.create(
-        merchant=merchant, amount=amount, currency=currency, rail="sandbox_push", status="succeeded"
+        merchant=merchant,
+        amount=amount,
+        currency=currency,
+        rail="sandbox_push",
+        status="succeeded",
+        amount_received=amount,
     )
     charge = Charge.objects.create(
         intent=intent, merchant=merchant, rail="sandbox_push", flow="push", amount=amount, currency=currency

@@ -133,11 +133,11 @@ def test_an_unknown_or_another_merchants_intent_or_refund_is_a_404(acme_api):
     assert scalar("SELECT count(*) FROM refunds") == 1 and amount_refunded(theirs) == 10
 
 
-def test_the_database_refuses_a_total_refunded_past_the_amount(acme_api):
+def test_the_database_refuses_a_total_refunded_past_what_was_received(acme_api):
     from django.db import IntegrityError, transaction
 
     intent_id = acme_api.paid_intent(amount=1000)
-    with pytest.raises(IntegrityError, match="charges_paymentintent_refunded_within_amount"), transaction.atomic():
+    with pytest.raises(IntegrityError, match="charges_paymentintent_refunded_within_received"), transaction.atomic():
         scalar("UPDATE payment_intents SET amount_refunded = 1001 WHERE id = %s RETURNING id", [intent_id])
 
 

@@ -26,7 +26,9 @@ def value(name: str, **labels) -> float | None:
 
 def make_charge(merchant, status: str, rail: str = "sandbox_push") -> Charge:
     intent = PaymentIntent.objects.create(merchant=merchant, amount=1000, currency="usd", rail=rail)
-    return Charge.objects.create(intent=intent, merchant=merchant, rail=rail, flow="push", amount=1000, currency="usd", status=status)
+    return Charge.objects.create(
+        intent=intent, merchant=merchant, rail=rail, flow="push", amount=1000, currency="usd", status=status
+    )
 
 
 @pytest.fixture
@@ -55,7 +57,9 @@ def test_dead_letters_pending_by_kind_with_the_oldest_jobs_age_and_gone_once_dec
     assert 3 * 3600 <= value("vpay_dead_letters_pending_oldest_job_age_seconds") < 3 * 3600 + 60
 
     with connection.cursor() as cursor:
-        cursor.execute("UPDATE dead_letters SET state = 'discarded', discarded_at = now(), discarded_by = 'ops', discard_reason = 'x' WHERE kind = 'send_alert'")
+        cursor.execute(
+            "UPDATE dead_letters SET state = 'discarded', discarded_at = now(), discarded_by = 'ops', discard_reason = 'x' WHERE kind = 'send_alert'"
+        )
     sql_gauges.refresh()
     assert value("vpay_dead_letters_pending", kind="send_alert") is None  # a decided kind leaves no stale series
 
@@ -143,7 +147,8 @@ def test_table_sizes_come_from_the_catalog_for_the_watched_tables_only():
         ),
         ("SELECT count(*) FROM events WHERE fan_out = 'pending'", "events_pending_fan_out"),
         (
-            "SELECT rail, status, count(*) FROM charges WHERE status = ANY(ARRAY['submitted','submitting','unresolved'])"
+            "SELECT rail, status, count(*) FROM charges WHERE status = ANY(ARRAY['authorized','capturing',"
+            "'submitted','submitting','unresolved','voiding'])"
             " GROUP BY rail, status",
             "charges_live_idx",
         ),

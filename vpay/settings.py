@@ -279,6 +279,9 @@ VPAY_CHARGE_WAIT_MARGIN_SECONDS = env.float("VPAY_CHARGE_WAIT_MARGIN_SECONDS", d
 VPAY_CHARGE_CONFIRM_GRACE_SECONDS = env.float("VPAY_CHARGE_CONFIRM_GRACE_SECONDS", default=20.0)
 # How often the backstop scan re-enqueues polls for live charges that lost their job.
 VPAY_CHARGE_BACKSTOP_SECONDS = env.float("VPAY_CHARGE_BACKSTOP_SECONDS", default=600.0)
+# Manual capture: an authorization not captured this long after the rail granted it is
+# voided at the rail and its intent canceled (docs/charges.md, "Authorize now, capture later").
+VPAY_AUTHORIZATION_EXPIRY_SECONDS = env.float("VPAY_AUTHORIZATION_EXPIRY_SECONDS", default=7 * 24 * 3600.0)
 # Refunds (charges/refund_policy.py): their own poll ladder and horizon; the not-found
 # window and streak are the charges' (they describe the rail). docs/charges.md, "Refunds".
 VPAY_REFUND_POLL_LADDER_SECONDS = [

@@ -11,6 +11,16 @@ answer ``{reference, status: pending|succeeded|failed, failure_code?}``, 404 on 
 when the rail does not know it. Both go through the same ``_call``, so a refund's answer is
 classified exactly as a charge's is.
 
+Manual capture extends it again: a submit with ``capture: false`` is an authorization, which
+a poll reports ``authorized`` (with ``amount_capturable``) where it would report
+``succeeded``. ``POST {base}/charges/{reference}/capture`` ``{amount}`` (``Idempotency-Key:
+reference:capture``) answers ``{status: succeeded, amount_captured}``; ``POST
+{base}/charges/{reference}/void`` (``Idempotency-Key: reference:void``) answers the charge
+as it stands after it (``canceled`` once the hold is released; ``succeeded`` or ``failed``
+when the money had already moved or never would), 404 when the rail holds nothing. A
+captured charge's polls answer ``succeeded`` with ``amount_captured``, a voided one's
+``canceled``.
+
 Failures are classified with ``vpay.errors``' vocabulary, so the worker and the web
 process agree on them. Only a definitive refusal may end a charge, because anything short
 of one can hide a charge the rail took and a payer may still approve:
@@ -51,7 +61,7 @@ from vpay.http_deadline import DeadlineStream, remaining
 from vpay.logging import redact, redact_value
 
 MAX_BODY_BYTES = 64 * 1024
-_ANSWER_STATUSES = {"pending", "succeeded", "failed"}
+_ANSWER_STATUSES = {"pending", "succeeded", "failed", "authorized", "canceled"}
 # 4xx answers that refuse nothing for good: a timeout, an idempotency key still being
 # processed, too early, too many requests. Asking again later is the protocol's answer.
 _TRANSIENT_4XX = frozenset({408, 409, 425, 429})
@@ -70,6 +80,7 @@ class RailAnswer:
     redirect_url: str | None = None
     failure_code: str | None = None
     body_excerpt: str = ""
+    amount_captured: int | None = None  # on a captured charge's answer
 
     def __repr__(self) -> str:  # the pay_token and the URL carrying it are credentials of the payer's order
         return f"RailAnswer(status={self.status.value!r}, http_status={self.http_status}, failure_code={self.failure_code!r})"
@@ -133,12 +144,25 @@ def retry_after_seconds(value: str | None, rail_date: str | None) -> float | Non
     return min(max(wait, 0.0), RETRY_AFTER_MAX_SECONDS)
 
 
+def capture_key(reference: str) -> str:
+    """A capture's idempotency key: one capture per charge, however often it is sent."""
+    return f"{reference}:capture"
+
+
+def void_key(reference: str) -> str:
+    return f"{reference}:void"
+
+
 class RailAdapter(Protocol):
     """What the charge services need from a rail."""
 
-    def submit(self, *, reference: str, amount: int, currency: str) -> RailAnswer: ...
+    def submit(self, *, reference: str, amount: int, currency: str, capture: bool = True) -> RailAnswer: ...
 
     def status(self, *, reference: str, pay_token: str | None) -> RailAnswer: ...
+
+    def capture(self, *, reference: str, amount: int) -> RailAnswer: ...
+
+    def void(self, *, reference: str) -> RailAnswer: ...
 
     def refund(self, *, reference: str, charge_reference: str, amount: int, currency: str) -> RailAnswer: ...
 
@@ -247,9 +271,24 @@ class HttpRailAdapter:
     def __repr__(self) -> str:
         return f"HttpRailAdapter({self.rail!r})"
 
-    def submit(self, *, reference: str, amount: int, currency: str) -> RailAnswer:
-        body = {"reference": reference, "amount": amount, "currency": currency}
+    def submit(self, *, reference: str, amount: int, currency: str, capture: bool = True) -> RailAnswer:
+        body: dict = {"reference": reference, "amount": amount, "currency": currency}
+        if not capture:
+            body["capture"] = False  # an authorization; an automatic charge's body is unchanged
         return self._call("POST", "/charges", json_body=body, headers={"Idempotency-Key": reference})
+
+    def capture(self, *, reference: str, amount: int) -> RailAnswer:
+        path = f"/charges/{quote(reference, safe='')}/capture"
+        return self._call(
+            "POST", path, json_body={"amount": amount}, headers={"Idempotency-Key": capture_key(reference)}
+        )
+
+    def void(self, *, reference: str) -> RailAnswer:
+        # 404 is an answer: the rail holds nothing under the reference, so nothing is held.
+        path = f"/charges/{quote(reference, safe='')}/void"
+        return self._call(
+            "POST", path, json_body={}, headers={"Idempotency-Key": void_key(reference)}, not_found_is_answer=True
+        )
 
     def status(self, *, reference: str, pay_token: str | None) -> RailAnswer:
         params = {"pay_token": pay_token} if pay_token else None
@@ -396,6 +435,8 @@ def _parse(code: str, http_status: int, body: object, excerpt: str, retry_after:
         value = body.get(name)
         return value if isinstance(value, str) and value else None
 
+    captured = body.get("amount_captured")
+
     return RailAnswer(
         RailStatus(body["status"]),
         http_status,
@@ -403,6 +444,7 @@ def _parse(code: str, http_status: int, body: object, excerpt: str, retry_after:
         redirect_url=text_field("redirect_url"),
         failure_code=(text_field("failure_code") or "")[:64] or None,
         body_excerpt=excerpt,
+        amount_captured=captured if type(captured) is int and captured > 0 else None,
     )
 
 

@@ -1,9 +1,12 @@
 """Canceling a payment intent (web process, one transaction).
 
-Only an intent nothing was sent for can be canceled: ``requires_confirmation``. From the
-confirm on, a charge exists at (or is on its way to) the rail, where the payer may approve
-it; canceling our record would not stop the money, so the answer says so and the merchant
-waits for the charge to settle (and refunds it if it succeeded).
+Two states can be canceled. ``requires_confirmation``: nothing was sent to a rail.
+``requires_capture`` (manual capture): the rail holds an authorization nothing has
+captured; the charge goes ``voiding`` and its poll sends the void (the hold is released at
+the rail; ``charges.services.capture_polling``). In between, a charge exists at (or is on
+its way to) the rail, where the payer may approve it; canceling our record would not stop
+the money, so the answer says so and the merchant waits for the charge to settle (and
+refunds it if it succeeded).
 
 The cancel locks the intent row as the confirm does, and both write through the same
 guarded ``requires_confirmation → …`` compare-and-swap: racing, exactly one wins, and the
@@ -17,8 +20,9 @@ import logging
 
 from django.db import transaction
 
-from charges import repository
+from charges import capture_repository, repository
 from charges.models import PaymentIntent
+from charges.services.capture import wake_poll
 from charges.services.checkout_expiry import expire_session_of_canceled_intent
 from charges.states import CancellationReason, IntentStatus
 from charges.wire import render_intent
@@ -32,8 +36,8 @@ logger = logging.getLogger(__name__)
 # Why a cancel is refused, by the intent's state: the 409's message.
 _REFUSED = {
     IntentStatus.PROCESSING: (
-        "This PaymentIntent's charge is live at the rail (processing): it can no longer be canceled. "
-        "Wait for it to settle, and refund it if it succeeds."
+        "This PaymentIntent's charge is live at the rail (processing, or being captured): it can no longer be"
+        " canceled. Wait for it to settle, and refund it if it succeeds."
     ),
     IntentStatus.REQUIRES_ACTION: (
         "This PaymentIntent's charge is live at the rail (requires_action: the payer holds a payment URL): "
@@ -55,7 +59,9 @@ def payment_intent_cancel(
         intent = PaymentIntent.objects.select_for_update().filter(merchant=merchant, id=payment_intent).first()
         if intent is None:
             raise NotFound("resource_missing", f"No such payment_intent: {payment_intent!r}.", param="id")
-        if intent.status != IntentStatus.REQUIRES_CONFIRMATION or not repository.cancel_intent(
+        if intent.status == IntentStatus.REQUIRES_CAPTURE:
+            _void_authorization(intent, cancellation_reason or None)
+        elif intent.status != IntentStatus.REQUIRES_CONFIRMATION or not repository.cancel_intent(
             intent.id, cancellation_reason or None
         ):
             intent.refresh_from_db(fields=["status"])
@@ -66,3 +72,16 @@ def payment_intent_cancel(
         emit(merchant, EventType.PAYMENT_INTENT_CANCELED, render_intent(intent, for_event=True))
     logger.info("payment intent canceled", extra={"intent_id": intent.id, "reason": cancellation_reason})
     return intent
+
+
+def _void_authorization(intent: PaymentIntent, reason: str | None) -> None:
+    """An authorized intent (its row locked by the caller): the charge ``authorized → voiding``,
+    the intent ``canceled``, and the charge's poll woken to send the void. Under the lock the
+    charge is authorized whenever the intent requires capture; if either guard ever missed,
+    the refusal rolls the whole transaction back."""
+    charge_id = intent.charge.id
+    if not capture_repository.start_void(charge_id) or not capture_repository.cancel_authorized_intent(
+        intent.id, reason
+    ):
+        raise InvalidState("payment_intent_unexpected_state", "This PaymentIntent cannot be canceled now.")
+    wake_poll(charge_id, intent.merchant_id)

@@ -48,7 +48,7 @@ from charges.rails import get_rail
 from charges.rails.adapter import RailConfigurationError, RailRejected, RailUnavailable
 from charges.services import rail_calls, rail_gate, transitions
 from charges.services.rail_gate import RailDeferred
-from charges.states import INTENT_TERMINAL, CheckoutSessionStatus, IntentStatus, RailFlow
+from charges.states import INTENT_TERMINAL, CaptureMethod, CheckoutSessionStatus, IntentStatus, RailFlow
 from charges.wire import render_intent
 from jobs import port as queue
 from jobs.kinds import JobKind
@@ -72,6 +72,7 @@ def open_charge(intent: PaymentIntent, rail, *, poll_delay: float) -> Charge:
         merchant_id=intent.merchant_id,
         rail=rail.code,
         flow=rail.flow,
+        manual_capture=intent.capture_method == CaptureMethod.MANUAL,
         amount=intent.amount,
         currency=intent.currency,
     )
@@ -134,7 +135,13 @@ def confirm_intent(merchant: Merchant, intent_id: str) -> PaymentIntent:
 
     try:
         request_id, answer = rail_calls.submit(
-            charge.id, rail, amount=charge.amount, currency=charge.currency, ticket=ticket, ceiling=False
+            charge.id,
+            rail,
+            amount=charge.amount,
+            currency=charge.currency,
+            ticket=ticket,
+            ceiling=False,
+            capture=not charge.manual_capture,
         )
     except RailUnavailable:
         # No answer we may act on (none, 5xx, 409, 429, an unreadable 200): the rail may

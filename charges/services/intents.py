@@ -10,6 +10,7 @@ from django.db import transaction
 from charges import money, repository
 from charges.models import CheckoutSession, PaymentIntent
 from charges.rails import configured_rails
+from charges.states import CaptureMethod
 from charges.wire import render_intent
 from customers.models import Customer
 from merchants.models import Merchant
@@ -93,6 +94,7 @@ def create_intent(merchant: Merchant, fields: dict) -> PaymentIntent:
             currency=fields["currency"],
             rail=fields["rail"],
             metadata=fields.get("metadata", {}),
+            capture_method=fields.get("capture_method") or CaptureMethod.AUTOMATIC,
         )
         intent.refresh_from_db()
         emit(merchant, EventType.PAYMENT_INTENT_CREATED, render_intent(intent, for_event=True))

@@ -19,10 +19,10 @@ from charges.rails import get_rail
 from charges.rails.adapter import RailConfigurationError, RailRejected, RailUnavailable
 from charges.recovery import Step, recovery_step
 from charges.repository import ChargeRow
-from charges.services import rail_calls, rail_slots, transitions
+from charges.services import authorization_expiry, capture_polling, rail_calls, rail_slots, transitions
 from charges.services.rail_gate import RailDeferred, worker_share
 from charges.settlement import Settlement, settle
-from charges.states import CHARGE_TERMINAL, ChargeStatus, RailFlow, RailStatus
+from charges.states import CHARGE_CAPTURE_PHASE, CHARGE_TERMINAL, ChargeStatus, RailFlow, RailStatus
 from jobs import port as queue
 from jobs import registry
 from jobs.kinds import JobKind
@@ -78,6 +78,10 @@ def poll_charge(ctx: JobContext) -> Outcome:
         return Outcome.done()
     if row.status in CHARGE_TERMINAL:
         return Outcome.done()
+    if row.status == ChargeStatus.AUTHORIZED:
+        return authorization_expiry.wait_or_expire(row)  # nothing to ask the rail: wait for the merchant
+    if row.status in CHARGE_CAPTURE_PHASE:
+        return capture_polling.drive(ctx, row, policy, _deferred)
 
     # 2. The horizon: a property of the charge and the database clock alone (row.age was
     #    measured by the statement that read the row). It does not decide whether the rail
@@ -140,7 +144,10 @@ def poll_charge(ctx: JobContext) -> Outcome:
         # error would park the job. Only rail errors: a database error propagates as itself.
         return _escalate(row, policy, f"rail refused our credentials: {error_chain(exc, 200)}")
 
-    # 5. The settlement table.
+    # 5. The settlement table. An authorization is believed only of a charge submitted as one.
+    if status == RailStatus.AUTHORIZED and not row.manual_capture:
+        logger.warning("rail answered authorized for an automatic charge", extra={"charge_id": row.id})
+        status = RailStatus.UNAVAILABLE
     if status == RailStatus.NOT_FOUND and row.status == ChargeStatus.SUBMITTING:
         repository.record_not_found(row.id)  # the evidence the recovery table reads next time
     settlement = settle(row.status, status, past_horizon=past)
@@ -152,6 +159,9 @@ def poll_charge(ctx: JobContext) -> Outcome:
     if settlement is Settlement.FAIL:
         transitions.fail(row, failure_code)
         return Outcome.done()
+    if settlement is Settlement.AUTHORIZE:
+        transitions.authorize(row)
+        return authorization_expiry.wait_or_expire(row)
     if settlement is Settlement.ESCALATE:
         return _escalate(row, policy, f"rail answered {status.value} past the horizon")
     if settlement is Settlement.MARK_SUBMITTED:
@@ -242,7 +252,12 @@ def resubmit_charge(ctx: JobContext) -> Outcome:
         raise ConfigurationError(f"charge {row.id}: rail {row.rail!r} is no longer configured")
     try:
         request_id, answer = rail_calls.submit(
-            row.id, rail, amount=row.amount, currency=row.currency, share=worker_share(ctx.worker_concurrency)
+            row.id,
+            rail,
+            amount=row.amount,
+            currency=row.currency,
+            share=worker_share(ctx.worker_concurrency),
+            capture=not row.manual_capture,
         )
     except RailRejected:  # of the first send: the rail holds no charge
         transitions.fail_submitting(row.id, row.intent_id, transitions.SUBMIT_REJECTED, rail=row.rail)

@@ -25,7 +25,15 @@ from charges import request_log
 from charges.metrics import RAIL_REQUESTS
 from charges.models import RequestOperation
 from charges.rails import RailConfig
-from charges.rails.adapter import RailAnswer, RailError, RailRejected, RailUnavailable, adapter_for
+from charges.rails.adapter import (
+    RailAnswer,
+    RailError,
+    RailRejected,
+    RailUnavailable,
+    adapter_for,
+    capture_key,
+    void_key,
+)
 from charges.services import rail_gate, rail_slots
 from charges.services.rail_gate import SHARES, RailDeferred
 from jobs.primitives.breakers import Ticket
@@ -39,11 +47,13 @@ IN_FLIGHT_MARGIN_SECONDS = 5.0
 __all__ = [
     "RailDeferred",
     "ResendRefused",
+    "capture",
     "record_submit_answer",
     "refund_status",
     "refund_submit",
     "status",
     "submit",
+    "void",
 ]
 
 
@@ -67,10 +77,11 @@ def submit(
     ticket: Ticket | None = None,
     ceiling: bool = True,
     share: int | None = None,
+    capture: bool = True,
 ) -> tuple[int, RailAnswer]:
-    """POST the charge. Returns the request row's id and the answer, which the caller records
-    (``record_submit_answer``) in the transaction that acts on it; a failure is recorded
-    here, then re-raised.
+    """POST the charge (``capture=False``: an authorization). Returns the request row's id and
+    the answer, which the caller records (``record_submit_answer``) in the transaction that
+    acts on it; a failure is recorded here, then re-raised.
 
     ``ticket``: the breaker's, when the caller asked it already (the confirm, before it
     wrote anything). ``ceiling=False``: the confirm's request counts as in flight but is
@@ -83,7 +94,7 @@ def submit(
         "POST",
         "/charges",
         charge_id,
-        lambda: adapter_for(rail).submit(reference=charge_id, amount=amount, currency=currency),
+        lambda: adapter_for(rail).submit(reference=charge_id, amount=amount, currency=currency, capture=capture),
         ticket=ticket,
         ceiling=ceiling,
         share=share,
@@ -114,6 +125,45 @@ def status(charge_id: str, rail: RailConfig, *, pay_token: str | None, share: in
         record_answer=True,
     )
     return answer
+
+
+def capture(charge_id: str, rail: RailConfig, *, amount: int, share: int | None = None) -> tuple[RailAnswer, bool]:
+    """POST the capture of an authorized charge (idempotency key ``<charge>:capture``),
+    recorded; the second value says whether a capture went out for it before (a resend,
+    whose refusal raises :class:`ResendRefused`)."""
+    _, answer, resend = _call(
+        charge_id,
+        rail,
+        RequestOperation.CAPTURE,
+        "POST",
+        f"/charges/{quote(charge_id, safe='')}/capture",
+        capture_key(charge_id),
+        lambda: adapter_for(rail).capture(reference=charge_id, amount=amount),
+        ticket=None,
+        ceiling=True,
+        share=share,
+        record_answer=True,
+    )
+    return answer, resend
+
+
+def void(charge_id: str, rail: RailConfig, *, share: int | None = None) -> tuple[RailAnswer, bool]:
+    """POST the void of a charge's authorization (idempotency key ``<charge>:void``; 404 is
+    an answer: the rail holds nothing), recorded; with whether it is a resend."""
+    _, answer, resend = _call(
+        charge_id,
+        rail,
+        RequestOperation.VOID,
+        "POST",
+        f"/charges/{quote(charge_id, safe='')}/void",
+        void_key(charge_id),
+        lambda: adapter_for(rail).void(reference=charge_id),
+        ticket=None,
+        ceiling=True,
+        share=share,
+        record_answer=True,
+    )
+    return answer, resend
 
 
 def refund_submit(

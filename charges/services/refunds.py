@@ -61,8 +61,9 @@ def refund_create(
             )
         if amount is not None:
             money.refuse_out_of_bounds(amount, intent.currency)
-        # Current: every change of amount_refunded holds the lock taken above.
-        left = intent.amount - intent.amount_refunded
+        # Current: every change of amount_refunded holds the lock taken above. Bounded by what
+        # was captured (a partial capture's less than the amount).
+        left = intent.amount_received - intent.amount_refunded
         if left <= 0:
             raise InvalidInput(
                 "charge_already_refunded", "This PaymentIntent has already been refunded in full.", param="amount"

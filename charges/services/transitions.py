@@ -30,14 +30,14 @@ SUBMIT_REJECTED = "rail_rejected"
 RAIL_CONFIGURATION = "rail_configuration_error"
 
 
-def _intent(intent_id: str) -> PaymentIntent:
+def intent_for_event(intent_id: str) -> PaymentIntent:
     # The intent as the event reports it, after the writes, with its charge and its checkout
     # session (both one-to-one, joined in this one read; a session is created with its
     # intent, in the same transaction, or never).
     return PaymentIntent.objects.select_related("charge", "checkout_session").get(pk=intent_id)
 
 
-def _has_session(intent: PaymentIntent) -> bool:
+def has_session(intent: PaymentIntent) -> bool:
     try:
         intent.checkout_session  # noqa: B018 - read from select_related: no query
     except CheckoutSession.DoesNotExist:
@@ -55,14 +55,40 @@ def succeed(row: ChargeRow) -> bool:
             repository.mark_submitted(row.id, pay_token=None, redirect_url=None)
         if not settlement_writes.settle_charge_and_intent(row.id, ChargeStatus.SUCCEEDED, IntentStatus.SUCCEEDED):
             return False
-        intent = _intent(row.intent_id)
+        intent = intent_for_event(row.intent_id)
         emit(intent.merchant_id, EventType.PAYMENT_INTENT_SUCCEEDED, render_intent(intent, for_event=True))
-        if _has_session(intent):
+        if has_session(intent):
             session = settlement_writes.complete_session(row.intent_id)
             if session is not None:
                 emit(intent.merchant_id, EventType.CHECKOUT_SESSION_COMPLETED, render_session(session, for_event=True))
     CHARGES_SETTLED.labels(rail=row.rail, outcome="succeeded").inc()
     logger.info("charge succeeded", extra={"charge_id": row.id, "intent_id": row.intent_id})
+    return True
+
+
+def authorize(row: ChargeRow) -> bool:
+    """Manual capture: the rail holds the money. Charge ``authorized`` (its expiry counts from
+    now, on the database clock), intent ``requires_capture`` holding the amount as capturable,
+    ``payment_intent.amount_capturable_updated``; the intent's open checkout session is
+    complete (the payer's part is done) and stays unpaid until the capture."""
+    with transaction.atomic():
+        if row.status == ChargeStatus.SUBMITTING:
+            repository.mark_submitted(row.id, pay_token=None, redirect_url=None)
+        if not repository.authorize_charge(row.id):
+            return False
+        repository.intent_to(row.intent_id, IntentStatus.REQUIRES_CAPTURE, _OPEN_INTENT, amount_capturable=row.amount)
+        intent = intent_for_event(row.intent_id)
+        emit(
+            intent.merchant_id,
+            EventType.PAYMENT_INTENT_AMOUNT_CAPTURABLE_UPDATED,
+            render_intent(intent, for_event=True),
+        )
+        if has_session(intent):
+            session = settlement_writes.complete_session(row.intent_id, paid=False)
+            if session is not None:
+                emit(intent.merchant_id, EventType.CHECKOUT_SESSION_COMPLETED, render_session(session, for_event=True))
+    CHARGES_SETTLED.labels(rail=row.rail, outcome="authorized").inc()
+    logger.info("charge authorized", extra={"charge_id": row.id, "intent_id": row.intent_id})
     return True
 
 
@@ -99,7 +125,7 @@ def _fail_intent(intent_id: str) -> None:
 
 
 def _emit_failed(intent_id: str) -> None:
-    intent = _intent(intent_id)
+    intent = intent_for_event(intent_id)
     emit(intent.merchant_id, EventType.PAYMENT_INTENT_PAYMENT_FAILED, render_intent(intent, for_event=True))
 
 
