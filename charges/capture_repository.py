@@ -136,11 +136,10 @@ def lapse_intent(intent_id: str) -> bool:
     )
 
 
-def late_success(charge_id: str, amount_captured: int) -> bool:
-    """``voiding → succeeded``: the rail reports the money moved although vpay voided it."""
-    return cas(
-        Charge, charge_id, [ChargeStatus.VOIDING], status=ChargeStatus.SUCCEEDED, amount_captured=amount_captured
-    )
+def late_success(charge_id: str, amount_captured: int, sources) -> bool:
+    """``voiding | failed → succeeded``: the rail reports the money moved although vpay voided
+    (or failed) the charge."""
+    return cas(Charge, charge_id, sources, status=ChargeStatus.SUCCEEDED, amount_captured=amount_captured)
 
 
 # --- the authorization's expiry ----------------------------------------------------------

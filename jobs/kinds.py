@@ -40,6 +40,10 @@ class JobKind(models.TextChoices):
     RESUBMIT_CHARGE = "resubmit_charge", "Resubmit a charge its rail never received"
     """Same reference, so the rail's idempotency makes a second submit harmless."""
 
+    VOID_CHARGE = "void_charge", "Void at its rail a charge vpay failed on its own"
+    """Dedupe key ``charge:void:<id>``: a dead redirect order or a refused submit, so a payer can
+    never pay it later; a success the rail reports instead is recorded (charges/services/void_failed.py)."""
+
     POLL_REFUND = "poll_refund", "Send a refund to its rail and poll it until it settles"
     """One live row per refund (dedupe key ``refund:poll:<id>``): charges/services/refund_polling.py."""
 

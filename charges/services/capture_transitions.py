@@ -99,17 +99,17 @@ def voided(row: ChargeRow) -> bool:
     return True
 
 
-def late_success(row: ChargeRow, amount: int) -> bool:
+def late_success(row: ChargeRow, amount: int, *, sources=(ChargeStatus.VOIDING,)) -> bool:
     """A void answered that the money had already moved: the charge is recorded ``succeeded``
     with what was captured, never lost, and an operator is paged to refund or reconcile it
-    (its intent stays canceled: the merchant was told so)."""
+    (its intent stays canceled or failed: the merchant was told so)."""
     with transaction.atomic():
-        if not capture_repository.late_success(row.id, amount):
+        if not capture_repository.late_success(row.id, amount, sources):
             return False
         _alert(
             row,
             "late_success",
-            f"Charge {row.id} succeeded at rail {row.rail} after vpay voided it",
+            f"Charge {row.id} succeeded at rail {row.rail} after vpay voided or failed it",
             "the rail reports the money captured; refund the payer or reconcile with the merchant",
             severity=Severity.PAGE,
         )

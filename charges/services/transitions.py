@@ -17,6 +17,8 @@ from charges.models import Charge, CheckoutSession, PaymentIntent
 from charges.repository import ChargeRow
 from charges.states import ChargeStatus, IntentStatus
 from charges.wire import render_charge, render_intent, render_session
+from jobs import port as queue
+from jobs.kinds import JobKind
 from jobs.operator.alerts import Severity, admin_path, raise_alert
 from webhooks.event_types import EventType
 from webhooks.events import emit
@@ -109,14 +111,35 @@ def fail(row: ChargeRow, failure_code: str | None) -> bool:
 
 def fail_submitting(charge_id: str, intent_id: str, failure_code: str, *, rail: str) -> bool:
     """``submitting → failed``: a redirect order nobody was handed a URL for (past the window),
-    or a submit the rail refused for good."""
+    or a submit the rail refused for good; either is then voided at the rail
+    (``charges.services.void_failed``)."""
     with transaction.atomic():
         if not repository.fail_submitting(charge_id, failure_code):
             return False
         _fail_intent(intent_id)
+        if failure_code in VOIDED_AFTER:
+            # The rail may hold it (a lost answer, a refusal that kept the reference): void
+            # it there, in this transaction, so no payer can pay what vpay has failed.
+            enqueue_void(charge_id, Charge.objects.filter(pk=charge_id).values_list("merchant_id", flat=True).first())
     CHARGES_SETTLED.labels(rail=rail, outcome="failed").inc()
     logger.info("charge failed while submitting", extra={"charge_id": charge_id, "failure_code": failure_code})
     return True
+
+
+# The failure codes a charge gets from vpay, not from its rail, that a rail may still hold.
+VOIDED_AFTER = frozenset({DEAD_ORDER, SUBMIT_REJECTED})
+
+
+def void_dedupe_key(charge_id: str) -> str:
+    return f"charge:void:{charge_id}"
+
+
+def enqueue_void(charge_id: str, merchant_id: str | None) -> None:
+    """The charge's ``void_charge`` job (charges/services/void_failed.py), in the transaction
+    that failed it: the void exists iff the failure does."""
+    queue.enqueue(
+        JobKind.VOID_CHARGE, {"charge_id": charge_id}, dedupe_key=void_dedupe_key(charge_id), tenant=merchant_id
+    )
 
 
 def _fail_intent(intent_id: str) -> None:
