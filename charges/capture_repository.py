@@ -15,6 +15,10 @@ from charges.models import Charge, PaymentIntent
 from charges.recovery import SubmitEvidence
 from charges.states import CancellationReason, ChargeStatus, IntentStatus
 
+# 4xx answers that refuse nothing for good (charges.rails.adapter's transient ones, and
+# 401/403: our credentials, not the operation).
+_NOT_REFUSALS = frozenset({401, 403, 408, 409, 425, 429})
+
 
 @dataclass(frozen=True, slots=True)
 class PhaseRow:
@@ -26,26 +30,42 @@ class PhaseRow:
     polls: int  # status reads since then: the rung of the ladder
     sent: SubmitEvidence  # the operation's latest request since then
     last_send_age: float | None  # seconds since that request went out
+    sends: int  # the operation's requests since then
+    last_status_code: int | None  # the HTTP status that latest request was answered with
+    earlier_phases: int  # the operation's requests before it was asked for (a capture refused before)
+
+    @property
+    def refused(self) -> bool:
+        """The rail refused the operation's first send for good (a 4xx). A refused *resend*
+        proves nothing (the first may have landed): only a lone send's refusal counts."""
+        code = self.last_status_code
+        return self.sends == 1 and code is not None and 400 <= code < 500 and code not in _NOT_REFUSALS
 
 
 # One statement: the charge, the age of its operation, the status reads since it began (the
-# rung) and the latest request of the operation since it began (capture or void). Counted
-# from the operation's start, so a capture refused earlier and asked for again is sent again.
-# Both subqueries use provider_requests_charge_op (charge_id, operation, -id).
+# rung), the operation's latest request since it began (capture or void), how many went out
+# since and before. Counted from the operation's start, so a capture refused earlier and
+# asked for again is sent again, under a key of its own. Every subquery uses
+# provider_requests_charge_op (charge_id, operation, -id).
 _READ_PHASE = """
 SELECT c.status, c.amount_to_capture,
        extract(epoch FROM now() - p.began)::float8,
        (SELECT count(*) FROM provider_requests r
          WHERE r.charge_id = c.id AND r.operation = 'status' AND r.sent_at >= p.began),
        s.id IS NOT NULL, s.rail_status IS NOT NULL,
-       extract(epoch FROM now() - s.sent_at)::float8
+       extract(epoch FROM now() - s.sent_at)::float8,
+       (SELECT count(*) FROM provider_requests r
+         WHERE r.charge_id = c.id AND r.operation = p.operation AND r.sent_at >= p.began),
+       s.status_code,
+       (SELECT count(*) FROM provider_requests r
+         WHERE r.charge_id = c.id AND r.operation = p.operation AND r.sent_at < p.began)
   FROM charges c
  CROSS JOIN LATERAL (
       SELECT CASE c.status WHEN 'capturing' THEN c.capture_requested_at ELSE c.void_requested_at END AS began,
              CASE c.status WHEN 'capturing' THEN 'capture' ELSE 'void' END AS operation
  ) p
   LEFT JOIN LATERAL (
-      SELECT r.id, r.rail_status, r.sent_at FROM provider_requests r
+      SELECT r.id, r.rail_status, r.sent_at, r.status_code FROM provider_requests r
        WHERE r.charge_id = c.id AND r.operation = p.operation AND r.sent_at >= p.began
        ORDER BY r.id DESC LIMIT 1
   ) s ON true
@@ -66,7 +86,7 @@ def read_phase(charge_id: str) -> PhaseRow | None:
         sent = SubmitEvidence.UNANSWERED
     else:
         sent = SubmitEvidence.ANSWERED
-    return PhaseRow(ChargeStatus(r[0]), r[1], max(r[2] or 0.0, 0.0), r[3], sent, r[6])
+    return PhaseRow(ChargeStatus(r[0]), r[1], max(r[2] or 0.0, 0.0), r[3], sent, r[6], r[7], r[8], r[9])
 
 
 # --- starting an operation (web process, under the intent's row lock) ---------------------
@@ -144,10 +164,11 @@ def late_success(charge_id: str, amount_captured: int, sources) -> bool:
 
 # --- the authorization's expiry ----------------------------------------------------------
 
-# Seconds until the authorization of an authorized charge expires (negative once it has), on
-# the database clock; no row when the charge is not authorized. charges_pkey.
+# Seconds until the authorization of an authorized charge expires (negative once it has; 0,
+# expired, for one without an authorized_at, which only a hand edit leaves), on the database
+# clock; no row when the charge is not authorized. charges_pkey.
 _AUTHORIZATION_LEFT = """
-SELECT extract(epoch FROM authorized_at + make_interval(secs => %s) - now())::float8
+SELECT coalesce(extract(epoch FROM authorized_at + make_interval(secs => %s) - now())::float8, 0)
   FROM charges WHERE id = %s AND status = 'authorized'
 """
 

@@ -164,12 +164,6 @@ class Charge(models.Model):
             # Used by charges.repository.LIVE_PAGE (the backstop scan): live charges by id.
             models.Index(fields=["id"], condition=Q(status__in=sorted(CHARGE_LIVE)), name="charges_live_idx"),
             models.Index(fields=["merchant", "status", "-created_at"], name="charges_merchant_status"),
-            # The authorization expiry sweep (charges.services.authorization_expiry): oldest first.
-            models.Index(
-                fields=["authorized_at"],
-                condition=Q(status=ChargeStatus.AUTHORIZED),
-                name="charges_authorized_expiry",
-            ),
         ]
 
     def __str__(self) -> str:

@@ -106,6 +106,14 @@ def lock_intent(merchant_id: str, intent_id: str) -> PaymentIntent | None:
     return PaymentIntent.objects.select_for_update().filter(merchant_id=merchant_id, id=intent_id).first()
 
 
+def repair_amount_received(intent_id: str) -> None:
+    """A succeeded intent with nothing received (settled by a worker older than manual capture,
+    whose settlement did not write it): it received its whole amount. Under the row lock."""
+    PaymentIntent.objects.filter(pk=intent_id, amount_received=0).update(
+        amount_received=F("amount"), updated_at=Now()
+    )
+
+
 def set_amount_refunded(intent_id: str, amount_refunded: int) -> None:
     """Write the new total the caller computed under :func:`lock_intent`'s lock."""
     PaymentIntent.objects.filter(pk=intent_id).update(amount_refunded=amount_refunded, updated_at=Now())

@@ -57,12 +57,14 @@ def record_sent(
 # * The insert: its columns not named here take their database defaults (sent_at is the
 #   statement's timestamp), as the ORM's create would; no index read.
 # * For a submit (a charge's, a refund's, a capture, a void), whether an earlier one went out
-#   for the same object (the refund, else the charge): whether this one is a resend (false
-#   for a status read). Decided here, in
+#   for the same object (the refund, else the charge; a capture or a void since it was asked
+#   for, so a capture asked for again after a refusal is a first send): whether this one is
+#   a resend (false for a status read). Decided here, in
 #   the statement that records the request, after the lock, so it sees every send
 #   committed before it (a concurrent run's included), and never from a read taken before
 #   the send. The insert's own row is invisible to it (one statement, one snapshot).
-#   provider_requests_refund_op or provider_requests_charge_op (only the arm taken runs).
+#   provider_requests_refund_op or provider_requests_charge_op (only the arm taken runs; a
+#   capture's or a void's reads its charge by charges_pkey).
 # * The commit is the server's synchronous commit: the row is durable before the request
 #   goes out (crash recovery reads it).
 _RECORD_WITHIN_CEILING = """
@@ -82,6 +84,12 @@ WITH in_flight AS (
 )
 SELECT (SELECT id FROM sent), earliest_left,
        CASE WHEN %(operation)s NOT IN ('submit', 'refund_submit', 'capture', 'void') THEN false
+            WHEN %(operation)s IN ('capture', 'void')
+            THEN EXISTS (SELECT 1 FROM provider_requests e JOIN charges c ON c.id = e.charge_id
+                          WHERE e.charge_id = %(charge_id)s AND e.operation = %(operation)s
+                            AND e.sent_at >= coalesce(CASE %(operation)s WHEN 'capture' THEN c.capture_requested_at
+                                                                         ELSE c.void_requested_at END,
+                                                      '-infinity'))
             WHEN %(refund_id)s::text IS NULL
             THEN EXISTS (SELECT 1 FROM provider_requests e
                           WHERE e.charge_id = %(charge_id)s AND e.operation = %(operation)s)

@@ -65,8 +65,9 @@ carries the pay_token as its last path segment, ``/<rail>/pay/<reference>/<token
 instead of ``?pay_token=``: a URL no key-name redaction can recognise), ``echo_credentials``
 true (a 401 repeats the key it was presented, as some rails' error bodies do),
 ``capture_error`` / ``void_error`` N (the first N captures / voids answer ``error_status``
-or 503 and do nothing), ``capture_drop`` / ``void_drop`` N (the next N are applied but
-answered by closing the connection), ``capture_delay`` / ``void_delay`` seconds.
+or 503 and do nothing), ``capture_refuse`` N (the next N captures are refused, 400, and
+capture nothing), ``capture_drop`` / ``void_drop`` N (the next N are applied but answered by
+closing the connection), ``capture_delay`` / ``void_delay`` seconds.
 
 Built-in amounts (minor units, ``amount % 1000``): 402 fails ``insufficient_funds``;
 503 answers 503 forever; 404 is unknown for three polls, then succeeds; everything else

@@ -49,10 +49,13 @@ class CaptureRoutes:
                     charge.voids += 1
                     n = charge.voids
                 errors = scenario.get(f"{kind}_error", 0)
+                refusals = errors + (scenario.get("capture_refuse", 0) if kind == "capture" else 0)
                 errored = n <= errors
-                dropped = errors < n <= errors + scenario.get(f"{kind}_drop", 0)
+                dropped = refusals < n <= refusals + scenario.get(f"{kind}_drop", 0)
                 if errored:
                     code, answer = scenario.get("error_status", 503), {"error": "unavailable"}
+                elif n <= refusals:
+                    code, answer = 400, {"error": "capture refused"}  # nothing captured
                 elif kind == "capture":
                     code, answer = self._capture(charge, body, scenario)
                 else:

@@ -33,6 +33,7 @@ SCENARIO_FIELDS = {
     "echo_credentials": bool,
     "capture_error": int,
     "capture_drop": int,
+    "capture_refuse": int,
     "capture_delay": (int, float),
     "void_error": int,
     "void_drop": int,

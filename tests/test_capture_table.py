@@ -32,22 +32,23 @@ FINAL = {
 }
 
 
-def expected(status, answer, stale, past) -> C:
+def expected(status, answer, stale, past, refused) -> C:
     if (status, answer) in FINAL:
-        return FINAL[(status, answer)]
+        return FINAL[(status, answer)]  # a refusal is read through the status, never alone
+    if answer is R.AUTHORIZED and refused:
+        return C.REFUSED  # the hold stands and the operation did not happen
     if answer is R.AUTHORIZED and stale:
         return C.SEND_AGAIN  # untouched a window after the last send: it never landed
     return C.ESCALATE if past else C.STAY
 
 
-CELLS = list(itertools.product((S.CAPTURING, S.VOIDING), R, (False, True), (False, True)))
+CELLS = list(itertools.product((S.CAPTURING, S.VOIDING), R, (False, True), (False, True), (False, True)))
 
 
-@pytest.mark.parametrize(("status", "answer", "stale", "past"), CELLS)
-def test_settle_capture__each_cell(status, answer, stale, past):
-    assert settle_capture(status, answer, send_is_stale=stale, past_horizon=past) is expected(
-        status, answer, stale, past
-    )
+@pytest.mark.parametrize(("status", "answer", "stale", "past", "refused"), CELLS)
+def test_settle_capture__each_cell(status, answer, stale, past, refused):
+    got = settle_capture(status, answer, send_is_stale=stale, past_horizon=past, refused=refused)
+    assert got is expected(status, answer, stale, past, refused)
 
 
 def test_every_outcome_is_reachable():

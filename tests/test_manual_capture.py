@@ -162,15 +162,62 @@ def test_a_capture_that_never_landed_is_sent_again_only_a_window_after_the_first
     assert rail_charge(rails, intent.charge.id)["amount_captured"] == 5000
 
 
-def test_a_capture_the_rail_refuses_leaves_the_authorization_capturable(acme_api, rails):
+def test_a_capture_the_rail_refuses_leaves_the_authorization_capturable_and_a_new_one_has_its_own_key(acme_api, rails):
     intent = authorized(acme_api)
-    # The rail released the hold on its own (a dispute desk, its own expiry): it refuses the capture.
+    charge_id = intent.charge.id
+    rails.scenario(reference=charge_id, capture_refuse=2)  # 400s; the rail still holds the authorization
+    acme_api.call("POST", f"/v1/payment_intents/{intent.id}/capture", {})
+    run_polls(lambda: intent_row(intent.id).status == "requires_capture")
+    charge = Charge.objects.get(pk=charge_id)
+    assert (charge.status, charge.failure_code) == ("authorized", "capture_refused")
+    assert scalar("SELECT count(*) FROM alerts WHERE key = %s", [f"charge_capture_refused:{charge_id}:0"]) == 1
+    # The refusal was judged by the status read after it, and the poll waits for the expiry again.
+    assert [
+        op for (op,) in sql("SELECT operation FROM provider_requests WHERE charge_id = %s ORDER BY id", [charge_id])
+    ][-2:] == ["capture", "status"]
+    run_polls(
+        lambda: scalar(
+            "SELECT run_at > now() + interval '6 days' FROM jobs WHERE dedupe_key = %s", [f"charge:poll:{charge_id}"]
+        )
+    )
+
+    # Asked for again, it is a first send (not a refused resend, which would prove nothing),
+    # refused and told again; and the third time, under a key of its own, it captures.
+    assert acme_api.call("POST", f"/v1/payment_intents/{intent.id}/capture", {}).status_code == 200
+    run_polls(lambda: intent_row(intent.id).status == "requires_capture")
+    assert scalar("SELECT count(*) FROM alerts WHERE key = %s", [f"charge_capture_refused:{charge_id}:1"]) == 1
+    assert (
+        acme_api.call("POST", f"/v1/payment_intents/{intent.id}/capture", {"amount_to_capture": 1000}).status_code
+        == 200
+    )
+    run_polls(lambda: intent_row(intent.id).status == "succeeded")
+    keys = [c["idempotency_key"] for c in captures_at_rail(rails, charge_id)]
+    assert keys == [f"{charge_id}:capture", f"{charge_id}:capture:1", f"{charge_id}:capture:2"]
+    assert intent_row(intent.id).amount_received == 1000
+
+
+def test_a_capture_finding_the_authorization_gone_cancels_the_intent_with_an_alert(acme_api, rails):
+    intent = authorized(acme_api)
+    # The rail released the hold on its own (its expiry, a dispute desk): it refuses the capture.
     released = httpx.post(
         f"{rails.url}/push/charges/{intent.charge.id}/void", headers={"Authorization": f"Bearer {API_KEY}"}
     )
     assert released.json()["status"] == "canceled"
     acme_api.call("POST", f"/v1/payment_intents/{intent.id}/capture", {})
-    run_polls(lambda: intent_row(intent.id).status == "requires_capture")
-    charge = Charge.objects.get(pk=intent.charge.id)
-    assert (charge.status, charge.failure_code) == ("authorized", "capture_refused")
-    assert scalar("SELECT count(*) FROM alerts WHERE key LIKE %s", [f"charge_capture_refused:{charge.id}:%"]) == 1
+    run_polls(lambda: Charge.objects.get(pk=intent.charge.id).status == "voided")
+    intent = intent_row(intent.id)
+    assert (intent.status, intent.cancellation_reason, intent.charge.failure_code) == (
+        "canceled",
+        "expired",
+        "authorization_canceled",
+    )
+    assert scalar("SELECT count(*) FROM alerts WHERE key = %s", [f"charge_capture_lapsed:{intent.charge.id}:0"]) == 1
+    assert events_of(intent.id, intent.charge.id)[-1] == "payment_intent.canceled"
+
+
+def test_a_refund_of_an_intent_an_older_worker_settled_repairs_what_it_received(acme_api):
+    intent_id = acme_api.paid_intent(amount=1000)
+    # As a worker of the release before manual capture settles it: nothing recorded as received.
+    sql("UPDATE payment_intents SET amount_received = 0 WHERE id = %s", [intent_id])
+    assert acme_api.refund(intent_id, amount=400).status_code == 200
+    assert scalar("SELECT amount_received FROM payment_intents WHERE id = %s", [intent_id]) == 1000

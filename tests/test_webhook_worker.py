@@ -153,6 +153,14 @@ def test_sigkill_during_a_backlog_of_1000_deliveries_a_replacement_finishes_with
         timeout=90,
         message="the backlog fanned out and a quarter of it delivered",
     )
+    # Killed while attempts are in flight (each lasts the receiver's 20 ms at least): with
+    # grouped claims there are instants with none, and a kill there would prove nothing here.
+    wait_for(
+        lambda: sql("SELECT count(*) FROM webhook_delivery_attempts WHERE state = 'in_flight'")[0][0] > 0,
+        timeout=30,
+        interval=0.001,
+        message="an attempt in flight",
+    )
     doomed.kill()
     in_flight_at_kill = sql("SELECT count(*) FROM webhook_delivery_attempts WHERE state = 'in_flight'")[0][0]
     assert states()[DeliveryState.SUCCEEDED] < 1000

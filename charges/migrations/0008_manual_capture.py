@@ -116,10 +116,6 @@ class Migration(migrations.Migration):
             model_name='charge',
             index=models.Index(condition=models.Q(('status__in', ['authorized', 'capturing', 'submitted', 'submitting', 'unresolved', 'voiding'])), fields=['id'], name='charges_live_idx'),
         ),
-        migrations.AddIndex(
-            model_name='charge',
-            index=models.Index(condition=models.Q(('status', 'authorized')), fields=['authorized_at'], name='charges_authorized_expiry'),
-        ),
         migrations.AddConstraint(
             model_name='charge',
             constraint=models.CheckConstraint(condition=models.Q(('status__in', ['submitting', 'submitted', 'succeeded', 'failed', 'unresolved', 'authorized', 'capturing', 'voiding', 'voided'])), name='charges_charge_status_known'),

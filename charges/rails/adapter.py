@@ -14,7 +14,8 @@ classified exactly as a charge's is.
 Manual capture extends it again: a submit with ``capture: false`` is an authorization, which
 a poll reports ``authorized`` (with ``amount_capturable``) where it would report
 ``succeeded``. ``POST {base}/charges/{reference}/capture`` ``{amount}`` (``Idempotency-Key:
-reference:capture``) answers ``{status: succeeded, amount_captured}``; ``POST
+reference:capture``, then ``reference:capture:<n>`` for the n-th capture asked for after a
+refusal) answers ``{status: succeeded, amount_captured}``; ``POST
 {base}/charges/{reference}/void`` (``Idempotency-Key: reference:void``) answers the charge
 as it stands after it (``canceled`` once the hold is released; ``succeeded`` or ``failed``
 when the money had already moved or never would), 404 when the rail holds nothing. A
@@ -144,9 +145,11 @@ def retry_after_seconds(value: str | None, rail_date: str | None) -> float | Non
     return min(max(wait, 0.0), RETRY_AFTER_MAX_SECONDS)
 
 
-def capture_key(reference: str) -> str:
-    """A capture's idempotency key: one capture per charge, however often it is sent."""
-    return f"{reference}:capture"
+def capture_key(reference: str, attempt: int = 0) -> str:
+    """A capture's idempotency key: one capture per time it was asked for, however often it is
+    sent. ``attempt`` counts the captures asked for before (each refused for good, so a new
+    key cannot capture twice): a rail that replays a key's refusal must not refuse the next."""
+    return f"{reference}:capture" if attempt == 0 else f"{reference}:capture:{attempt}"
 
 
 def void_key(reference: str) -> str:
@@ -160,7 +163,7 @@ class RailAdapter(Protocol):
 
     def status(self, *, reference: str, pay_token: str | None) -> RailAnswer: ...
 
-    def capture(self, *, reference: str, amount: int) -> RailAnswer: ...
+    def capture(self, *, reference: str, amount: int, idempotency_key: str) -> RailAnswer: ...
 
     def void(self, *, reference: str) -> RailAnswer: ...
 
@@ -277,11 +280,9 @@ class HttpRailAdapter:
             body["capture"] = False  # an authorization; an automatic charge's body is unchanged
         return self._call("POST", "/charges", json_body=body, headers={"Idempotency-Key": reference})
 
-    def capture(self, *, reference: str, amount: int) -> RailAnswer:
+    def capture(self, *, reference: str, amount: int, idempotency_key: str) -> RailAnswer:
         path = f"/charges/{quote(reference, safe='')}/capture"
-        return self._call(
-            "POST", path, json_body={"amount": amount}, headers={"Idempotency-Key": capture_key(reference)}
-        )
+        return self._call("POST", path, json_body={"amount": amount}, headers={"Idempotency-Key": idempotency_key})
 
     def void(self, *, reference: str) -> RailAnswer:
         # 404 is an answer: the rail holds nothing under the reference, so nothing is held.

@@ -49,7 +49,10 @@ def expire(row: ChargeRow) -> bool:
         capture_repository.lock_intent(row.intent_id)
         if not capture_repository.start_void(row.id):
             return False
-        capture_repository.cancel_authorized_intent(row.intent_id, CancellationReason.EXPIRED)
+        if not capture_repository.cancel_authorized_intent(row.intent_id, CancellationReason.EXPIRED):
+            # An authorized charge whose intent does not require capture: no path writes that.
+            # Roll back whole; the job's retries and then its dead letter put it before a human.
+            raise RuntimeError(f"charge {row.id} is authorized but its intent {row.intent_id} is not requires_capture")
         expire_session_of_canceled_intent(row.intent_id)
         intent = intent_for_event(row.intent_id)
         emit(intent.merchant_id, EventType.PAYMENT_INTENT_CANCELED, render_intent(intent, for_event=True))

@@ -41,7 +41,9 @@ def drive(ctx: JobContext, row: ChargeRow, policy: RecoveryPolicy, deferred: Def
     """One step of the capture phase; ``deferred`` is the poll's answer to the rail's guards."""
     phase = capture_repository.read_phase(row.id)
     if phase is None:
-        return Outcome.done()  # the phase ended between the poll's read and this one
+        # The phase ended between the poll's read and this one: the poll, run again, reads
+        # where the charge is now (authorized again waits for its expiry; terminal is done).
+        return Outcome.reschedule_in(0, "the capture phase moved on")
     past = past_the_horizon(phase.age, policy)
     rail = get_rail(row.rail)
     if rail is None:
@@ -49,7 +51,8 @@ def drive(ctx: JobContext, row: ChargeRow, policy: RecoveryPolicy, deferred: Def
     share = worker_share(ctx.worker_concurrency)
     sending = capture_step(phase.sent) is CaptureStep.SEND
     stale = phase.sent is not SubmitEvidence.NEVER and (phase.last_send_age or 0.0) >= policy.not_found_window
-    for _ in range(2):  # a status read that finds the authorization untouched may send once more
+    refused = phase.refused
+    for _ in range(3):  # a send, a status read after a refusal, a resend: at most one of each
         retry_after = 0.0
         try:
             answer = _send(row, phase, rail, share) if sending else _ask(row, rail, share)
@@ -65,20 +68,24 @@ def drive(ctx: JobContext, row: ChargeRow, policy: RecoveryPolicy, deferred: Def
             )
             status, answer, retry_after = RailStatus.UNAVAILABLE, None, exc.retry_after or 0.0
         except RailRejected as exc:
-            if sending and phase.status == ChargeStatus.CAPTURING:
-                # The first capture since it was asked for, refused for good: the rail
-                # keeps the authorization (the merchant may capture again, or cancel).
-                capture_transitions.refused(row, error_chain(exc, 300))
-                return Outcome.done()
-            # A refused void or status read: no word about the hold; the next rung asks.
-            logger.warning("rail refused a capture-phase request", extra={"charge_id": row.id})
-            status, answer = RailStatus.UNAVAILABLE, None
+            logger.warning(
+                "rail refused a capture-phase request", extra={"charge_id": row.id, "error": error_chain(exc, 300)}
+            )
+            if sending and not refused:
+                # The operation's first send, refused for good: what it means is the rail's
+                # status of the charge (the hold stands, or is gone), asked now. A crash
+                # before that read leaves the refusal recorded: the next run asks too.
+                sending, refused = False, True
+                continue
+            status, answer = RailStatus.UNAVAILABLE, None  # a refused status read: no word
         except RailConfigurationError as exc:
             if not past:
                 raise  # our credentials: paged and dead-lettered, replayed once fixed
             status, answer = RailStatus.UNAVAILABLE, None
             logger.error("rail refused our credentials", extra={"charge_id": row.id, "error": error_chain(exc, 300)})
-        settlement = settle_capture(phase.status, status, send_is_stale=stale and not sending, past_horizon=past)
+        settlement = settle_capture(
+            phase.status, status, send_is_stale=stale and not sending, past_horizon=past, refused=refused
+        )
         if settlement is not CaptureSettlement.SEND_AGAIN:
             return _act(row, phase, policy, settlement, status, answer, retry_after)
         sending, stale = True, False
@@ -87,7 +94,8 @@ def drive(ctx: JobContext, row: ChargeRow, policy: RecoveryPolicy, deferred: Def
 
 def _send(row: ChargeRow, phase: PhaseRow, rail: RailConfig, share: int | None) -> RailAnswer:
     if phase.status == ChargeStatus.CAPTURING:
-        answer, _ = rail_calls.capture(row.id, rail, amount=phase.amount_to_capture or row.amount, share=share)
+        amount = phase.amount_to_capture or row.amount
+        answer, _ = rail_calls.capture(row.id, rail, amount=amount, attempt=phase.earlier_phases, share=share)
     else:
         answer, _ = rail_calls.void(row.id, rail, share=share)
     return answer
@@ -113,7 +121,19 @@ def _act(
     elif settlement is CaptureSettlement.LAPSED:
         capture_transitions.lapsed(row, status.value)
     elif settlement is CaptureSettlement.LATE_SUCCESS:
-        capture_transitions.late_success(row, _captured_amount(row, phase, answer))
+        capture_transitions.late_success(row, _captured_amount(row, None, answer))
+    elif settlement is CaptureSettlement.REFUSED:
+        if phase.status == ChargeStatus.CAPTURING:
+            capture_transitions.refused(
+                row,
+                f"the rail refused the capture and still reports the charge {status}",
+                attempt=phase.earlier_phases,
+            )
+            # Authorized again: the poll, run again, waits for the expiry (a capture asked for
+            # meanwhile has woken it).
+            return Outcome.reschedule_in(0, "capture refused: authorized again")
+        capture_transitions.void_refused(row, phase)
+        return Outcome.reschedule_in(policy.past_horizon_every, "void refused: a human's, asked hourly")
     elif settlement is CaptureSettlement.ESCALATE:
         capture_transitions.escalate(
             row, phase, f"rail answered {status.value} past the horizon", alert_period=policy.past_horizon_every
@@ -124,9 +144,10 @@ def _act(
     return Outcome.done()
 
 
-def _captured_amount(row: ChargeRow, phase: PhaseRow, answer: RailAnswer | None) -> int:
-    """What the rail says it captured, believed within the charge's amount; else what was asked."""
+def _captured_amount(row: ChargeRow, phase: PhaseRow | None, answer: RailAnswer | None) -> int:
+    """What the rail says it captured, believed within the charge's amount; else what this
+    capture asked for (``phase``), or for a late success the whole amount."""
     said = answer.amount_captured if answer is not None else None
     if said is not None and 0 < said <= row.amount:
         return said
-    return phase.amount_to_capture or row.amount
+    return (phase.amount_to_capture if phase is not None else None) or row.amount

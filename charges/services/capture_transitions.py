@@ -49,10 +49,11 @@ def captured(row: ChargeRow, amount: int) -> bool:
     return True
 
 
-def refused(row: ChargeRow, reason: str) -> bool:
+def refused(row: ChargeRow, reason: str, *, attempt: int = 0) -> bool:
     """The rail refused the capture for good and still holds the authorization: charge back to
     ``authorized``, intent to ``requires_capture`` (``payment_intent.amount_capturable_updated``),
-    and an alert: the merchant may capture again, or cancel."""
+    and an alert (one per capture asked for: ``attempt``): the merchant may capture again, or
+    cancel."""
     with transaction.atomic():
         if not capture_repository.capture_refused(row.id):
             return False
@@ -63,7 +64,9 @@ def refused(row: ChargeRow, reason: str) -> bool:
             EventType.PAYMENT_INTENT_AMOUNT_CAPTURABLE_UPDATED,
             render_intent(intent, for_event=True),
         )
-        _alert(row, "capture_refused", f"Rail {row.rail} refused the capture of charge {row.id}", reason)
+        _alert(
+            row, "capture_refused", f"Rail {row.rail} refused the capture of charge {row.id}", reason, period=attempt
+        )
     logger.warning("rail refused a capture", extra={"charge_id": row.id, "reason": reason[:300]})
     return True
 
@@ -116,6 +119,20 @@ def late_success(row: ChargeRow, amount: int, *, sources=(ChargeStatus.VOIDING,)
     CHARGES_SETTLED.labels(rail=row.rail, outcome="late_success").inc()
     logger.error("charge succeeded at the rail after it was voided", extra={"charge_id": row.id, "amount": amount})
     return True
+
+
+def void_refused(row: ChargeRow, phase: PhaseRow) -> None:
+    """The rail refused the void for good and still reports the authorization: the hold stands
+    and no retry can release it. The charge stays ``voiding`` (its intent was canceled and
+    told so) and an operator is alerted to release it at the rail; the poll asks hourly."""
+    with transaction.atomic():
+        _alert(
+            row,
+            "void_refused",
+            f"Rail {row.rail} refused the void of charge {row.id}; the authorization still holds the payer's money",
+            "release the authorization at the rail; the charge's poll records the rail's word when it changes",
+        )
+    logger.warning("rail refused a void", extra={"charge_id": row.id, "age_seconds": round(phase.age)})
 
 
 def escalate(row: ChargeRow, phase: PhaseRow, reason: str, *, alert_period: float) -> None:

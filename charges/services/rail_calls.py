@@ -127,18 +127,22 @@ def status(charge_id: str, rail: RailConfig, *, pay_token: str | None, share: in
     return answer
 
 
-def capture(charge_id: str, rail: RailConfig, *, amount: int, share: int | None = None) -> tuple[RailAnswer, bool]:
-    """POST the capture of an authorized charge (idempotency key ``<charge>:capture``),
-    recorded; the second value says whether a capture went out for it before (a resend,
-    whose refusal raises :class:`ResendRefused`)."""
+def capture(
+    charge_id: str, rail: RailConfig, *, amount: int, attempt: int = 0, share: int | None = None
+) -> tuple[RailAnswer, bool]:
+    """POST the capture of an authorized charge (idempotency key
+    ``adapter.capture_key(charge, attempt)``), recorded; the second value says whether a
+    capture went out for it before, since it was asked for (a resend, whose refusal raises
+    :class:`ResendRefused`)."""
+    key = capture_key(charge_id, attempt)
     _, answer, resend = _call(
         charge_id,
         rail,
         RequestOperation.CAPTURE,
         "POST",
         f"/charges/{quote(charge_id, safe='')}/capture",
-        capture_key(charge_id),
-        lambda: adapter_for(rail).capture(reference=charge_id, amount=amount),
+        key,
+        lambda: adapter_for(rail).capture(reference=charge_id, amount=amount, idempotency_key=key),
         ticket=None,
         ceiling=True,
         share=share,

@@ -20,7 +20,7 @@ from charges.metrics import REFUNDS_SETTLED, REFUNDS_UNRESOLVED
 from charges.models import Charge, Refund
 from charges.rails import get_rail
 from charges.refund_repository import RefundRow
-from charges.states import ChargeStatus, IntentStatus, RefundReason, RefundStatus
+from charges.states import CaptureMethod, ChargeStatus, IntentStatus, RefundReason, RefundStatus
 from charges.wire import render_charge, render_refund
 from jobs import port as queue
 from jobs.kinds import JobKind
@@ -61,6 +61,11 @@ def refund_create(
             )
         if amount is not None:
             money.refuse_out_of_bounds(amount, intent.currency)
+        if intent.amount_received == 0 and intent.capture_method == CaptureMethod.AUTOMATIC:
+            # Settled by a worker of the release before manual capture, during a rolling
+            # deploy, after the migration's backfill: an automatic charge received it all.
+            refund_repository.repair_amount_received(intent.id)
+            intent.amount_received = intent.amount
         # Current: every change of amount_refunded holds the lock taken above. Bounded by what
         # was captured (a partial capture's less than the amount).
         left = intent.amount_received - intent.amount_refunded
