@@ -66,7 +66,10 @@ def open_charge(intent: PaymentIntent, rail, *, poll_delay: float) -> Charge:
     ``processing`` with ``payment_intent.processing``, its charge ``submitting`` (no request
     row yet) and the charge's poll job, due after ``poll_delay`` (the confirm's grace), which
     recovers the charge if the process dies before the rail is called."""
-    repository.intent_to(intent.id, IntentStatus.PROCESSING, [IntentStatus.REQUIRES_CONFIRMATION])
+    if not repository.intent_to(intent.id, IntentStatus.PROCESSING, [IntentStatus.REQUIRES_CONFIRMATION]):
+        # The caller holds the intent's lock and read it requires_confirmation: cannot happen.
+        raise InvalidState("payment_intent_unexpected_state", "This PaymentIntent has already been confirmed.")
+    intent.status = IntentStatus.PROCESSING
     charge = Charge.objects.create(
         intent=intent,
         merchant_id=intent.merchant_id,
@@ -84,7 +87,11 @@ def open_charge(intent: PaymentIntent, rail, *, poll_delay: float) -> Charge:
         tenant=intent.merchant_id,
     )
     repository.touch_customer(intent.customer_id)
-    emit(intent.merchant_id, EventType.PAYMENT_INTENT_PROCESSING, render_intent(_reload(intent.id), for_event=True))
+    # Rendered from what this transaction wrote, not read back: the intent as locked with the
+    # status just set, and the charge as inserted (its database defaults come back with the
+    # INSERT). Reading it back compiled a joined queryset, a seventh of the confirm's CPU.
+    intent.charge = charge
+    emit(intent.merchant_id, EventType.PAYMENT_INTENT_PROCESSING, render_intent(intent, for_event=True))
     return charge
 
 

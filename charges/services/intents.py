@@ -96,7 +96,8 @@ def create_intent(merchant: Merchant, fields: dict) -> PaymentIntent:
             metadata=fields.get("metadata", {}),
             capture_method=fields.get("capture_method") or CaptureMethod.AUTOMATIC,
         )
-        intent.refresh_from_db()
+        # No read back: every column the database fills (status, amounts, created_at) comes
+        # back with the INSERT (RETURNING: Django returns fields with a db_default).
         emit(merchant, EventType.PAYMENT_INTENT_CREATED, render_intent(intent, for_event=True))
     return intent
 
