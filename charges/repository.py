@@ -121,6 +121,48 @@ def read_for_poll(charge_id: str) -> ChargeRow | None:
     )
 
 
+def from_row(model, row) -> object:
+    """``model`` built from a row of all its concrete columns in model order (as
+    :data:`columns_of` selects them), each converted as the ORM would (``from_db_value``: a
+    JSON document, a sealed field), without compiling a queryset."""
+    fields = model._meta.concrete_fields
+    values = [
+        field.from_db_value(value, None, connection) if value is not None and hasattr(field, "from_db_value") else value
+        for field, value in zip(fields, row, strict=True)
+    ]
+    return model.from_db(connection.alias, [field.attname for field in fields], values)
+
+
+def columns_of(model, alias: str) -> str:
+    return ", ".join(f"{alias}.{field.column}" for field in model._meta.concrete_fields)
+
+
+# The merchant's intent, its row locked until the confirm's first transaction ends
+# (payment_intents_pkey), and whether its checkout session is dead: expired, or past its
+# expires_at on the database clock (checkout_sessions' unique index on intent_id). One
+# statement where the ORM compiled two querysets, a quarter of the confirm's CPU.
+_LOCK_FOR_CONFIRM = f"""
+SELECT {columns_of(PaymentIntent, "p")},
+       EXISTS (SELECT 1 FROM checkout_sessions s
+                WHERE s.intent_id = p.id AND (s.status = 'expired' OR s.expires_at <= statement_timestamp()))
+  FROM payment_intents p
+ WHERE p.id = %s AND p.merchant_id = %s
+   FOR UPDATE OF p
+"""
+
+
+def lock_for_confirm(merchant_id: str, intent_id: str) -> tuple[PaymentIntent | None, bool]:
+    """The merchant's intent, locked, and whether its checkout session is dead."""
+    if not connection.in_atomic_block:
+        raise RuntimeError("lock_for_confirm() holds a row lock: it must run inside a transaction")
+    with connection.cursor() as cursor:
+        cursor.execute(_LOCK_FOR_CONFIRM, [intent_id, merchant_id])
+        row = cursor.fetchone()
+    if row is None:
+        return None, False
+    return from_row(PaymentIntent, row[:-1]), row[-1]  # type: ignore[return-value]
+
+
 def charge_status(charge_id: str) -> str | None:
     return Charge.objects.filter(id=charge_id).values_list("status", flat=True).first()
 

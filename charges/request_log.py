@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from django.db import connection
 
-from charges.models import EXCERPT_MAX, ProviderRequest, RequestOperation
+from charges.models import EXCERPT_MAX, RequestOperation
 from charges.states import RailStatus
 from vpay.logging import redact
 
@@ -25,16 +25,20 @@ def record_sent(
     request goes out: a crash during the call leaves a row with ``status_code`` NULL."""
     if connection.in_atomic_block:
         raise RuntimeError("a rail request must be recorded (committed) before it is sent")
-    row = ProviderRequest.objects.create(
-        charge_id=charge_id,
-        refund_id=refund_id,
-        operation=operation,
-        rail=rail,
-        method=method,
-        path=path[:300],
-        idempotency_key=idempotency_key,
-    )
-    return row.pk
+    with connection.cursor() as cursor:
+        cursor.execute(_RECORD_SENT, [charge_id, refund_id, str(operation), rail, method, path[:300], idempotency_key])
+        return cursor.fetchone()[0]
+
+
+# The request row, in autocommit (committed before the request goes out); its other columns
+# take their database defaults (sent_at is the statement's instant), as the ORM's create did.
+# Plain SQL: the confirm writes one per payment, and compiling the insert cost more of the
+# web process's CPU than the statement costs the database. No index read.
+_RECORD_SENT = """
+INSERT INTO provider_requests (charge_id, refund_id, operation, rail, method, path, idempotency_key)
+VALUES (%s, %s, %s, %s, %s, %s, %s)
+RETURNING id
+"""
 
 
 # One round trip, one transaction, several statements (the simple protocol, as the queue's

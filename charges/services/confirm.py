@@ -38,17 +38,15 @@ import logging
 import math
 
 from django.db import transaction
-from django.db.models import Q
-from django.db.models.functions import Now
 
 from charges import repository
-from charges.models import Charge, CheckoutSession, PaymentIntent
+from charges.models import Charge, PaymentIntent
 from charges.policy import from_settings
 from charges.rails import get_rail
 from charges.rails.adapter import RailConfigurationError, RailRejected, RailUnavailable
 from charges.services import rail_calls, rail_gate, transitions
 from charges.services.rail_gate import RailDeferred
-from charges.states import INTENT_TERMINAL, CaptureMethod, CheckoutSessionStatus, IntentStatus, RailFlow
+from charges.states import INTENT_TERMINAL, CaptureMethod, ChargeStatus, IntentStatus, RailFlow
 from charges.wire import render_intent
 from jobs import port as queue
 from jobs.kinds import JobKind
@@ -99,7 +97,7 @@ def confirm_intent(merchant: Merchant, intent_id: str) -> PaymentIntent:
     """Confirm the intent on its rail; returns it as it stands afterwards."""
     policy = from_settings()
     with transaction.atomic():
-        intent = PaymentIntent.objects.select_for_update().filter(merchant=merchant, id=intent_id).first()
+        intent, session_dead = repository.lock_for_confirm(merchant.id, intent_id)
         if intent is None:
             raise NotFound("resource_missing", f"No such payment_intent: {intent_id!r}.", param="id")
         if intent.status == IntentStatus.CANCELED:
@@ -116,11 +114,7 @@ def confirm_intent(merchant: Merchant, intent_id: str) -> PaymentIntent:
         # session past its expires_at that the hourly sweep has not reached yet is just as
         # dead (the database's clock decides): confirming it would let the next sweep skip
         # it for its live charge and a payer pay a session the merchant saw expire.
-        if (
-            CheckoutSession.objects.filter(intent=intent)
-            .filter(Q(status=CheckoutSessionStatus.EXPIRED) | Q(expires_at__lte=Now()))
-            .exists()
-        ):
+        if session_dead:
             raise InvalidState(
                 "checkout_session_expired", "This PaymentIntent's checkout session has expired; start a new one."
             )
@@ -181,16 +175,19 @@ def confirm_intent(merchant: Merchant, intent_id: str) -> PaymentIntent:
         moved = repository.mark_submitted(charge.id, pay_token=answer.pay_token, redirect_url=redirect_url)
         # The commit is the gate on the redirect: the URL reaches the payer only once the
         # pay_token needed to ask about it is durable.
+        if moved:
+            # What the compare-and-swap wrote, on the objects this confirm holds: the answer
+            # is rendered from them, as of this commit, without reading them back.
+            charge.status, charge.not_found_count, charge.first_not_found_at = ChargeStatus.SUBMITTED, 0, None
+            charge.pay_token = answer.pay_token or charge.pay_token
+            charge.redirect_url = redirect_url or charge.redirect_url
         if (
             moved
             and redirect_url
             and repository.intent_to(intent.id, IntentStatus.REQUIRES_ACTION, [IntentStatus.PROCESSING])
         ):
-            emit(
-                intent.merchant_id,
-                EventType.PAYMENT_INTENT_REQUIRES_ACTION,
-                render_intent(_reload(intent.id), for_event=True),
-            )
+            intent.status = IntentStatus.REQUIRES_ACTION
+            emit(intent.merchant_id, EventType.PAYMENT_INTENT_REQUIRES_ACTION, render_intent(intent, for_event=True))
         queue.pull_forward(repository.poll_dedupe_key(charge.id))
     if not moved:
         # Cannot happen inside the window (the worker's age guard), and the rail timeout is
@@ -204,7 +201,8 @@ def confirm_intent(merchant: Merchant, intent_id: str) -> PaymentIntent:
                 details={"charge_id": charge.id, "status": repository.charge_status(charge.id)},
                 correlation_id=charge.id,
             )
-    return _reload(intent.id)
+        return _reload(intent.id)
+    return intent
 
 
 def _reload(intent_id: str) -> PaymentIntent:

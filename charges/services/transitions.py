@@ -13,7 +13,7 @@ from django.db import transaction
 
 from charges import repository, settlement_writes
 from charges.metrics import CHARGES_SETTLED, CHARGES_UNRESOLVED
-from charges.models import Charge, CheckoutSession, PaymentIntent
+from charges.models import Charge, CheckoutSession, PaymentIntent, ProviderRequest, RequestOperation
 from charges.repository import ChargeRow
 from charges.states import ChargeStatus, IntentStatus
 from charges.wire import render_charge, render_intent, render_session
@@ -117,7 +117,7 @@ def fail_submitting(charge_id: str, intent_id: str, failure_code: str, *, rail: 
         if not repository.fail_submitting(charge_id, failure_code):
             return False
         _fail_intent(intent_id)
-        if failure_code in VOIDED_AFTER:
+        if failure_code in VOIDED_AFTER and _submit_went_out(charge_id):
             # The rail may hold it (a lost answer, a refusal that kept the reference): void
             # it there, in this transaction, so no payer can pay what vpay has failed.
             enqueue_void(charge_id, Charge.objects.filter(pk=charge_id).values_list("merchant_id", flat=True).first())
@@ -128,6 +128,12 @@ def fail_submitting(charge_id: str, intent_id: str, failure_code: str, *, rail: 
 
 # The failure codes a charge gets from vpay, not from its rail, that a rail may still hold.
 VOIDED_AFTER = frozenset({DEAD_ORDER, SUBMIT_REJECTED})
+
+
+def _submit_went_out(charge_id: str) -> bool:
+    """Whether a submit of the charge was ever sent (a crash before the confirm's POST leaves
+    none: the rail never heard of it, and there is nothing to void)."""
+    return ProviderRequest.objects.filter(charge_id=charge_id, operation=RequestOperation.SUBMIT).exists()
 
 
 def void_dedupe_key(charge_id: str) -> str:
