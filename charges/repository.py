@@ -10,13 +10,16 @@ not act as if it had. The rail requests' own statements are ``charges.request_lo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from django.db import connection
+from django.db.models import Model
 from django.db.models.functions import Now
 
 from charges import guarded
 from charges.models import (
     Charge,
+    CheckoutSession,
     PaymentIntent,
 )
 from charges.recovery import Evidence, SubmitEvidence
@@ -28,6 +31,8 @@ from charges.states import (
 )
 from jobs.kinds import JobKind
 from vpay import sealing
+
+M = TypeVar("M", bound=Model)
 
 POLL_DEDUPE_PREFIX = "charge:poll:"  # also matched in SQL by the backstop (_LIVE_PAGE)
 
@@ -121,7 +126,7 @@ def read_for_poll(charge_id: str) -> ChargeRow | None:
     )
 
 
-def from_row(model, row) -> object:
+def from_row(model: type[M], row) -> M:
     """``model`` built from a row of all its concrete columns in model order (as
     :data:`columns_of` selects them), each converted as the ORM would (``from_db_value``: a
     JSON document, a sealed field), without compiling a queryset."""
@@ -160,7 +165,40 @@ def lock_for_confirm(merchant_id: str, intent_id: str) -> tuple[PaymentIntent | 
         row = cursor.fetchone()
     if row is None:
         return None, False
-    return from_row(PaymentIntent, row[:-1]), row[-1]  # type: ignore[return-value]
+    return from_row(PaymentIntent, row[:-1]), row[-1]
+
+
+# The intent as an event reports it, after the writes, with its charge and its checkout
+# session (both one-to-one; a session is created with its intent or never): one statement by
+# payment_intents_pkey and the unique indexes on charges.intent_id and
+# checkout_sessions.intent_id. It replaced a joined queryset whose compile was a fifth of the
+# worker's CPU on the settlement path (bench/CHARGES.md, "The web process").
+_FOR_EVENT = f"""
+SELECT {columns_of(PaymentIntent, "p")}, {columns_of(Charge, "c")}, {columns_of(CheckoutSession, "s")}
+  FROM payment_intents p
+  LEFT JOIN charges c ON c.intent_id = p.id
+  LEFT JOIN checkout_sessions s ON s.intent_id = p.id
+ WHERE p.id = %s
+"""
+_INTENT_WIDTH = len(PaymentIntent._meta.concrete_fields)
+_CHARGE_WIDTH = len(Charge._meta.concrete_fields)
+
+
+def for_event(intent_id: str) -> tuple[PaymentIntent, CheckoutSession | None]:
+    """The intent (its ``charge`` attached) and its checkout session, if it has one."""
+    with connection.cursor() as cursor:
+        cursor.execute(_FOR_EVENT, [intent_id])
+        row = cursor.fetchone()
+    if row is None:
+        raise PaymentIntent.DoesNotExist(intent_id)
+    intent = from_row(PaymentIntent, row[:_INTENT_WIDTH])
+    charge_row, session_row = row[_INTENT_WIDTH : _INTENT_WIDTH + _CHARGE_WIDTH], row[_INTENT_WIDTH + _CHARGE_WIDTH :]
+    if charge_row[0] is not None:
+        intent.charge = from_row(Charge, charge_row)
+    session = from_row(CheckoutSession, session_row) if session_row[0] is not None else None
+    if session is not None:
+        intent.checkout_session = session
+    return intent, session
 
 
 def charge_status(charge_id: str) -> str | None:

@@ -8,12 +8,12 @@ import logging
 
 from django.db import transaction
 
-from charges import capture_repository, settlement_writes
+from charges import capture_repository, repository, settlement_writes
 from charges.capture_repository import PhaseRow
 from charges.metrics import CHARGES_SETTLED
 from charges.models import Charge
 from charges.repository import ChargeRow
-from charges.services.transitions import has_session, intent_for_event
+from charges.services.transitions import intent_for_event
 from charges.states import ChargeStatus, IntentStatus
 from charges.wire import render_charge, render_intent, render_session
 from jobs.operator.alerts import Severity, admin_path, raise_alert
@@ -37,10 +37,10 @@ def captured(row: ChargeRow, amount: int) -> bool:
             amount_captured=amount,
         ):
             return False
-        intent = intent_for_event(row.intent_id)
+        intent, session = repository.for_event(row.intent_id)
         emit(intent.merchant_id, EventType.CHARGE_CAPTURED, render_charge(intent.charge, for_event=True))
         emit(intent.merchant_id, EventType.PAYMENT_INTENT_SUCCEEDED, render_intent(intent, for_event=True))
-        if has_session(intent):
+        if session is not None:
             session = settlement_writes.complete_session(row.intent_id)
             if session is not None:
                 emit(intent.merchant_id, EventType.CHECKOUT_SESSION_COMPLETED, render_session(session, for_event=True))

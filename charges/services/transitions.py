@@ -13,7 +13,7 @@ from django.db import transaction
 
 from charges import repository, settlement_writes
 from charges.metrics import CHARGES_SETTLED, CHARGES_UNRESOLVED
-from charges.models import Charge, CheckoutSession, PaymentIntent, ProviderRequest, RequestOperation
+from charges.models import Charge, PaymentIntent, ProviderRequest, RequestOperation
 from charges.repository import ChargeRow
 from charges.states import ChargeStatus, IntentStatus
 from charges.wire import render_charge, render_intent, render_session
@@ -33,18 +33,8 @@ RAIL_CONFIGURATION = "rail_configuration_error"
 
 
 def intent_for_event(intent_id: str) -> PaymentIntent:
-    # The intent as the event reports it, after the writes, with its charge and its checkout
-    # session (both one-to-one, joined in this one read; a session is created with its
-    # intent, in the same transaction, or never).
-    return PaymentIntent.objects.select_related("charge", "checkout_session").get(pk=intent_id)
-
-
-def has_session(intent: PaymentIntent) -> bool:
-    try:
-        intent.checkout_session  # noqa: B018 - read from select_related: no query
-    except CheckoutSession.DoesNotExist:
-        return False
-    return True
+    """The intent as the event reports it, after the writes, its charge attached."""
+    return repository.for_event(intent_id)[0]
 
 
 def succeed(row: ChargeRow) -> bool:
@@ -57,9 +47,9 @@ def succeed(row: ChargeRow) -> bool:
             repository.mark_submitted(row.id, pay_token=None, redirect_url=None)
         if not settlement_writes.settle_charge_and_intent(row.id, ChargeStatus.SUCCEEDED, IntentStatus.SUCCEEDED):
             return False
-        intent = intent_for_event(row.intent_id)
+        intent, session = repository.for_event(row.intent_id)
         emit(intent.merchant_id, EventType.PAYMENT_INTENT_SUCCEEDED, render_intent(intent, for_event=True))
-        if has_session(intent):
+        if session is not None:
             session = settlement_writes.complete_session(row.intent_id)
             if session is not None:
                 emit(intent.merchant_id, EventType.CHECKOUT_SESSION_COMPLETED, render_session(session, for_event=True))
@@ -79,13 +69,13 @@ def authorize(row: ChargeRow) -> bool:
         if not repository.authorize_charge(row.id):
             return False
         repository.intent_to(row.intent_id, IntentStatus.REQUIRES_CAPTURE, _OPEN_INTENT, amount_capturable=row.amount)
-        intent = intent_for_event(row.intent_id)
+        intent, session = repository.for_event(row.intent_id)
         emit(
             intent.merchant_id,
             EventType.PAYMENT_INTENT_AMOUNT_CAPTURABLE_UPDATED,
             render_intent(intent, for_event=True),
         )
-        if has_session(intent):
+        if session is not None:
             session = settlement_writes.complete_session(row.intent_id, paid=False)
             if session is not None:
                 emit(intent.merchant_id, EventType.CHECKOUT_SESSION_COMPLETED, render_session(session, for_event=True))
