@@ -25,6 +25,7 @@ from django.db import connection
 
 from merchants.models import Merchant
 from vpay.errors import AuthenticationFailed
+from vpay.rows import columns_of, from_row
 
 
 class Kind(enum.StrEnum):
@@ -126,16 +127,13 @@ def classify(authorization: str, *, live_mode: bool) -> tuple[Kind, str]:
     raise _malformed()
 
 
-# The merchant's fields in its model's order, what Model.from_db builds an instance from.
-_MERCHANT_FIELDS = Merchant._meta.concrete_fields
-_SELECT_MERCHANT = ", ".join(f"m.{field.column}" for field in _MERCHANT_FIELDS)
-
-# The merchant of a live secret key: not revoked, not past the overlap of a roll (database
-# clock: the statement's instant, as Django's Now() reads it). Plain SQL, not the ORM's: it runs on every /v1 request, and compiling the queryset
-# was a quarter of the web process's CPU on the payments path (bench/CHARGES.md, "The web
-# process"). merchant_api_keys' unique index on digest, then merchants_pkey.
+# The merchant of a secret key that is not revoked and not past the overlap of a roll
+# (database clock: the statement's instant, as Django's Now() reads it). Plain SQL, not the
+# ORM's: it runs on every /v1 request, and compiling the queryset was a quarter of the web
+# process's CPU on the payments path (bench/CHARGES.md, "The web process's confirm").
+# merchant_api_keys' unique index on digest, then merchants_pkey.
 _BY_SECRET_KEY = f"""
-SELECT {_SELECT_MERCHANT}
+SELECT {columns_of(Merchant, "m")}
   FROM merchant_api_keys k JOIN merchants m ON m.id = k.merchant_id
  WHERE k.digest = %s AND k.revoked_at IS NULL AND (k.expires_at IS NULL OR k.expires_at > statement_timestamp())
 """
@@ -143,7 +141,7 @@ SELECT {_SELECT_MERCHANT}
 # The merchant of an access token not expired whose client is not revoked.
 # oauth_access_tokens' unique index on digest, then oauth_clients_pkey and merchants_pkey.
 _BY_ACCESS_TOKEN = f"""
-SELECT {_SELECT_MERCHANT}
+SELECT {columns_of(Merchant, "m")}
   FROM oauth_access_tokens t
   JOIN oauth_clients c ON c.id = t.client_id
   JOIN merchants m ON m.id = c.merchant_id
@@ -166,4 +164,4 @@ def credential_authenticate(*, authorization: str) -> Merchant:
         if by_key:
             raise _refusal("api_key_invalid", "Invalid API key.")
         raise _refusal("access_token_invalid", "Invalid or expired access token.")
-    return Merchant.from_db(connection.alias, [field.attname for field in _MERCHANT_FIELDS], row)
+    return from_row(Merchant, row)

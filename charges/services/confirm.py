@@ -181,14 +181,21 @@ def confirm_intent(merchant: Merchant, intent_id: str) -> PaymentIntent:
             charge.status, charge.not_found_count, charge.first_not_found_at = ChargeStatus.SUBMITTED, 0, None
             charge.pay_token = answer.pay_token or charge.pay_token
             charge.redirect_url = redirect_url or charge.redirect_url
-        if (
-            moved
-            and redirect_url
-            and repository.intent_to(intent.id, IntentStatus.REQUIRES_ACTION, [IntentStatus.PROCESSING])
-        ):
-            intent.status = IntentStatus.REQUIRES_ACTION
-            emit(intent.merchant_id, EventType.PAYMENT_INTENT_REQUIRES_ACTION, render_intent(intent, for_event=True))
+        # Whether the objects held are what the rows say: false once a guarded write missed.
+        as_written = moved
+        if moved and redirect_url:
+            if repository.intent_to(intent.id, IntentStatus.REQUIRES_ACTION, [IntentStatus.PROCESSING]):
+                intent.status = IntentStatus.REQUIRES_ACTION
+                emit(
+                    intent.merchant_id,
+                    EventType.PAYMENT_INTENT_REQUIRES_ACTION,
+                    render_intent(intent, for_event=True),
+                )
+            else:
+                as_written = False  # the intent left processing meanwhile
         queue.pull_forward(repository.poll_dedupe_key(charge.id))
+    if moved and not as_written:
+        return _reload(intent.id)
     if not moved:
         # Cannot happen inside the window (the worker's age guard), and the rail timeout is
         # below the window (a startup check). Said loudly if it ever does.
