@@ -142,3 +142,17 @@ def poll_job(charge_id: str) -> dict | None:
         return None
     due_in, leased, last_error, attempts = rows[0]
     return {"due_in": due_in, "leased": leased, "last_error": last_error, "attempts": attempts}
+
+
+def run_worker_until(until, *, worker_id: str = "w-in-process", timeout: float = 15.0) -> None:
+    """Run a worker in this process (``Worker.run_once``, due jobs) until ``until()`` holds."""
+    from jobs.runner.worker import Worker
+    from tests.conftest import wait_for
+
+    worker = Worker(worker_id=worker_id)
+
+    def step() -> bool:
+        worker.run_once()
+        return until()
+
+    wait_for(step, timeout=timeout, interval=0.05, message="the worker to get there")

@@ -11,23 +11,10 @@ import httpx
 import pytest
 
 from charges.models import Charge, PaymentIntent
-from jobs.runner.worker import Worker
-from tests.charges_support import scalar, sql
-from tests.conftest import wait_for
+from tests.charges_support import run_worker_until, scalar, sql
 from tests.rail_support import API_KEY
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def run_polls(until, timeout: float = 15.0) -> None:
-    """Run the worker in process until ``until()`` holds."""
-    worker = Worker(worker_id="w-capture")
-
-    def step() -> bool:
-        worker.run_once()
-        return until()
-
-    wait_for(step, timeout=timeout, interval=0.05, message="the worker to get there")
 
 
 def intent_row(intent_id: str) -> PaymentIntent:
@@ -56,7 +43,7 @@ def authorized(acme, amount: int = 5000) -> PaymentIntent:
     made = acme.intent(amount=amount, capture_method="manual")
     assert made["capture_method"] == "manual" and made["amount_capturable"] == 0
     acme.confirm(made["id"])
-    run_polls(lambda: intent_row(made["id"]).status == "requires_capture")
+    run_worker_until(lambda: intent_row(made["id"]).status == "requires_capture")
     return intent_row(made["id"])
 
 
@@ -74,7 +61,7 @@ def test_an_authorization_waits_for_its_capture_which_takes_part_and_bounds_the_
     answer = acme_api.call("POST", f"/v1/payment_intents/{intent.id}/capture", {"amount_to_capture": 3000})
     assert answer.status_code == 200, answer.content
     assert answer.json()["status"] == "processing" and answer.json()["charge"]["status"] == "capturing"
-    run_polls(lambda: intent_row(intent.id).status == "succeeded")
+    run_worker_until(lambda: intent_row(intent.id).status == "succeeded")
 
     intent = intent_row(intent.id)
     assert (intent.amount_received, intent.amount_capturable, intent.charge.amount_captured) == (3000, 0, 3000)
@@ -115,7 +102,7 @@ def test_a_cancel_of_an_authorization_voids_it_at_the_rail(acme_api, rails):
     answer = acme_api.call("POST", f"/v1/payment_intents/{intent.id}/cancel", {"cancellation_reason": "abandoned"})
     assert answer.status_code == 200, answer.content
     assert (answer.json()["status"], answer.json()["charge"]["status"]) == ("canceled", "voiding")
-    run_polls(lambda: Charge.objects.get(pk=intent.charge.id).status == "voided")
+    run_worker_until(lambda: Charge.objects.get(pk=intent.charge.id).status == "voided")
     assert rail_charge(rails, intent.charge.id)["settled"] == "canceled"
     assert events_of(intent.id, intent.charge.id)[-1] == "payment_intent.canceled"
     late = acme_api.call("POST", f"/v1/payment_intents/{intent.id}/capture", {})
@@ -129,7 +116,7 @@ def test_a_cancel_of_an_authorization_voids_it_at_the_rail(acme_api, rails):
 def test_an_authorization_left_uncaptured_expires_and_is_voided(acme_api, rails, settings):
     settings.VPAY_AUTHORIZATION_EXPIRY_SECONDS = 1.0
     intent = authorized(acme_api)
-    run_polls(lambda: Charge.objects.get(pk=intent.charge.id).status == "voided")
+    run_worker_until(lambda: Charge.objects.get(pk=intent.charge.id).status == "voided")
     intent = intent_row(intent.id)
     assert (intent.status, intent.cancellation_reason, intent.amount_capturable) == ("canceled", "expired", 0)
     assert rail_charge(rails, intent.charge.id)["settled"] == "canceled"
@@ -140,7 +127,7 @@ def test_a_capture_whose_answer_was_lost_is_asked_about_never_sent_again(acme_ap
     intent = authorized(acme_api)
     rails.scenario(reference=intent.charge.id, capture_drop=1)  # applied, the answer lost
     acme_api.call("POST", f"/v1/payment_intents/{intent.id}/capture", {})
-    run_polls(lambda: intent_row(intent.id).status == "succeeded")
+    run_worker_until(lambda: intent_row(intent.id).status == "succeeded")
     assert len(captures_at_rail(rails, intent.charge.id)) == 1
     operations = [
         op
@@ -154,7 +141,7 @@ def test_a_capture_that_never_landed_is_sent_again_only_a_window_after_the_first
     rails.scenario(reference=intent.charge.id, capture_error=1)  # a 503: nothing captured
     acme_api.call("POST", f"/v1/payment_intents/{intent.id}/capture", {})
     began = time.monotonic()
-    run_polls(lambda: intent_row(intent.id).status == "succeeded")
+    run_worker_until(lambda: intent_row(intent.id).status == "succeeded")
     captures = captures_at_rail(rails, intent.charge.id)
     assert [c["status"] for c in captures] == [503, 200]
     # The resend waited out the not-found window (1.5 s here), asking the rail meanwhile.
@@ -167,7 +154,7 @@ def test_a_capture_the_rail_refuses_leaves_the_authorization_capturable_and_a_ne
     charge_id = intent.charge.id
     rails.scenario(reference=charge_id, capture_refuse=2)  # 400s; the rail still holds the authorization
     acme_api.call("POST", f"/v1/payment_intents/{intent.id}/capture", {})
-    run_polls(lambda: intent_row(intent.id).status == "requires_capture")
+    run_worker_until(lambda: intent_row(intent.id).status == "requires_capture")
     charge = Charge.objects.get(pk=charge_id)
     assert (charge.status, charge.failure_code) == ("authorized", "capture_refused")
     assert scalar("SELECT count(*) FROM alerts WHERE key = %s", [f"charge_capture_refused:{charge_id}:0"]) == 1
@@ -175,7 +162,7 @@ def test_a_capture_the_rail_refuses_leaves_the_authorization_capturable_and_a_ne
     assert [
         op for (op,) in sql("SELECT operation FROM provider_requests WHERE charge_id = %s ORDER BY id", [charge_id])
     ][-2:] == ["capture", "status"]
-    run_polls(
+    run_worker_until(
         lambda: scalar(
             "SELECT run_at > now() + interval '6 days' FROM jobs WHERE dedupe_key = %s", [f"charge:poll:{charge_id}"]
         )
@@ -184,13 +171,13 @@ def test_a_capture_the_rail_refuses_leaves_the_authorization_capturable_and_a_ne
     # Asked for again, it is a first send (not a refused resend, which would prove nothing),
     # refused and told again; and the third time, under a key of its own, it captures.
     assert acme_api.call("POST", f"/v1/payment_intents/{intent.id}/capture", {}).status_code == 200
-    run_polls(lambda: intent_row(intent.id).status == "requires_capture")
+    run_worker_until(lambda: intent_row(intent.id).status == "requires_capture")
     assert scalar("SELECT count(*) FROM alerts WHERE key = %s", [f"charge_capture_refused:{charge_id}:1"]) == 1
     assert (
         acme_api.call("POST", f"/v1/payment_intents/{intent.id}/capture", {"amount_to_capture": 1000}).status_code
         == 200
     )
-    run_polls(lambda: intent_row(intent.id).status == "succeeded")
+    run_worker_until(lambda: intent_row(intent.id).status == "succeeded")
     keys = [c["idempotency_key"] for c in captures_at_rail(rails, charge_id)]
     assert keys == [f"{charge_id}:capture", f"{charge_id}:capture:1", f"{charge_id}:capture:2"]
     assert intent_row(intent.id).amount_received == 1000
@@ -204,7 +191,7 @@ def test_a_capture_finding_the_authorization_gone_cancels_the_intent_with_an_ale
     )
     assert released.json()["status"] == "canceled"
     acme_api.call("POST", f"/v1/payment_intents/{intent.id}/capture", {})
-    run_polls(lambda: Charge.objects.get(pk=intent.charge.id).status == "voided")
+    run_worker_until(lambda: Charge.objects.get(pk=intent.charge.id).status == "voided")
     intent = intent_row(intent.id)
     assert (intent.status, intent.cancellation_reason, intent.charge.failure_code) == (
         "canceled",

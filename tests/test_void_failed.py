@@ -12,22 +12,11 @@ import pytest
 
 from charges.models import Charge
 from jobs import port as queue
-from jobs.runner.worker import Worker
-from tests.charges_support import intent_status, scalar
+from tests.charges_support import intent_status, run_worker_until, scalar
 from tests.conftest import wait_for
 from tests.rail_support import API_KEY
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def run_worker(until, timeout: float = 15.0) -> None:
-    worker = Worker(worker_id="w-void")
-
-    def step() -> bool:
-        worker.run_once()
-        return until()
-
-    wait_for(step, timeout=timeout, interval=0.05, message="the worker to get there")
 
 
 def voids_at_rail(rail, charge_id: str) -> list[dict]:
@@ -46,7 +35,7 @@ def test_a_refused_submit_the_rail_kept_is_voided_there(acme_api, rails):
     intent = refused_but_kept(acme_api, rails, 1777)
     charge_id = intent["charge"]["id"]
     assert scalar("SELECT count(*) FROM jobs WHERE dedupe_key = %s", [f"charge:void:{charge_id}"]) == 1
-    run_worker(lambda: voids_at_rail(rails, charge_id))
+    run_worker_until(lambda: voids_at_rail(rails, charge_id))
     assert rails.charge(charge_id)["settled"] == "canceled"  # no payer can pay it now
     wait_for(lambda: scalar("SELECT count(*) FROM jobs WHERE dedupe_key = %s", [f"charge:void:{charge_id}"]) == 0)
     assert Charge.objects.get(pk=charge_id).status == "failed"
@@ -58,7 +47,7 @@ def test_a_success_the_rail_reports_instead_is_recorded_and_paged(acme_api, rail
     # The rail settled it meanwhile (asked by anyone: its answer is final).
     polled = httpx.get(f"{rails.url}/push/charges/{charge_id}", headers={"Authorization": f"Bearer {API_KEY}"})
     assert polled.json()["status"] == "succeeded"
-    run_worker(lambda: Charge.objects.get(pk=charge_id).status == "succeeded")
+    run_worker_until(lambda: Charge.objects.get(pk=charge_id).status == "succeeded")
     charge = Charge.objects.get(pk=charge_id)
     assert charge.amount_captured == 1888 and intent_status(intent["id"]) == "failed"
     assert scalar("SELECT severity FROM alerts WHERE key = %s", [f"charge_late_success:{charge_id}:0"]) == "page"
@@ -71,7 +60,7 @@ def test_a_dead_redirect_order_is_voided_at_the_rail(acme_api, rails):
     assert intent["charge"]["status"] == "submitting"
     time.sleep(1.6)  # past the not-found window: the poll may conclude nobody was handed a URL
     queue.pull_forward(f"charge:poll:{charge_id}")  # not after this fixture's 30 s confirm grace
-    run_worker(lambda: voids_at_rail(rails, charge_id))
+    run_worker_until(lambda: voids_at_rail(rails, charge_id))
     charge = Charge.objects.get(pk=charge_id)
     assert (charge.status, charge.failure_code) == ("failed", "redirect_never_delivered")
     assert rails.charge(charge_id)["settled"] == "canceled"
