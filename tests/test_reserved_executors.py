@@ -4,6 +4,9 @@ executor, and every merchant's settlements waited): the merchant-paced kinds fil
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
 from jobs.adapters import postgres as queue
@@ -46,3 +49,34 @@ def test_other_kinds_may_use_every_executor():
     # next idle executor claims the rest: tasks are not paced by merchants, none idles.
     assert [worker.dispatcher.next_job().kind for _ in range(4)] == ["task"] * 4
     assert worker.running_count() == 4
+
+
+@pytest.mark.django_db
+def test_an_executor_that_found_a_claim_running_is_woken_when_it_ends_even_empty():
+    """The reserved executor's claim for the unpaced kinds can be futile and long (it steps
+    over a tenant's backlog of deliveries); an executor that finished meanwhile found the
+    claim lock taken. It must claim as soon as that claim ends, not at the idle poll."""
+    worker = Worker(concurrency=4, idle_sleep=5.0)
+    dispatcher = worker.dispatcher
+    first_running, got = threading.Event(), []
+
+    def claim(asked, alone, kinds=None):
+        if not first_running.is_set():
+            first_running.set()
+            time.sleep(0.3)
+            return []  # futile: found nothing
+        return ["a job"]
+
+    dispatcher.claim = claim
+    futile = threading.Thread(target=dispatcher.next_job, daemon=True)
+    futile.start()
+    first_running.wait(5)
+    began = time.monotonic()
+    waiting = threading.Thread(target=lambda: got.append((dispatcher.next_job(), time.monotonic() - began)))
+    waiting.start()
+    waiting.join(3)
+    worker._stopping.set()
+    dispatcher.wake()
+    futile.join(5)
+    assert got and got[0][0] == "a job", "the executor slept through the end of the claim it waited for"
+    assert got[0][1] < 1.5
