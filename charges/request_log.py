@@ -179,7 +179,7 @@ def record_answer(
                 str(rail_status) if rail_status is not None else None,
                 redact(error)[: EXCERPT_MAX * 2],
                 # The adapter built the excerpt with the pay_token and every URL already removed
-                # (rails/adapter.py, answer_excerpt); redact() is the second net for credentials.
+                # (rails/excerpts.py, answer_excerpt); redact() is the second net for credentials.
                 redact(excerpt)[:EXCERPT_MAX],
                 request_id,
             ],

@@ -208,3 +208,36 @@ def test_a_refund_of_an_intent_an_older_worker_settled_repairs_what_it_received(
     sql("UPDATE payment_intents SET amount_received = 0 WHERE id = %s", [intent_id])
     assert acme_api.refund(intent_id, amount=400).status_code == 200
     assert scalar("SELECT amount_received FROM payment_intents WHERE id = %s", [intent_id]) == 1000
+
+
+def test_a_void_that_finds_the_money_captured_records_a_late_success_and_pages(acme_api, rails):
+    intent = authorized(acme_api)
+    charge_id = intent.charge.id
+    # The rail captured it (an operator at the rail's console, a capture vpay never sent).
+    taken = httpx.post(
+        f"{rails.url}/push/charges/{charge_id}/capture",
+        json={"amount": 5000},
+        headers={"Authorization": f"Bearer {API_KEY}"},
+    )
+    assert taken.json()["status"] == "succeeded"
+    assert acme_api.call("POST", f"/v1/payment_intents/{intent.id}/cancel", {}).status_code == 200
+    run_worker_until(lambda: Charge.objects.get(pk=charge_id).status == "succeeded")
+    charge = Charge.objects.get(pk=charge_id)
+    assert charge.amount_captured == 5000 and intent_row(intent.id).status == "canceled"  # never lost, told once
+    assert scalar("SELECT severity FROM alerts WHERE key = %s", [f"charge_late_success:{charge_id}:0"]) == "page"
+
+
+def test_a_capture_without_a_final_answer_past_its_horizon_alerts_and_stays_capturing(acme_api, rails, settings):
+    intent = authorized(acme_api)
+    charge_id = intent.charge.id
+    settings.VPAY_CHARGE_HORIZON_SECONDS = 1.0  # from when the capture was asked for
+    rails.scenario(reference=charge_id, capture_error=1000, error_polls=1000)  # no answer at all
+    acme_api.call("POST", f"/v1/payment_intents/{intent.id}/capture", {})
+    run_worker_until(
+        lambda: scalar("SELECT count(*) FROM alerts WHERE key LIKE %s", [f"charge_capture_unresolved:{charge_id}:%"])
+    )
+    assert Charge.objects.get(pk=charge_id).status == "capturing"  # a late answer still ends it
+    wait = scalar(
+        "SELECT extract(epoch FROM run_at - now()) FROM jobs WHERE dedupe_key = %s", [f"charge:poll:{charge_id}"]
+    )
+    assert 0 < wait <= settings.VPAY_CHARGE_POLL_PAST_HORIZON_SECONDS  # asked again on the past-horizon period

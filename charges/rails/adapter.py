@@ -42,8 +42,6 @@ The adapter records nothing itself: the caller writes ``provider_requests`` befo
 
 from __future__ import annotations
 
-import json
-import re
 import threading
 import time
 import typing
@@ -56,10 +54,10 @@ import httpcore
 import httpx
 
 from charges.rails.config import RailConfig
+from charges.rails.excerpts import read, unstorable
 from charges.states import RailStatus
 from vpay.errors import ConfigurationError, PermanentError, TransientError
 from vpay.http_deadline import DeadlineStream, remaining
-from vpay.logging import redact, redact_value
 
 MAX_BODY_BYTES = 64 * 1024
 _ANSWER_STATUSES = {"pending", "succeeded", "failed", "authorized", "canceled"}
@@ -342,7 +340,7 @@ class HttpRailAdapter:
             raise _error(RailUnavailable, f"rail {self.rail.code}: unreadable ({type(exc).__name__})", None) from exc
         finally:
             _exchange.deadline = None
-        body, excerpt = _read(raw, oversized)
+        body, excerpt = read(raw, oversized, MAX_BODY_BYTES)
         if code >= 500 or code in _TRANSIENT_4XX or 300 <= code < 400:
             raise _error(RailUnavailable, f"rail {self.rail.code}: HTTP {code}", code, excerpt, retry_after)
         if code in (401, 403):
@@ -359,71 +357,12 @@ class HttpRailAdapter:
         return _parse(self.rail.code, code, body, excerpt, retry_after)
 
 
-def _read(raw: bytearray, oversized: bool) -> tuple[object, str]:
-    """The parsed body (``_UNREADABLE`` when it is not JSON) and its excerpt.
-
-    A body nested past the parser's recursion limit (it fits well within the size cap) is
-    unreadable like any other: it must not escape as an error of ours."""
-    if oversized:
-        return _UNREADABLE, f"[answer larger than {MAX_BODY_BYTES} bytes]"
-    text = raw.decode("utf-8", errors="replace")
-    try:
-        body = json.loads(text)
-        return body, answer_excerpt(body, text)
-    except (ValueError, RecursionError):
-        return _UNREADABLE, answer_excerpt(_UNREADABLE, text)
-
-
-_UNREADABLE = object()  # a body that is not JSON (``None`` is JSON's null)
-EXCERPT_CHARS = 500
-# An answer's fields that let whoever holds them pay the payer's order. The URL need not
-# spell its token as ``pay_token=`` (a path segment, ``?session=``), so no pattern over
-# text can be trusted to find it: these go by name, whatever their value looks like.
-_PAYABLE_FIELDS = frozenset({"pay_token", "redirect_url"})
-_URL = re.compile(r"(?i)\b[a-z][a-z0-9+.-]*://\S+")
-REDACTED = "[REDACTED]"
-
-
-def answer_excerpt(body: object, text: str) -> str:
-    """What ``provider_requests.response_excerpt`` may keep of an answer.
-
-    Built from the parsed body, never from the raw text: ``pay_token`` and ``redirect_url``
-    replaced by name, credential-named keys by :func:`vpay.logging.redact_value`, and any
-    other string that holds a URL replaced too (a rail may nest its payable link under a
-    name of its own). An answer that is not JSON (a proxy's HTML error page) keeps its
-    text with every URL removed and credentials scrubbed.
-    """
-    if body is _UNREADABLE:
-        return _storable(redact(_URL.sub(REDACTED, text)))[:EXCERPT_CHARS]
-    return _storable(json.dumps(_scrub(body), separators=(",", ":"), ensure_ascii=False))[:EXCERPT_CHARS]
-
-
-def _storable(text: str) -> str:
-    """``text`` as PostgreSQL can store it: a NUL and a lone surrogate (JSON's ``"\\ud800"``)
-    written as escapes, not refused by the database on the statement recording the answer."""
-    return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-def _unstorable(value: object) -> bool:
-    return isinstance(value, str) and _storable(value) != value
-
-
-def _scrub(value: object) -> object:
-    if isinstance(value, dict):
-        return {k: REDACTED if k in _PAYABLE_FIELDS else _scrub(v) for k, v in redact_value(value).items()}
-    if isinstance(value, list):
-        return [_scrub(v) for v in value]
-    if isinstance(value, str) and "://" in value:
-        return REDACTED
-    return value
-
-
 def _parse(code: str, http_status: int, body: object, excerpt: str, retry_after: float | None) -> RailAnswer:
     if (
         not isinstance(body, dict)
         or not isinstance(body.get("status"), str)
         or body["status"] not in _ANSWER_STATUSES
-        or any(_unstorable(body.get(k)) for k in ("pay_token", "redirect_url", "failure_code"))
+        or any(unstorable(body.get(k)) for k in ("pay_token", "redirect_url", "failure_code"))
     ):
         # A 2xx we cannot read is no answer we may act on, and no refusal either: the rail
         # may well have taken the charge. Transient, so the charge stays live and polled.
