@@ -178,10 +178,3 @@ def authorization_left(charge_id: str, expiry_seconds: float) -> float | None:
         cursor.execute(_AUTHORIZATION_LEFT, [expiry_seconds, charge_id])
         r = cursor.fetchone()
     return None if r is None else r[0]
-
-
-def lock_intent(intent_id: str) -> PaymentIntent | None:
-    """The intent's row, locked until the transaction ends (as a capture and a cancel lock it)."""
-    if not connection.in_atomic_block:
-        raise RuntimeError("lock_intent() holds a row lock: it must run inside a transaction")
-    return PaymentIntent.objects.select_for_update().filter(pk=intent_id).first()

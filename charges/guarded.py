@@ -8,6 +8,21 @@ from django.db import connection
 from django.db.models.functions import Now
 
 
+def lock_intent(intent_id: str, *, merchant_id: str | None = None):
+    """The payment intent (the merchant's, when ``merchant_id`` is given), its row locked
+    until the transaction ends (``SELECT … FOR UPDATE``, payment_intents_pkey), or None.
+    The lock every change of its money takes: a confirm's (``repository.lock_for_confirm``),
+    a refund's, a capture's, a cancel's, an authorization's expiry; so they serialize."""
+    from charges.models import PaymentIntent
+
+    if not connection.in_atomic_block:
+        raise RuntimeError("lock_intent() holds a row lock: it must run inside a transaction")
+    found = PaymentIntent.objects.select_for_update().filter(pk=intent_id)
+    if merchant_id is not None:
+        found = found.filter(merchant_id=merchant_id)
+    return found.first()
+
+
 def cas(model, pk: str, sources, **changes) -> bool:
     """Move the row ``pk`` only from one of ``sources`` (the compare-and-swap every status
     write is); whether it matched. False means somebody else moved it first."""

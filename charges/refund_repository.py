@@ -97,25 +97,14 @@ def read_for_poll(refund_id: str) -> RefundRow | None:
 # --- the intent's refunded amount (under its row lock) ------------------------------------
 
 
-def lock_intent(merchant_id: str, intent_id: str) -> PaymentIntent | None:
-    """The merchant's intent, its row locked until the transaction ends (``SELECT … FOR
-    UPDATE`` on the primary key). Every change of ``amount_refunded`` holds this lock, so
-    the amount read here stays true until the caller commits."""
-    if not connection.in_atomic_block:
-        raise RuntimeError("lock_intent() holds a row lock: it must run inside a transaction")
-    return PaymentIntent.objects.select_for_update().filter(merchant_id=merchant_id, id=intent_id).first()
-
-
 def repair_amount_received(intent_id: str) -> None:
     """A succeeded intent with nothing received (settled by a worker older than manual capture,
     whose settlement did not write it): it received its whole amount. Under the row lock."""
-    PaymentIntent.objects.filter(pk=intent_id, amount_received=0).update(
-        amount_received=F("amount"), updated_at=Now()
-    )
+    PaymentIntent.objects.filter(pk=intent_id, amount_received=0).update(amount_received=F("amount"), updated_at=Now())
 
 
 def set_amount_refunded(intent_id: str, amount_refunded: int) -> None:
-    """Write the new total the caller computed under :func:`lock_intent`'s lock."""
+    """Write the new total the caller computed under ``guarded.lock_intent``'s lock."""
     PaymentIntent.objects.filter(pk=intent_id).update(amount_refunded=amount_refunded, updated_at=Now())
 
 

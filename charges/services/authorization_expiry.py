@@ -18,7 +18,7 @@ import logging
 from django.conf import settings
 from django.db import transaction
 
-from charges import capture_repository
+from charges import capture_repository, guarded
 from charges.repository import ChargeRow
 from charges.services.checkout_expiry import expire_session_of_canceled_intent
 from charges.services.transitions import intent_for_event
@@ -46,7 +46,7 @@ def expire(row: ChargeRow) -> bool:
     """``authorized → voiding`` and the intent ``canceled`` (``expired``), with its event;
     False when a capture or a cancel moved the charge first."""
     with transaction.atomic():
-        capture_repository.lock_intent(row.intent_id)
+        guarded.lock_intent(row.intent_id)
         if not capture_repository.start_void(row.id):
             return False
         if not capture_repository.cancel_authorized_intent(row.intent_id, CancellationReason.EXPIRED):

@@ -20,7 +20,7 @@ import logging
 
 from django.db import transaction
 
-from charges import capture_repository, repository
+from charges import capture_repository, guarded, repository
 from charges.models import PaymentIntent
 from charges.services.capture import wake_poll
 from charges.services.checkout_expiry import expire_session_of_canceled_intent
@@ -56,7 +56,7 @@ def payment_intent_cancel(
     checkout session, ``checkout.session.expired``. Refuses with ``NotFound`` or
     ``InvalidState`` (``payment_intent_unexpected_state``, the message saying why)."""
     with transaction.atomic():
-        intent = PaymentIntent.objects.select_for_update().filter(merchant=merchant, id=payment_intent).first()
+        intent = guarded.lock_intent(payment_intent, merchant_id=merchant.id)
         if intent is None:
             raise NotFound("resource_missing", f"No such payment_intent: {payment_intent!r}.", param="id")
         if intent.status == IntentStatus.REQUIRES_CAPTURE:

@@ -16,7 +16,7 @@ import logging
 
 from django.db import transaction
 
-from charges import capture_repository, money, repository
+from charges import capture_repository, guarded, money, repository
 from charges.models import PaymentIntent
 from charges.rails import get_rail
 from charges.states import IntentStatus
@@ -48,7 +48,7 @@ def payment_intent_capture(
     ``NotFound``, ``InvalidState`` (not ``requires_capture``; its rail is gone),
     ``InvalidInput`` (an amount outside the currency's bounds or above the capturable)."""
     with transaction.atomic():
-        intent = PaymentIntent.objects.select_for_update().filter(merchant=merchant, id=payment_intent).first()
+        intent = guarded.lock_intent(payment_intent, merchant_id=merchant.id)
         if intent is None:
             raise NotFound("resource_missing", f"No such payment_intent: {payment_intent!r}.", param="id")
         if intent.status != IntentStatus.REQUIRES_CAPTURE:

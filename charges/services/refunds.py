@@ -2,7 +2,7 @@
 transaction with the event that reports it.
 
 The create is the only place a refund is accepted, and it holds the intent's row lock
-(``refund_repository.lock_intent``) from reading what is left to writing the new total:
+(``guarded.lock_intent``) from reading what is left to writing the new total:
 two refunds racing for the same intent serialize there, and the second reads the first's
 total. It writes the refund ``submitting`` and its poll job in the same transaction; the
 worker sends it to the rail (``refund_polling``), so no web request ever waits on a rail
@@ -15,7 +15,7 @@ import logging
 
 from django.db import transaction
 
-from charges import money, refund_repository
+from charges import guarded, money, refund_repository
 from charges.metrics import REFUNDS_SETTLED, REFUNDS_UNRESOLVED
 from charges.models import Charge, Refund
 from charges.rails import get_rail
@@ -50,7 +50,7 @@ def refund_create(
     (``amount`` outside the currency's bounds, nothing left to refund, or ``amount`` more
     than what is left)."""
     with transaction.atomic():
-        intent = refund_repository.lock_intent(merchant.id, payment_intent)
+        intent = guarded.lock_intent(payment_intent, merchant_id=merchant.id)
         if intent is None:
             raise NotFound("resource_missing", f"No such payment_intent: {payment_intent!r}.", param="payment_intent")
         if intent.status != IntentStatus.SUCCEEDED:
