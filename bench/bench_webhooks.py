@@ -83,6 +83,10 @@ def reset() -> None:
         )
 
 
+# With --receiver-delay: every endpoint's URL asks the sandbox receiver to answer after it.
+ENDPOINT_QUERY = [""]
+
+
 def setup_merchant(receiver, endpoints: int):
     import django
 
@@ -93,7 +97,8 @@ def setup_merchant(receiver, endpoints: int):
     merchant, _ = create_merchant("Bench")
     secrets = []
     for i in range(endpoints):
-        _, secret = create_endpoint(merchant, url=f"http://127.0.0.1:{receiver.port}/ep{i}", enabled_events=["*"])
+        url = f"http://127.0.0.1:{receiver.port}/ep{i}{ENDPOINT_QUERY[0]}"
+        _, secret = create_endpoint(merchant, url=url, enabled_events=["*"])
         secrets.append(secret)
     receiver.add_secrets(secrets)
     return merchant
@@ -285,6 +290,12 @@ def main() -> int:
     parser.add_argument("--latency-events", type=int, default=100)
     parser.add_argument("--receiver", choices=["nginx", "sandbox"], default="nginx")
     parser.add_argument(
+        "--receiver-delay",
+        type=float,
+        default=0.0,
+        help="seconds the receiver waits before answering (the sandbox receiver; real receivers take 100-300 ms)",
+    )
+    parser.add_argument(
         "--worker-env", action="append", default=[], metavar="NAME=VALUE", help="set for the worker (A/B runs)"
     )
     parser.add_argument(
@@ -294,6 +305,10 @@ def main() -> int:
     parser.add_argument("--limit-requests", type=int, default=200_000, help="ab -k requests for the receiver's limit")
     args = parser.parse_args()
     ensure_database()
+    if args.receiver_delay:
+        if args.receiver != "sandbox":
+            parser.error("--receiver-delay needs --receiver sandbox (nginx answers at once)")
+        ENDPOINT_QUERY[0] = f"?mode=slow&delay={args.receiver_delay}"
     if args.worker_root:
         WORKER_ROOT[0] = args.worker_root.resolve()
     for pair in args.worker_env:

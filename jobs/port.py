@@ -19,7 +19,11 @@ The contract both keep (tests/test_queue_port.py runs it on each):
 * ``pull_forward(name)`` makes the waiting job of that name due now, and wakes it if it is
   running (a plain reschedule it answers then runs it again at once);
   ``pull_forward_waiting(names, limit)`` moves the first ``limit`` of several names that
-  are waiting (with ``deferred_only``, that are waiting because their last run deferred).
+  are waiting (with ``deferred_only``, that are waiting because their last run deferred);
+* ``hold_waiting(names, hold)`` takes those of several waiting, due jobs it can off the queue
+  for ``hold`` seconds, for a running handler that does their work alongside its own (it may
+  take none: the in-process adapter never does), and ``settle_held`` then finishes or
+  reschedules each as its own run would have; a held job left unsettled runs when its hold ends.
 """
 
 from __future__ import annotations
@@ -68,6 +72,10 @@ class QueueAdapter(Protocol):
         self, dedupe_keys: list[str], limit: int = 1, floor: timedelta | float = 0, *, deferred_only: bool = False
     ) -> list[str]: ...
 
+    def hold_waiting(self, dedupe_keys: list[str], hold: timedelta | float) -> list[str]: ...
+
+    def settle_held(self, settles: Iterable[tuple[str, timedelta | float | None]]) -> int: ...
+
 
 class PostgresQueue:
     """:mod:`jobs.adapters.postgres` exactly as it is, behind the port (a named job is required)."""
@@ -92,6 +100,12 @@ class PostgresQueue:
         self, dedupe_keys: list[str], limit: int = 1, floor: timedelta | float = 0, *, deferred_only: bool = False
     ) -> list[str]:
         return queue.pull_forward_waiting(dedupe_keys, limit, floor, deferred_only=deferred_only)
+
+    def hold_waiting(self, dedupe_keys: list[str], hold: timedelta | float) -> list[str]:
+        return queue.hold_waiting(dedupe_keys, hold)
+
+    def settle_held(self, settles: Iterable[tuple[str, timedelta | float | None]]) -> int:
+        return queue.settle_held(settles)
 
 
 def _named(dedupe_key: str | None) -> None:
@@ -182,3 +196,14 @@ def pull_forward_waiting(
     move due now (``deferred_only``: only those whose last run deferred); returns their names,
     in order."""
     return adapter().pull_forward_waiting(dedupe_keys, limit, floor, deferred_only=deferred_only)
+
+
+def hold_waiting(dedupe_keys: list[str], hold: timedelta | float) -> list[str]:
+    """Hold the waiting, due jobs named ``dedupe_keys`` that can be taken, for ``hold``
+    seconds, in the caller's transaction; returns their names, in order (maybe none)."""
+    return adapter().hold_waiting(dedupe_keys, hold)
+
+
+def settle_held(settles: Iterable[tuple[str, timedelta | float | None]]) -> int:
+    """Finish (``None``) or reschedule (a delay) each held job, as its own run would have."""
+    return adapter().settle_held(settles)

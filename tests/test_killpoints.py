@@ -62,6 +62,7 @@ FAST_CASES = [
     "rail.answered@status:2",
     "rail.answered@submit:1",
     "webhook.attempt_recorded:2",
+    "webhook.carried:1",
     "webhook.answered@succeeded:2",
     "fan_out.event_committed:1",
     "fan_out.deliveries_written:1",
@@ -244,6 +245,9 @@ def test_a_worker_killed_at_a_point_leaves_work_a_replacement_finishes_exactly_o
         # window first) and no more charges than a rail's share of the executors (2 of 4;
         # a third poll would defer at once).
         stack.backlog(confirmed=2, crashed=0)
+    elif spec.startswith("webhook.carried"):
+        # Events emitted together: each endpoint has a backlog of due deliveries to carry.
+        stack.backlog(confirmed=3, crashed=2, events=10)
     else:
         stack.backlog(confirmed=3, crashed=2)
     doomed = stack.worker("doomed", kill_at=spec)
@@ -264,6 +268,7 @@ HEAVY_CASES = [
     "rail.answered@status:15",
     "rail.answered@submit:4",
     "webhook.attempt_recorded:40",
+    "webhook.carried:10",
     "webhook.answered@succeeded:40",
     # A page per transaction: the 60 events emitted together are one page, and the
     # settlements' events a few more; the second page is mid-backlog.

@@ -28,6 +28,9 @@ def _fast(settings):
     settings.VPAY_WEBHOOK_TIMEOUT = 2.0
     settings.VPAY_WEBHOOK_BREAKER_FAILURES = 2
     settings.VPAY_WEBHOOK_BREAKER_COOL_DOWN_SECONDS = 60.0
+    # One delivery per job run, so each run_once below is one attempt (a carried batch and
+    # the breaker: tests/test_webhook_carrying.py).
+    settings.VPAY_WEBHOOK_BATCH = 1
 
 
 def sql(query, params=None):

@@ -237,7 +237,8 @@ def test_a_slow_endpoint_does_not_delay_a_fast_one_with_the_default_cap_and_conc
         )
     ]
     assert len(latencies) == 4 and max(latencies) < 4.0, latencies
-    # Never more than the worker's share (2 of 4 threads) in flight at the slow endpoint.
+    # The share keeps the worker's executors (2 of 4 may run the slow endpoint's jobs); the
+    # sends those jobs carry (webhooks.services.carrying) are bounded by the endpoint's cap.
     [(most,)] = sql(
         "SELECT coalesce(max(n), 0) FROM (SELECT (SELECT count(*) FROM webhook_delivery_attempts b"
         " JOIN webhook_deliveries db ON db.id = b.delivery_id WHERE db.endpoint_id = %s"
@@ -246,4 +247,4 @@ def test_a_slow_endpoint_does_not_delay_a_fast_one_with_the_default_cap_and_conc
         " WHERE da.endpoint_id = %s) per_attempt",
         [slow.pk, slow.pk],
     )
-    assert 1 <= most <= 2
+    assert 1 <= most <= 8

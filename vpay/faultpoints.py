@@ -21,6 +21,7 @@ POINTS: dict[str, str] = {
     "rail.request_recorded": "a rail request row is committed and the request not yet sent",
     "rail.answered": "the rail answered and nothing of the answer is recorded or settled yet",
     "webhook.attempt_recorded": "a delivery attempt row is committed (in_flight) and nothing is sent yet",
+    "webhook.carried": "a deliver job's batch beside its own is begun (attempt rows committed, jobs held) and none of it is sent",
     "webhook.answered": "the receiver answered and the attempt's outcome is not recorded yet",
     "fan_out.event_committed": "a fan-out transaction (a page of events, or one) committed, the next not yet begun",
     "fan_out.deliveries_written": "a fan-out transaction's deliveries and jobs are written, not yet committed",

@@ -417,6 +417,11 @@ VPAY_WEBHOOK_LEASE_SECONDS = env.float("VPAY_WEBHOOK_LEASE_SECONDS", default=60.
 # worker lets one endpoint hold at most half its executors (webhooks.services.delivery
 # .worker_share), so a slow endpoint never starves a worker whatever this is set to.
 VPAY_WEBHOOK_MAX_IN_FLIGHT = env.int("VPAY_WEBHOOK_MAX_IN_FLIGHT", default=8)
+# The most attempts to one endpoint one deliver job starts, sends at once and records together
+# (webhooks.services.carrying); still within the cap above. 1: each delivery on its own.
+VPAY_WEBHOOK_BATCH = env.int("VPAY_WEBHOOK_BATCH", default=8)
+if VPAY_WEBHOOK_BATCH < 1:
+    raise ImproperlyConfigured("VPAY_WEBHOOK_BATCH must be 1 or more")
 # Each receiver host's circuit breaker (webhooks/services/host_breakers.py): opens after this
 # many consecutive failed attempts (no answer, 5xx, 429), defers that host's deliveries for
 # the cool-down without spending a rung, then lets one probe through.

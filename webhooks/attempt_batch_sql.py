@@ -258,3 +258,26 @@ def endpoints_deleted_for(delivery_ids: Sequence[int]) -> set[int]:
             [list(delivery_ids)],
         )
     }
+
+
+# The endpoint's due pending deliveries beside one just begun, longest-waiting first, locked
+# for a carried batch (webhooks.services.carrying); SKIP LOCKED passes over one another
+# batch or begin is claiming. Only while the endpoint is live (not deleted, not disabled):
+# those deliveries are left to their own jobs, which end or hold them. Served by
+# webhook_deliveries_ep_due (endpoint_id, next_attempt_at WHERE state = 'pending'); the
+# endpoint by primary key.
+_DUE_BESIDE = """
+SELECT d.id FROM webhook_deliveries d
+ WHERE d.endpoint_id = %s::text AND d.state = 'pending' AND d.next_attempt_at <= now() AND d.id <> %s::bigint
+   AND EXISTS (SELECT 1 FROM webhook_endpoints e
+                WHERE e.id = d.endpoint_id AND e.deleted_at IS NULL AND e.disabled_at IS NULL)
+ ORDER BY d.next_attempt_at, d.id
+ LIMIT %s::int
+   FOR UPDATE OF d SKIP LOCKED
+"""
+
+
+def lock_due_beside(endpoint_id: str, delivery_id: int, limit: int) -> list[int]:
+    """Up to ``limit`` of the endpoint's due deliveries other than ``delivery_id``, locked,
+    in the caller's transaction."""
+    return [int(r[0]) for r in _rows(_DUE_BESIDE, [endpoint_id, int(delivery_id), int(limit)])]

@@ -14,7 +14,7 @@ from jobs.primitives.schema import PayloadSchema
 from jobs.runner.context import JobContext
 from jobs.runner.outcome import Outcome
 from vpay import faultpoints
-from webhooks.services import delivery, fanout, host_breakers, scan
+from webhooks.services import carrying, delivery, fanout, host_breakers, scan
 
 logger = logging.getLogger("webhooks.handlers")
 
@@ -56,7 +56,9 @@ def _deliver_timeout() -> float:
     merchant_paced=True,
 )
 def deliver(ctx: JobContext) -> Outcome:
-    """One attempt of one delivery (unfenced: it calls the network; every write is a CAS).
+    """One attempt of one delivery, and beside it a batch of its endpoint's other due
+    deliveries whose jobs it holds (``webhooks.services.carrying``). Unfenced: it calls the
+    network; every write is a CAS.
 
     The merchant's breaker for the endpoint's host and port is asked first: open, the job defers before any attempt is claimed
     (no rung spent). With no deferrals left the attempt goes ahead regardless, so the
@@ -84,13 +86,29 @@ def deliver(ctx: JobContext) -> Outcome:
     assert begun.lease is not None
     try:
         faultpoints.reached("webhook.attempt_recorded")
-        attempted = delivery.perform(begun.lease, loaded=loaded)
+        # The own attempt leaves at once, on a send thread, while this thread begins the
+        # endpoint's other due deliveries beside it (none at idle; a batch under a backlog).
+        own = carrying.start_send(begun.lease, loaded, ctx.worker_concurrency)
+        # Not past an open breaker (a job out of deferrals goes alone) nor beside its probe.
+        carried = carrying.carry_safely(begun.lease) if name is None or (ticket and not ticket.probe) else []
+        if carried:
+            faultpoints.reached("webhook.carried")
+        answers = carrying.send_all(carried, ctx.worker_concurrency)
+        attempted = own.result()
         faultpoints.reached("webhook.answered", str(attempted.attempt_state))
-        recorded = delivery.RECORDS.submit((begun.lease, attempted))
+        if carried:
+            recorded, *recorded_carried = delivery.record_many(
+                [(begun.lease, attempted), *zip(carried, answers, strict=True)]
+            )
+        else:
+            recorded = delivery.RECORDS.submit((begun.lease, attempted))
     finally:
         delivery.release(begun)
+    if carried:
+        carrying.settle_carried(carried, recorded_carried)
     if ticket is not None:
-        host_breakers.report(ticket, attempted.attempt_state, attempted.status_code)
+        for one in (attempted, *answers):
+            host_breakers.report(ticket, one.attempt_state, one.status_code)
     if recorded.stale:
         return Outcome.reschedule_in(0, "stale attempt: look at the delivery again")
     if recorded.delivery_state == delivery.DeliveryState.PENDING:

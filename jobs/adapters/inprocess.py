@@ -163,6 +163,12 @@ class InProcessQueue:
                 return True
             return self._move_waiting(job, floor)
 
+    def hold_waiting(self, dedupe_keys: list[str], hold: timedelta | float) -> list[str]:
+        return []  # every job here runs on its own, at commit: nothing is held for another
+
+    def settle_held(self, settles) -> int:
+        return 0
+
     def pull_forward_waiting(
         self, dedupe_keys: list[str], limit: int = 1, floor: timedelta | float = 0, *, deferred_only: bool = False
     ) -> list[str]:

@@ -24,7 +24,7 @@ from django.db import transaction
 from jobs import registry
 from jobs.kinds import JobKind
 from jobs.primitives.schema import PayloadError
-from jobs.storage import pull_forward_sql, repository
+from jobs.storage import held_sql, pull_forward_sql, repository
 
 _MAX_NAME = 64
 _MAX_LABEL = 128
@@ -146,6 +146,26 @@ def pull_forward_waiting(
     if not dedupe_keys or limit < 1:
         return []
     return pull_forward_sql.pull_forward_waiting(list(dedupe_keys), limit, _seconds(floor, "floor"), deferred_only)
+
+
+def hold_waiting(dedupe_keys: list[str], hold: timedelta | float) -> list[str]:
+    """Take the named jobs that are waiting and due now off the queue for ``hold`` seconds,
+    for a running handler that does their work alongside its own (webhook deliveries to one
+    endpoint); returns the names held, in order. A held job is not run, leased or counted:
+    it only waits until the hold ends, when it runs on its own unless :func:`settle_held`
+    finished or moved it first. Call it in the transaction that claims their work, so the
+    hold and the claim commit together."""
+    if not dedupe_keys:
+        return []
+    return held_sql.hold_waiting(list(dedupe_keys), 0.0, _seconds(hold, "hold"))
+
+
+def settle_held(settles: Iterable[tuple[str, timedelta | float | None]]) -> int:
+    """Settle held jobs as their own runs would have: ``(name, None)`` finished, ``(name,
+    delay)`` due after ``delay`` seconds. A held job that is running (its hold ended first)
+    is left to settle itself. Returns how many were settled."""
+    rows = [(name, None if delay is None else _seconds(delay, "delay")) for name, delay in settles]
+    return held_sql.settle_held(rows) if rows else 0
 
 
 def validated(request: JobRequest) -> tuple:

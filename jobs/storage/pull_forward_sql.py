@@ -64,13 +64,13 @@ SELECT COALESCE((SELECT json_agg(dedupe_key ORDER BY n) FROM moved)::text, '[]')
 """
 
 
-def _text_array(values: Sequence[str]) -> str:
+def text_array(values: Sequence[str]) -> str:
     """``values`` as a PostgreSQL array literal (every element quoted, ``"`` and ``\\`` escaped)."""
     return "{" + ",".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values) + "}"
 
 
 def pull_forward_waiting(dedupe_keys: list[str], limit: int, floor_seconds: float, deferred_only: bool) -> list[str]:
     row = execute_prepared(
-        _PULL_FORWARD_WAITING, [_text_array(dedupe_keys), float(floor_seconds), bool(deferred_only), int(limit)]
+        _PULL_FORWARD_WAITING, [text_array(dedupe_keys), float(floor_seconds), bool(deferred_only), int(limit)]
     )
     return json.loads(row[0]) if row else []

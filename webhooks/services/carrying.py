@@ -1,0 +1,141 @@
+"""Deliveries batched per endpoint: a deliver job that has begun its own attempt carries the
+endpoint's other due deliveries with it.
+
+A backlog to one endpoint used to cost a job run per delivery (a claim, a settle, the
+handler's three steps); now one run starts up to ``VPAY_WEBHOOK_BATCH`` attempts to the
+endpoint in one transaction, sends them at once, and records their outcomes in one
+statement. Each attempt keeps its own attempt row, lease token and fence, exactly as a lone
+one (``webhooks.services.delivery``):
+
+1. :func:`carry` — one transaction under the endpoint's row lock: count its live leases
+   (the per-endpoint cap holds for the batch as for any attempt), lock the endpoint's due
+   ``pending`` deliveries beside the carrier's own (SKIP LOCKED), *hold* their deliver jobs
+   (``jobs.port.hold_waiting``: each job waits until its attempt's lease has ended, not run,
+   not counted), and start the attempts of the ones whose jobs were held. It commits before
+   anything is sent, so every request that leaves has its row.
+2. :func:`send_all` — the carrier's own attempt and the carried ones, each on a thread of
+   a per-process pool: a slow receiver's batch takes one timeout, not one per delivery.
+3. The outcomes are recorded together (``delivery.record_many``: fenced on each lease),
+   then each carried job is settled as its own run would have been
+   (``jobs.port.settle_held``): finished, or due at its delivery's next rung. A carried
+   attempt whose record was stale leaves its job alone: its hold ends with the lease.
+
+A crash anywhere between 1 and 3 costs a carried delivery what it costs a lone one: its
+attempt's lease expires, its held job runs when the hold ends (just after the lease), and
+the usual recovery abandons the attempt and goes on. Only the endpoint's deliveries that are
+due are carried, only while the endpoint is live, and only on a breaker that is closed (a
+half-open breaker's probe goes alone).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from django.conf import settings
+from django.db import transaction
+
+from jobs import port
+from webhooks import attempt_batch_sql, attempt_sql
+from webhooks.decisions import delivery_delay
+from webhooks.models import AttemptState, DeliveryState
+from webhooks.services.delivery import dedupe_key
+from webhooks.services.sending import Attempted, perform
+
+logger = logging.getLogger("webhooks.delivery")
+
+# A carried job is held until its attempt's lease has ended, and this much after, so its own
+# run (if the carrier died) finds the lease expired and recovers it at once.
+HOLD_MARGIN_SECONDS = 1.0
+
+
+def carry(lease: attempt_sql.Lease) -> list[attempt_sql.Lease]:
+    """Step 1: begin attempts of up to ``VPAY_WEBHOOK_BATCH - 1`` other due deliveries of
+    ``lease``'s endpoint, holding their jobs; their leases, in the order begun. None where
+    the queue cannot hold jobs for another (the in-process adapter)."""
+    room = settings.VPAY_WEBHOOK_BATCH - 1
+    if room < 1 or not port.adapter().durable:
+        return []
+    lease_seconds = settings.VPAY_WEBHOOK_LEASE_SECONDS
+    with transaction.atomic():
+        in_flight, _ = attempt_batch_sql.in_flight_for_endpoints([lease.endpoint_id])[lease.endpoint_id]
+        room = min(room, settings.VPAY_WEBHOOK_MAX_IN_FLIGHT - in_flight)
+        if room < 1:
+            return []
+        ids = attempt_batch_sql.lock_due_beside(lease.endpoint_id, lease.delivery_id, room)
+        if not ids:
+            return []
+        names = {dedupe_key(delivery_id): delivery_id for delivery_id in ids}
+        held = [names[name] for name in port.hold_waiting(list(names), lease_seconds + HOLD_MARGIN_SECONDS)]
+        if not held:
+            return []
+        leases = attempt_batch_sql.start_attempts(held, lease_seconds)
+    return [leases[delivery_id] for delivery_id in held]
+
+
+def carry_safely(lease: attempt_sql.Lease) -> list[attempt_sql.Lease]:
+    """:func:`carry`, which is only ever a saving: if it fails (its transaction rolled
+    back, nothing begun), the carrier's own attempt goes on alone."""
+    try:
+        return carry(lease)
+    except Exception:
+        logger.warning("could not carry the endpoint's other due deliveries; this one goes alone", exc_info=True)
+        return []
+
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _senders(concurrency: int | None) -> ThreadPoolExecutor:
+    """The process's send threads: enough for every executor's batch at once, so a carried
+    send never queues behind another batch's slow receiver."""
+    global _pool
+    if _pool is None:
+        with _pool_lock:
+            if _pool is None:
+                workers = max(concurrency or 1, 1) * settings.VPAY_WEBHOOK_BATCH
+                _pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="webhook-send")
+    return _pool
+
+
+def start_send(lease: attempt_sql.Lease, loaded: attempt_sql.Loaded | None, concurrency: int | None) -> Future:
+    """Step 2 for one attempt, on a send thread. ``loaded`` is always given: a send thread
+    never opens a database connection of its own."""
+    if loaded is None:
+        done: Future = Future()
+        done.set_result(Attempted(AttemptState.FAILED, error="the delivery is gone; nothing sent"))
+        return done
+    return _senders(concurrency).submit(perform, lease, loaded=loaded)
+
+
+def send_all(leases: Sequence[attempt_sql.Lease], concurrency: int | None) -> list[Attempted]:
+    """Step 2 for the carried attempts: what they send read in one statement, then all sent
+    at once; their answers, in order."""
+    if not leases:
+        return []
+    loaded = attempt_batch_sql.load_deliveries([lease.delivery_id for lease in leases])
+    futures = [start_send(lease, loaded.get(lease.delivery_id), concurrency) for lease in leases]
+    return [future.result() for future in futures]
+
+
+def settle_carried(leases: Sequence[attempt_sql.Lease], recorded: Sequence[attempt_sql.Recorded]) -> None:
+    """Step 3's end: each carried job finished, or due at its delivery's next rung, as its
+    own run would have left it (a stale record leaves the job to its hold). Bookkeeping: a
+    failure here leaves the jobs held, and each runs when its hold ends and finds its delivery
+    recorded."""
+    settles: list[tuple[str, float | None]] = []
+    for lease, one in zip(leases, recorded, strict=True):
+        if one.stale:
+            continue
+        if one.delivery_state == DeliveryState.PENDING:
+            delay = delivery_delay(lease.rung, settings.VPAY_WEBHOOK_RETRY_SCHEDULE)
+            settles.append((dedupe_key(lease.delivery_id), delay or 0.0))
+        else:
+            settles.append((dedupe_key(lease.delivery_id), None))
+    try:
+        port.settle_held(settles)
+    except Exception:
+        logger.warning("could not settle carried deliver jobs; each runs when its hold ends", exc_info=True)
