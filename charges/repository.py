@@ -97,12 +97,24 @@ SELECT c.id, c.merchant_id, c.intent_id, c.rail, c.flow, c.amount, c.currency, c
 """
 
 
+# The same, for the charges a poll carries (charges.services.poll_batch): by primary key.
+_READ_MANY_FOR_POLL = _READ_FOR_POLL.replace("WHERE c.id = %s", "WHERE c.id = ANY(%s)")
+
+
 def read_for_poll(charge_id: str) -> ChargeRow | None:
     with connection.cursor() as cursor:
         cursor.execute(_READ_FOR_POLL, [charge_id])
         r = cursor.fetchone()
-    if r is None:
-        return None
+    return None if r is None else _poll_row(r)
+
+
+def read_many_for_poll(charge_ids: list[str]) -> dict[str, ChargeRow]:
+    with connection.cursor() as cursor:
+        cursor.execute(_READ_MANY_FOR_POLL, [charge_ids])
+        return {r[0]: _poll_row(r) for r in cursor.fetchall()}
+
+
+def _poll_row(r: tuple) -> ChargeRow:
     return ChargeRow(
         id=r[0],
         merchant_id=r[1],

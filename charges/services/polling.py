@@ -19,7 +19,7 @@ from charges.rails import get_rail
 from charges.rails.adapter import RailConfigurationError, RailRejected, RailUnavailable
 from charges.recovery import Step, recovery_step
 from charges.repository import ChargeRow
-from charges.services import authorization_expiry, capture_polling, rail_calls, rail_slots, transitions
+from charges.services import authorization_expiry, capture_polling, poll_batch, rail_calls, rail_slots, transitions
 from charges.services.rail_gate import RailDeferred, worker_share
 from charges.settlement import Settlement, settle
 from charges.states import CHARGE_CAPTURE_PHASE, CHARGE_TERMINAL, ChargeStatus, RailFlow, RailStatus
@@ -109,6 +109,18 @@ def poll_charge(ctx: JobContext) -> Outcome:
     rail = get_rail(row.rail)
     if rail is None:
         raise ConfigurationError(f"charge {row.id}: rail {row.rail!r} is no longer configured")
+    # The merchant's other due polls on this rail ride along, each asked after this one
+    # (charges.services.poll_batch); not past the horizon, where each poll escalates alone.
+    batch = None if past or row.status != ChargeStatus.SUBMITTED else poll_batch.start_safely(row, rail, policy)
+    try:
+        return _ask_the_rail(ctx, row, rail, past, policy)
+    finally:
+        if batch is not None:
+            poll_batch.finish(batch, policy, after_answer)
+
+
+def _ask_the_rail(ctx: JobContext, row: ChargeRow, rail, past: bool, policy: RecoveryPolicy) -> Outcome:
+    """Step 4 of a poll, then :func:`after_answer`."""
     retry_after = 0.0
     try:
         answer = rail_calls.status(row.id, rail, pay_token=row.pay_token, share=worker_share(ctx.worker_concurrency))
@@ -144,6 +156,22 @@ def poll_charge(ctx: JobContext) -> Outcome:
         # error would park the job. Only rail errors: a database error propagates as itself.
         return _escalate(row, policy, f"rail refused our credentials: {error_chain(exc, 200)}")
 
+    return after_answer(row, status, failure_code, pay_token, retry_after=retry_after, past=past, policy=policy)
+
+
+def after_answer(
+    row: ChargeRow,
+    status: RailStatus,
+    failure_code: str | None,
+    pay_token: str | None,
+    *,
+    retry_after: float,
+    past: bool,
+    policy: RecoveryPolicy,
+) -> Outcome:
+    """Steps 5 and 6 of a poll, once the rail's answer (or the non-answer ``UNAVAILABLE``) is
+    in hand: the settlement table, then the next rung. A carried poll
+    (``charges.services.poll_batch``) ends here too."""
     # 5. The settlement table. An authorization is believed only of a charge submitted as one.
     if status == RailStatus.AUTHORIZED and not row.manual_capture:
         logger.warning("rail answered authorized for an automatic charge", extra={"charge_id": row.id})

@@ -45,7 +45,8 @@ def hold_waiting(dedupe_keys: Sequence[str], due_within: float, hold_seconds: fl
 
 # Settle: each held job (still waiting: a leased one is running on its own, after its hold
 # ended, and settles itself) either finished (deleted: a held job is never fenced, so it
-# has no processed_jobs row to write) or moved to run after its delay from now. By
+# has no processed_jobs row to write) or moved to run after its delay from now, its
+# attempts and deferrals reset as a run that made progress resets them. By
 # jobs_job_dedupe_key_unique. NOTIFY for one due at once. One row: how many were settled.
 _SETTLE = f"""
 WITH asked AS (
@@ -55,7 +56,7 @@ WITH asked AS (
      WHERE j.dedupe_key = a.name AND a.delay IS NULL AND j.locked_at IS NULL
     RETURNING j.id
 ), moved AS (
-    UPDATE jobs j SET run_at = now() + make_interval(secs => a.delay)
+    UPDATE jobs j SET run_at = now() + make_interval(secs => a.delay), attempts = 0, deferrals = 0
       FROM asked a
      WHERE j.dedupe_key = a.name AND a.delay IS NOT NULL AND j.locked_at IS NULL
     RETURNING j.queue, a.delay <= 0 AS due

@@ -30,14 +30,14 @@ half-open breaker's probe goes alone).
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 
 from django.conf import settings
 from django.db import transaction
 
 from jobs import port
+from vpay.send_pool import SendPool
 from webhooks import attempt_batch_sql, attempt_sql
 from webhooks.decisions import delivery_delay
 from webhooks.models import AttemptState, DeliveryState
@@ -85,20 +85,7 @@ def carry_safely(lease: attempt_sql.Lease) -> list[attempt_sql.Lease]:
         return []
 
 
-_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
-
-
-def _senders(concurrency: int | None) -> ThreadPoolExecutor:
-    """The process's send threads: enough for every executor's batch at once, so a carried
-    send never queues behind another batch's slow receiver."""
-    global _pool
-    if _pool is None:
-        with _pool_lock:
-            if _pool is None:
-                workers = max(concurrency or 1, 1) * settings.VPAY_WEBHOOK_BATCH
-                _pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="webhook-send")
-    return _pool
+SENDERS = SendPool("webhook-send")
 
 
 def start_send(lease: attempt_sql.Lease, loaded: attempt_sql.Loaded | None, concurrency: int | None) -> Future:
@@ -108,7 +95,8 @@ def start_send(lease: attempt_sql.Lease, loaded: attempt_sql.Loaded | None, conc
         done: Future = Future()
         done.set_result(Attempted(AttemptState.FAILED, error="the delivery is gone; nothing sent"))
         return done
-    return _senders(concurrency).submit(perform, lease, loaded=loaded)
+    # Enough threads for every executor's batch at once.
+    return SENDERS.submit(max(concurrency or 1, 1) * settings.VPAY_WEBHOOK_BATCH, perform, lease, loaded=loaded)
 
 
 def send_all(leases: Sequence[attempt_sql.Lease], concurrency: int | None) -> list[Attempted]:
