@@ -80,3 +80,46 @@ def test_an_executor_that_found_a_claim_running_is_woken_when_it_ends_even_empty
     futile.join(5)
     assert got and got[0][0] == "a job", "the executor slept through the end of the claim it waited for"
     assert got[0][1] < 1.5
+
+
+@pytest.mark.django_db
+def test_an_empty_claim_for_the_unpaced_kinds_is_not_repeated_at_every_wake_only_after_a_pause_or_a_notify():
+    """With deliveries in every executor they may hold, the kept executor's claim for the
+    other kinds steps over the deliveries' backlog; empty, it waits UNPACED_RECHECK_SECONDS
+    (or a NOTIFY) before the next, however often it is woken meanwhile."""
+    from jobs.runner import dispatch
+
+    for i in range(6):
+        queue.enqueue(JobKind.WEBHOOK_DELIVER, {"delivery_id": i}, tenant=f"merchant-{i}")
+    worker = Worker(concurrency=4, idle_sleep=5.0)
+    dispatcher = worker.dispatcher
+    for _ in range(3):
+        assert dispatcher.next_job().kind == "webhook_deliver"
+    claims: list[float] = []
+
+    def claim(asked, alone, kinds=None):
+        assert kinds is not None  # the paced executors are full: the unpaced kinds alone
+        claims.append(time.monotonic())
+        return ["a poll"] if len(claims) > 100 else []
+
+    dispatcher.claim = claim
+    kept = threading.Thread(target=dispatcher.next_job, daemon=True)
+    kept.start()
+    began = time.monotonic()
+    while time.monotonic() - began < 1.0:  # other executors' claims wake it, a hundred times a second
+        dispatcher.wake()
+        time.sleep(0.01)
+    in_a_second = len(claims)
+    assert 2 <= in_a_second <= 1.0 / dispatch.UNPACED_RECHECK_SECONDS + 2, in_a_second
+    # A NOTIFY (new work) lifts the pause at once.
+    noticed = time.monotonic()
+    time.sleep(0.02)
+    before = len(claims)
+    dispatcher.notified()
+    wait_until = time.monotonic() + 0.1
+    while len(claims) == before and time.monotonic() < wait_until:
+        time.sleep(0.005)
+    assert len(claims) > before and claims[before] - noticed < 0.1
+    worker._stopping.set()
+    dispatcher.wake()
+    kept.join(5)

@@ -48,6 +48,13 @@ CANNOT_RUN_SECONDS = 60.0
 SUSPECT_DRAIN_SECONDS = 30.0
 SUSPECT_DRAIN_PAUSE_SECONDS = 60.0
 CANNOT_RUN_MEMORY = 1000
+# After a claim for the unpaced kinds alone (the merchant-paced ones fill their executors)
+# found nothing, the next such claim waits this long, or for a NOTIFY (new work), whichever
+# is first. The claim steps over the tenants' due deliveries in jobs_job_ready_idx, which does
+# not hold the kind: at 100,000 queued deliveries, repeating it after every delivery's
+# claim cost a third of the database's time a delivery (bench/WEBHOOKS.md). A poll that comes
+# due by its run_at while deliveries fill the worker starts at most this much later.
+UNPACED_RECHECK_SECONDS = 0.2
 # How long an executor that has connected waits for its siblings to connect before claiming
 # (Dispatcher.executor_ready): a bound, so one whose connect hangs holds nobody back for long.
 EXECUTORS_READY_SECONDS = 5.0
@@ -67,6 +74,7 @@ class Dispatcher:
         self._generation = 0  # wakes so far, under worker._cv
         self._claiming = threading.Lock()  # one executor claims at a time
         self._lock_waiters = 0  # executors that found a claim running, under worker._cv
+        self._unpaced_quiet_until = 0.0  # monotonic: no claim for the unpaced kinds alone before this
         self._handed: queue.SimpleQueue = queue.SimpleQueue()  # claimed for an idle executor
         self._cannot_run: dict[int, float] = {}  # job pk -> until when its claims skip it
         self._suspect_tries = 0  # --burst: suspects seen since the last claim that took something
@@ -116,6 +124,7 @@ class Dispatcher:
             if not may:
                 self._wait_for_work(generation, w.idle_sleep)  # a hand-over, a turn, a wake
                 continue
+            quiet = 0.0
             try:
                 with w._cv:
                     if not self._may_claim():
@@ -126,13 +135,20 @@ class Dispatcher:
                     # executors; once they do, a claim takes every other kind only.
                     room = w.paced_room()
                     kinds, asked = (None, min(free, room)) if room > 0 else (w.unpaced_kinds, free)
-                jobs = self.claim(asked, alone, kinds)
+                    if kinds is not None:
+                        quiet = self._unpaced_quiet_until - time.monotonic()
+                jobs = self.claim(asked, alone, kinds) if quiet <= 0 else []
+                if jobs == [] and kinds is not None and quiet <= 0:
+                    self._unpaced_quiet_until = time.monotonic() + UNPACED_RECHECK_SECONDS
             finally:
                 self._claiming.release()
                 with w._cv:
                     waiters, self._lock_waiters = self._lock_waiters, 0
                 if waiters:
                     self.wake(waiters)
+            if quiet > 0:
+                self._wait_for_work(generation, min(quiet, w.idle_sleep))
+                continue
             if jobs:
                 self._suspect_tries = 0
                 for job in jobs[1:]:
@@ -275,6 +291,12 @@ class Dispatcher:
 
     def _backoff(self) -> float:
         return min(self.worker.idle_sleep * (2 ** min(self.claim_failures - 1, 10)), CLAIM_BACKOFF_CAP)
+
+    def notified(self) -> None:
+        """New work (a NOTIFY): one executor claims now, for any kind, whatever an empty claim
+        for the unpaced kinds decided a moment ago."""
+        self._unpaced_quiet_until = 0.0
+        self.wake(1)
 
     def wake(self, executors: int | None = None) -> None:
         """A new generation; ``executors``: how many idle executors it is for (all when None).

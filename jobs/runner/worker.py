@@ -297,7 +297,7 @@ class Worker:
         self.dispatcher.wake()
 
     def _wake_one(self) -> None:  # new work (a NOTIFY): one executor claims, and wakes more if it fills
-        self.dispatcher.wake(1)
+        self.dispatcher.notified()
 
     def check_suspects(self) -> None:
         self.dispatcher.check_suspects()
