@@ -23,7 +23,8 @@ The contract both keep (tests/test_queue_port.py runs it on each):
 * ``hold_waiting(names, hold)`` takes those of several waiting, due jobs it can off the queue
   for ``hold`` seconds, for a running handler that does their work alongside its own (it may
   take none: the in-process adapter never does), and ``settle_held`` then finishes or
-  reschedules each as its own run would have; a held job left unsettled runs when its hold ends.
+  reschedules each as its own run would have (not one that ran or moved since); a held job left
+  unsettled runs when its hold ends.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from typing import Protocol
 from django.conf import settings
 
 from jobs.adapters import postgres as queue
-from jobs.adapters.postgres import EnqueueError, JobRequest
+from jobs.adapters.postgres import EnqueueError, Held, JobRequest
 from jobs.kinds import JobKind
 
 __all__ = ["EnqueueError", "JobRequest", "adapter", "enqueue", "enqueue_many", "pull_forward", "use"]
@@ -72,9 +73,9 @@ class QueueAdapter(Protocol):
         self, dedupe_keys: list[str], limit: int = 1, floor: timedelta | float = 0, *, deferred_only: bool = False
     ) -> list[str]: ...
 
-    def hold_waiting(self, dedupe_keys: list[str], hold: timedelta | float) -> list[str]: ...
+    def hold_waiting(self, dedupe_keys: list[str], hold: timedelta | float) -> Held: ...
 
-    def settle_held(self, settles: Iterable[tuple[str, timedelta | float | None]]) -> int: ...
+    def settle_held(self, settles: Iterable[tuple[str, timedelta | float | None]], held: Held) -> int: ...
 
 
 class PostgresQueue:
@@ -101,11 +102,11 @@ class PostgresQueue:
     ) -> list[str]:
         return queue.pull_forward_waiting(dedupe_keys, limit, floor, deferred_only=deferred_only)
 
-    def hold_waiting(self, dedupe_keys: list[str], hold: timedelta | float) -> list[str]:
+    def hold_waiting(self, dedupe_keys: list[str], hold: timedelta | float) -> Held:
         return queue.hold_waiting(dedupe_keys, hold)
 
-    def settle_held(self, settles: Iterable[tuple[str, timedelta | float | None]]) -> int:
-        return queue.settle_held(settles)
+    def settle_held(self, settles: Iterable[tuple[str, timedelta | float | None]], held: Held) -> int:
+        return queue.settle_held(settles, held)
 
 
 def _named(dedupe_key: str | None) -> None:
@@ -198,12 +199,13 @@ def pull_forward_waiting(
     return adapter().pull_forward_waiting(dedupe_keys, limit, floor, deferred_only=deferred_only)
 
 
-def hold_waiting(dedupe_keys: list[str], hold: timedelta | float) -> list[str]:
+def hold_waiting(dedupe_keys: list[str], hold: timedelta | float) -> Held:
     """Hold the waiting, due jobs named ``dedupe_keys`` that can be taken, for ``hold``
-    seconds, in the caller's transaction; returns their names, in order (maybe none)."""
+    seconds; their names, in order (maybe none), and the hold's instant."""
     return adapter().hold_waiting(dedupe_keys, hold)
 
 
-def settle_held(settles: Iterable[tuple[str, timedelta | float | None]]) -> int:
-    """Finish (``None``) or reschedule (a delay) each held job, as its own run would have."""
-    return adapter().settle_held(settles)
+def settle_held(settles: Iterable[tuple[str, timedelta | float | None]], held: Held) -> int:
+    """Finish (``None``) or reschedule (a delay) each job ``held`` holds, as its own run
+    would have; one that ran or moved since is left alone."""
+    return adapter().settle_held(settles, held)

@@ -163,3 +163,30 @@ def test_a_worker_killed_mid_batch_leaves_every_carried_poll_to_a_replacement(
     assert scalar("SELECT count(*) FROM events WHERE type = 'payment_intent.succeeded'") == 10
     assert scalar("SELECT count(DISTINCT data->>'id') FROM events WHERE type = 'payment_intent.succeeded'") == 10
     wait_for(lambda: poll_jobs() == 0, timeout=30, message="every poll job finished")
+
+
+def test_a_breaker_that_opens_mid_batch_stops_it_and_gives_the_rest_back(merchant, settings, sandbox_rail):
+    """Each carried request asks the rail's breaker, as a lone poll's does: two failures open
+    it (the carrier's own and the first carried), and the rest are not sent."""
+    settings.VPAY_RAIL_BREAKER_FAILURES = 2
+    ids = submitted(merchant, 6)
+    for charge_id in ids:
+        sandbox_rail.scenario(reference=charge_id, error_polls=-1)
+    assert Worker().run_once() == 1
+    assert scalar("SELECT count(*) FROM provider_requests") == 2
+    assert scalar("SELECT state FROM breakers WHERE name LIKE '%%sandbox_push%%'") == "open"
+    # The four it held and did not send are due again at once, on their own jobs.
+    assert scalar("SELECT count(*) FROM jobs WHERE run_at <= now() AND locked_at IS NULL") == 4
+
+
+def test_the_first_carried_non_answer_ends_the_batch_even_with_the_breaker_closed(merchant, settings, sandbox_rail):
+    settings.VPAY_RAIL_BREAKER_FAILURES = 100
+    ids = submitted(merchant, 6)
+    for charge_id in ids:
+        sandbox_rail.scenario(reference=charge_id, error_polls=-1)
+    assert Worker().run_once() == 1
+    assert scalar("SELECT count(*) FROM provider_requests") == 2  # the carrier's own and one carried
+    # The carried one that failed waits for its next rung, as a lone poll would; the four
+    # after it are due again at once, on their own jobs.
+    assert scalar("SELECT count(*) FROM jobs WHERE run_at <= now() AND locked_at IS NULL") == 4
+    assert scalar("SELECT count(*) FROM jobs WHERE run_at > now()") == 2

@@ -130,8 +130,9 @@ def test_nothing_is_carried_past_an_open_breaker(receiver, settings):
 def test_the_in_process_queue_holds_nothing_so_each_delivery_goes_on_its_own(receiver):
     backlog(receiver, 3)
     with port.use(InProcessQueue()):
-        assert port.hold_waiting([dedupe_key(i) for (i,) in sql("SELECT id FROM webhook_deliveries")], 60) == []
-        assert port.settle_held([(dedupe_key(1), None)]) == 0
+        held = port.hold_waiting([dedupe_key(i) for (i,) in sql("SELECT id FROM webhook_deliveries")], 60)
+        assert held.names == []
+        assert port.settle_held([(dedupe_key(1), None)], held) == 0
 
 
 def test_held_jobs_are_the_waiting_due_ones_and_settle_only_while_still_waiting(receiver):
@@ -144,18 +145,29 @@ def test_held_jobs_are_the_waiting_due_ones_and_settle_only_while_still_waiting(
         " lease_expires_at = now() + interval '1 minute' WHERE dedupe_key = %s",
         [names[0]],
     )
-    with transaction.atomic():
-        assert port.hold_waiting(names, 60) == names[1:]
+    # A suspect (it was running when a worker died: judged alone) and a job whose cancel was
+    # asked are never held either.
+    sql("UPDATE jobs SET crashes = 1 WHERE dedupe_key = %s", [names[1]])
+    assert port.hold_waiting(names, 60).names == names[2:]
+    sql("UPDATE jobs SET crashes = 0, run_at = now() WHERE dedupe_key = ANY(%s)", [names[1:]])
+    sql("UPDATE jobs SET cancel_requested_at = now() WHERE dedupe_key = %s", [names[2]])
+    assert port.hold_waiting(names, 60).names == [names[1]]
+    sql("UPDATE jobs SET run_at = now(), cancel_requested_at = NULL WHERE dedupe_key = ANY(%s)", [names[1:]])
+    held = port.hold_waiting(names, 60)
+    assert held.names == names[1:]
     assert (
         sql("SELECT count(*) FROM jobs WHERE dedupe_key = ANY(%s) AND run_at > now() + interval '59 s'", [names])[0][0]
         == 2
     )
     # Held again: no longer due, so not taken twice.
-    assert port.hold_waiting(names, 60) == []
-    # Settled: one finished, one due in 5 s, the running one left to itself.
-    assert port.settle_held([(names[0], None), (names[1], None), (names[2], 5.0)]) == 2
+    assert port.hold_waiting(names, 60).names == []
+    # One of the held ran on its own meanwhile (or was moved): its run_at is no longer the
+    # hold's, and the settle leaves it alone.
+    sql("UPDATE jobs SET run_at = now() + interval '30 s' WHERE dedupe_key = %s", [names[1]])
+    # Settled: the running one and the moved one left to themselves, the other due in 5 s.
+    assert port.settle_held([(names[0], None), (names[1], None), (names[2], 5.0)], held) == 1
     rows = dict(sql("SELECT dedupe_key, EXTRACT(EPOCH FROM run_at - now())::float8 FROM jobs"))
-    assert set(rows) == {names[0], names[2]} and 3 < rows[names[2]] <= 5
+    assert set(rows) == set(names) and 3 < rows[names[2]] <= 5 and 25 < rows[names[1]] <= 30
 
 
 def test_a_worker_killed_with_a_carried_batch_in_flight_leaves_it_to_a_replacement(

@@ -43,7 +43,8 @@ def fan_out(ctx: JobContext) -> Outcome:
 
 
 def _deliver_timeout() -> float:
-    return settings.VPAY_WEBHOOK_TIMEOUT + 15.0  # the attempt's budget plus its two short transactions
+    # The attempts' budget (a batch's are sent at once) plus its short transactions.
+    return settings.VPAY_WEBHOOK_TIMEOUT + 15.0
 
 
 @registry.register(
@@ -84,28 +85,24 @@ def deliver(ctx: JobContext) -> Outcome:
         # again later. Not a failure, and no attempt of the job is spent.
         return Outcome.reschedule_in(max(begun.wait, 0.0) + 0.05, begun.kind.value)
     assert begun.lease is not None
+    batch, answers = None, []
     try:
         faultpoints.reached("webhook.attempt_recorded")
         # The own attempt leaves at once, on a send thread, while this thread begins the
-        # endpoint's other due deliveries beside it (none at idle; a batch under a backlog).
+        # endpoint's other due deliveries beside it (none at idle; a batch under a backlog):
+        # only on a closed breaker's ticket, never past an open one (a job out of deferrals
+        # goes alone) nor beside a half-open one's probe.
         own = carrying.start_send(begun.lease, loaded, ctx.worker_concurrency)
-        # Not past an open breaker (a job out of deferrals goes alone) nor beside its probe.
-        carried = carrying.carry_safely(begun.lease) if name is None or (ticket and not ticket.probe) else []
-        if carried:
-            faultpoints.reached("webhook.carried")
-        answers = carrying.send_all(carried, ctx.worker_concurrency)
+        if ticket is not None and not ticket.probe:
+            batch = carrying.start_batch(begun.lease, ctx.worker_concurrency)
         attempted = own.result()
         faultpoints.reached("webhook.answered", str(attempted.attempt_state))
-        if carried:
-            recorded, *recorded_carried = delivery.record_many(
-                [(begun.lease, attempted), *zip(carried, answers, strict=True)]
-            )
-        else:
-            recorded = delivery.RECORDS.submit((begun.lease, attempted))
+        # Recorded on its own, through the group commit, whatever becomes of the batch.
+        recorded = delivery.RECORDS.submit((begun.lease, attempted))
     finally:
         delivery.release(begun)
-    if carried:
-        carrying.settle_carried(carried, recorded_carried)
+        if batch is not None:
+            answers = carrying.finish_batch(batch)  # never raises: the carried attempts' own records
     if ticket is not None:
         for one in (attempted, *answers):
             host_breakers.report(ticket, one.attempt_state, one.status_code)

@@ -8,22 +8,27 @@ charge, a read of the rail's breaker. Now a poll of a ``submitted`` charge takes
 1. :func:`start`, before its own request: picks the merchant's due polls of ``submitted``
    charges on the same rail (a bounded walk of the claim's own index), *holds* their jobs
    (``jobs.port.hold_waiting``: each waits until the hold ends, not leased, no attempt
-   counted), reads their charges in one statement, and asks the rail's breaker once (a
-   closed breaker only: a half-open one's probe goes alone). A charge that moved meanwhile
-   or is past its horizon is given back (its job made due at once, to run on its own).
-2. The carrier makes its own request, as it always has.
-3. :func:`finish`: then each carried charge in turn, exactly as a lone poll asks: its status
-   request row written within the rail's ceiling and committed, the GET, the answer (or
-   error) recorded on the row and told to the breaker (``rail_calls.finish_status``), then
-   the poll's own settlement table and ladder (``polling.after_answer``). Each held job is
-   then settled as its own run would have been (``jobs.port.settle_held``): finished, or
-   due at its next rung. Once the ceiling is full, the rest are given back.
+   counted) and reads their charges in one statement. A charge that moved meanwhile, or is
+   within the hold of its horizon, is given back (its job made due at once, to run on its own).
+2. The carrier makes its own request, as it always has. If the rail's guards defer it, the
+   whole batch is given back (:func:`give_back_all`).
+3. :func:`finish`: then each carried charge in turn, as a lone poll asks
+   (``rail_calls.status``: the ceiling asked, the request row committed before the GET,
+   the answer or error recorded on it and told to the breaker), on one ticket of the rail's
+   breaker taken for the batch (a closed breaker's: a half-open one's probe goes alone) and
+   on the carrier's executor, whose own request this worker's share counted, then the poll's own settlement table and ladder
+   (``polling.after_answer``). Each held job is then settled as its own run would have
+   been (``jobs.port.settle_held``): finished, or due at its next rung. The first
+   non-answer (no answer, a refusal) or guard that defers ends the batch: that poll and the
+   rest are given back, so no request goes out on a breaker read from before a failure, and
+   neither does one that could outlast the hold.
 
 One after another, not at once: a batch holds one slot of the rail's ceiling
 (``VPAY_RAIL_MAX_IN_FLIGHT``, 8 across the fleet) at a time, as the lone poll did, so a few
 carriers never fill the ceiling and leave every other executor deferring on it (measured:
 sent at once, eight at a time, the worker settled a third of what it did before). What a
-batch saves is the job runs around the requests, not the requests' own time.
+batch saves is the job runs around the requests (the claims, the settles, the reads of
+each charge), not the requests' own time.
 
 A crash anywhere costs a carried poll what it costs a lone one: its job runs when the hold
 ends, and its request row (answered or not) is the evidence the usual recovery reads. The
@@ -33,6 +38,7 @@ in-process queue holds nothing, so there each poll goes on its own.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -42,7 +48,7 @@ from charges import poll_batch_repository, repository
 from charges.ladder import past_the_horizon
 from charges.policy import RecoveryPolicy
 from charges.rails import RailConfig
-from charges.rails.adapter import RailAnswer, RailError, RailRejected, RailUnavailable, adapter_for
+from charges.rails.adapter import RailRejected, RailUnavailable
 from charges.repository import ChargeRow
 from charges.services import rail_calls, rail_gate
 from charges.services.rail_gate import RailDeferred
@@ -54,18 +60,23 @@ from vpay.errors import error_chain
 
 logger = logging.getLogger("charges.services.polling")
 
-# How far into a merchant's ready jobs the batch looks for polls (charges.poll_batch_repository).
+# How far into a merchant's ready jobs the batch looks for polls (charges.poll_batch_repository):
+# a few batches' worth, so a merchant whose due jobs are mostly deliveries costs a short scan.
 WALK = 64
-# A carried poll is held for the rail call's bound and this much more (the poll job's own
-# lease is the timeout + 30 s too): if the carrier dies, its carried polls run on their own then.
+# A carried poll is held for the rail call's bound and this much more: long enough for the
+# carrier's own request and then a few of the batch's on a slow rail (a carried request is
+# only sent while it would end within the hold, ASK_MARGIN_SECONDS to spare), short enough
+# that a dead carrier's batch runs on its own within a minute.
 HOLD_MARGIN_SECONDS = 30.0
+ASK_MARGIN_SECONDS = 5.0
 
 
 @dataclass
 class Batch:
     rail: RailConfig
-    ticket: Ticket
+    held: queue.Held
     rows: list[ChargeRow]  # held, to be asked about after the carrier's own request
+    ticket: Ticket | None = None  # the rail breaker's, asked once for the batch
 
 
 def start(row: ChargeRow, rail: RailConfig, policy: RecoveryPolicy) -> Batch | None:
@@ -78,23 +89,23 @@ def start(row: ChargeRow, rail: RailConfig, policy: RecoveryPolicy) -> Batch | N
     if not ids:
         return None
     names = {repository.poll_dedupe_key(charge_id): charge_id for charge_id in ids}
-    held = [names[name] for name in queue.hold_waiting(list(names), _hold_seconds())]
+    hold = queue.hold_waiting(list(names), _hold_seconds())
+    held = [names[name] for name in hold.names]
     if not held:
         return None
     rows = repository.read_many_for_poll(held)
+    # A charge that moved meanwhile is its own poll's to look at; one near its horizon too
+    # (judged against the read's age plus the hold, the longest the batch can take), as each
+    # poll past it escalates alone.
     plain = [
         rows[charge_id]
         for charge_id in held
         if charge_id in rows
         and rows[charge_id].status == ChargeStatus.SUBMITTED
-        and not past_the_horizon(rows[charge_id].age, policy)
+        and not past_the_horizon(rows[charge_id].age + _hold_seconds(), policy)
     ]
-    ticket = _closed_ticket(rail.code) if plain else None
-    if ticket is None:
-        _give_back(held)
-        return None
     _give_back([charge_id for charge_id in held if charge_id not in {r.id for r in plain}])
-    return Batch(rail, ticket, plain)
+    return Batch(rail, hold, plain) if plain else None
 
 
 def start_safely(row: ChargeRow, rail: RailConfig, policy: RecoveryPolicy) -> Batch | None:
@@ -107,73 +118,89 @@ def start_safely(row: ChargeRow, rail: RailConfig, policy: RecoveryPolicy) -> Ba
         return None
 
 
-def finish(batch: Batch, policy: RecoveryPolicy, after_answer: Callable[..., Outcome]) -> None:
-    """Step 3 (see the module docstring)."""
+def finish(batch: Batch, policy: RecoveryPolicy, after_answer: Callable[..., Outcome], *, started: float) -> None:
+    """Step 3 (see the module docstring). ``started``: when the carrier began (monotonic), so
+    no carried request is sent that could outlast its poll's hold."""
     settles: list[tuple[str, float | None]] = []
     given_back: list[str] = []
+    # Not counted in this worker's share of the rail: the requests run one after another on
+    # the executor whose own request it counted, and the first one unanswered ends the batch,
+    # so a hung rail holds a carrier for one more timeout at most. Counted, each refused
+    # request (two executors of four already in a request) ended the batch early, and the
+    # churn cost it all its gain; a share slot held for the whole batch deferred the other
+    # executors' polls for seconds (bench/CHARGES.md).
+    _ask_each(batch, policy, after_answer, started, settles, given_back)
+    try:
+        queue.settle_held(settles, batch.held)
+    except Exception:
+        logger.warning("could not settle carried polls; each runs when its hold ends", exc_info=True)
+    _give_back(given_back)
+
+
+def _ask_each(
+    batch: Batch,
+    policy: RecoveryPolicy,
+    after_answer: Callable[..., Outcome],
+    started: float,
+    settles: list[tuple[str, float | None]],
+    given_back: list[str],
+) -> None:
+    """:func:`finish`'s requests, one after another, into ``settles`` and ``given_back``."""
     for index, row in enumerate(batch.rows):
+        if time.monotonic() - started + settings.VPAY_RAIL_TIMEOUT_SECONDS + ASK_MARGIN_SECONDS > _hold_seconds():
+            given_back.extend(r.id for r in batch.rows[index:])  # its hold could end mid-request
+            break
+        # The first non-answer ends the batch (after this poll's own next rung, as a lone
+        # poll's): no request goes out on a breaker read from before a failure.
+        last = False
+        retry_after = 0.0
         try:
-            request_id = rail_calls.record_status_sent(row.id, batch.rail, batch.ticket)
-        except Exception as exc:
-            if not isinstance(exc, RailDeferred):  # the ceiling is full: the rest go on their own
-                logger.warning("could not ask about a carried poll; the rest go on their own", exc_info=True)
+            if batch.ticket is None:
+                batch.ticket = _closed_ticket(batch.rail.code)
+            answer = rail_calls.status(row.id, batch.rail, pay_token=row.pay_token, ticket=batch.ticket, carried=True)
+            status, failure_code, pay_token = answer.status, answer.failure_code, answer.pay_token
+        except RailDeferred:
+            given_back.extend(r.id for r in batch.rows[index:])  # a guard held it back: nothing sent
+            break
+        except (RailUnavailable, RailRejected) as exc:
+            logger.warning("rail did not answer a poll", extra={"charge_id": row.id, "error": error_chain(exc, 300)})
+            status, failure_code, pay_token, last = RailStatus.UNAVAILABLE, None, None, True
+            retry_after = (exc.retry_after or 0.0) if isinstance(exc, RailUnavailable) else 0.0
+        except Exception:
+            logger.exception("a carried poll failed; it and the rest run on their own", extra={"charge_id": row.id})
             given_back.extend(r.id for r in batch.rows[index:])
             break
         try:
-            status, failure_code, pay_token, retry_after = _answer(request_id, row, batch)
             outcome = after_answer(
                 row, status, failure_code, pay_token, retry_after=retry_after, past=False, policy=policy
             )
         except Exception:
             logger.exception("a carried poll failed; its job runs on its own", extra={"charge_id": row.id})
-            given_back.append(row.id)
-            continue
+            outcome = Outcome.defer(0, "")  # given back below
         if outcome.action is Action.DONE:
             settles.append((repository.poll_dedupe_key(row.id), None))
         elif outcome.action is Action.RESCHEDULE:
             settles.append((repository.poll_dedupe_key(row.id), outcome.delay))
         else:
             given_back.append(row.id)  # not a plain next rung: its own run decides
-    try:
-        queue.settle_held(settles)
-    except Exception:
-        logger.warning("could not settle carried polls; each runs when its hold ends", exc_info=True)
-    _give_back(given_back)
+        if last:
+            given_back.extend(r.id for r in batch.rows[index + 1 :])
+            break
 
 
-def _answer(request_id: int, row: ChargeRow, batch: Batch) -> tuple[RailStatus, str | None, str | None, float]:
-    """The carried GET's answer as the poll reads one: (status, failure code, pay token,
-    the rail's Retry-After), ``UNAVAILABLE`` for a non-answer (a refusal of a status read
-    included, as for a lone poll before its horizon). A configuration error is raised: its
-    own run dead-letters it."""
-    try:
-        answer = rail_calls.finish_status(request_id, batch.rail, batch.ticket, _get(batch.rail, row))
-    except RailUnavailable as exc:
-        logger.warning("rail did not answer a poll", extra={"charge_id": row.id, "error": error_chain(exc, 300)})
-        return RailStatus.UNAVAILABLE, None, None, exc.retry_after or 0.0
-    except RailRejected as exc:
-        logger.warning("rail refused a poll", extra={"charge_id": row.id, "error": error_chain(exc, 300)})
-        return RailStatus.UNAVAILABLE, None, None, 0.0
-    return answer.status, answer.failure_code, answer.pay_token, 0.0
+def give_back_all(batch: Batch) -> None:
+    """The carrier's own request was not made (the rail's guards deferred it): neither is
+    any of the batch's; every held poll runs on its own."""
+    _give_back([row.id for row in batch.rows])
+    batch.rows = []
 
 
-def _get(rail: RailConfig, row: ChargeRow) -> RailAnswer | RailError:
-    """The GET alone, its error returned, not raised (``finish_status`` records either)."""
-    try:
-        return adapter_for(rail).status(reference=row.id, pay_token=row.pay_token)
-    except RailError as exc:
-        return exc
-
-
-def _closed_ticket(rail_code: str) -> Ticket | None:
-    """The rail's breaker ticket for the batch, only while the breaker is closed."""
-    try:
-        ticket = rail_gate.admit(rail_code)
-    except RailDeferred:
-        return None
+def _closed_ticket(rail_code: str) -> Ticket:
+    """The rail breaker's ticket for the batch's requests, while it is closed: a half-open
+    breaker's probe goes alone (its turn is handed back and the batch deferred)."""
+    ticket = rail_gate.admit(rail_code)
     if ticket.probe:
-        rail_gate.abandoned(ticket)  # the probe goes alone: hand its turn back
-        return None
+        raise rail_gate.at_ceiling(rail_code, ticket, None, "is probing: a probe goes alone")
     return ticket
 
 

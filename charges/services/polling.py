@@ -8,6 +8,7 @@ the charge's reference, which is the rail's idempotency key.
 from __future__ import annotations
 
 import logging
+import time
 
 from django.conf import settings
 from django.db import transaction
@@ -35,8 +36,10 @@ from vpay.errors import ConfigurationError, error_chain
 logger = logging.getLogger(__name__)
 
 CHARGE_PAYLOAD = PayloadSchema(required={"charge_id": "str"})
-# A rail call is bounded by VPAY_RAIL_TIMEOUT_SECONDS (20 s by default); a poll makes at most
-# one, plus a few short statements. The lease (timeout + 30 s) sits well above both.
+# A rail call is bounded by VPAY_RAIL_TIMEOUT_SECONDS (20 s by default); a poll makes one, plus
+# a few short statements, and then its carried batch's, each only while it would end within
+# the batch's hold (timeout + 30 s from its start: charges.services.poll_batch). The timeout
+# sits above both.
 RAIL_JOB_TIMEOUT_SECONDS = 90.0
 SCAN_PAGE = 500
 SCAN_MAX_PAGES = 200  # 100k live charges a pass; the next pass continues where it stopped
@@ -111,21 +114,26 @@ def poll_charge(ctx: JobContext) -> Outcome:
         raise ConfigurationError(f"charge {row.id}: rail {row.rail!r} is no longer configured")
     # The merchant's other due polls on this rail ride along, each asked after this one
     # (charges.services.poll_batch); not past the horizon, where each poll escalates alone.
+    started = time.monotonic()
     batch = None if past or row.status != ChargeStatus.SUBMITTED else poll_batch.start_safely(row, rail, policy)
     try:
-        return _ask_the_rail(ctx, row, rail, past, policy)
+        return _ask_the_rail(ctx, row, rail, past, policy, batch)
     finally:
         if batch is not None:
-            poll_batch.finish(batch, policy, after_answer)
+            poll_batch.finish(batch, policy, after_answer, started=started)
 
 
-def _ask_the_rail(ctx: JobContext, row: ChargeRow, rail, past: bool, policy: RecoveryPolicy) -> Outcome:
+def _ask_the_rail(
+    ctx: JobContext, row: ChargeRow, rail, past: bool, policy: RecoveryPolicy, batch: poll_batch.Batch | None
+) -> Outcome:
     """Step 4 of a poll, then :func:`after_answer`."""
     retry_after = 0.0
     try:
         answer = rail_calls.status(row.id, rail, pay_token=row.pay_token, share=worker_share(ctx.worker_concurrency))
         status, failure_code, pay_token = answer.status, answer.failure_code, answer.pay_token
     except RailDeferred as exc:
+        if batch is not None:
+            poll_batch.give_back_all(batch)  # the guards that held this request back hold the batch's
         # Nothing was sent (the rail's breaker is open, or it has its ceiling in flight).
         # Past the horizon that is a non-answer like any other, and escalates (a charge
         # nobody can ask about is exactly what a human must hear); before it, the poll waits.

@@ -115,20 +115,26 @@ def status(
     *,
     pay_token: str | None,
     share: int | None = None,
+    ticket: Ticket | None = None,
+    carried: bool = False,
 ) -> RailAnswer:
-    """GET the charge's status (404 is an answer: ``RailStatus.NOT_FOUND``), recorded."""
+    """GET the charge's status (404 is an answer: ``RailStatus.NOT_FOUND``), recorded.
+    ``ticket``: the rail breaker's, when the caller already holds one; ``carried``: a
+    request of a poll's carried batch, made on the executor whose own request the share
+    counted, and not counted again (``charges.services.poll_batch``)."""
     _, answer, _ = _call(
         charge_id,
         rail,
         RequestOperation.STATUS,
         "GET",
-        _status_path(charge_id),
+        f"/charges/{quote(charge_id, safe='')}",  # never the query: it carries the pay_token
         None,
         lambda: adapter_for(rail).status(reference=charge_id, pay_token=pay_token),
-        ticket=None,
+        ticket=ticket,
         ceiling=True,
         share=share,
         record_answer=True,
+        counted=not carried,
     )
     return answer
 
@@ -234,20 +240,29 @@ def _call(
     share: int | None,
     record_answer: bool,
     refund_id: str | None = None,
+    counted: bool = True,
 ) -> tuple[int, RailAnswer, bool]:
     ticket = ticket or rail_gate.admit(rail.code)
-    if not SHARES.acquire(rail.code, share):
+    if counted and not SHARES.acquire(rail.code, share):
         raise rail_gate.at_ceiling(rail.code, ticket, None, f"holds this worker's share ({share}) of threads")
     failed_recorded = False
     try:
         request_id, resend = _record_sent(
             charge_id, rail, operation, method, path, idempotency_key, ticket, ceiling, refund_id
         )
+        faultpoints.reached("rail.request_recorded", str(operation))
         try:
             answer = send()
         except RailError as exc:
+            _record_error(request_id, exc)
             failed_recorded = True
-            _failed(request_id, rail, operation, ticket, exc)
+            RAIL_REQUESTS.labels(
+                rail=rail.code, operation=str(operation), result=str(exc.http_status or "no_answer")
+            ).inc()
+            if isinstance(exc, RailUnavailable):
+                rail_gate.failed(ticket, error_chain(exc, 300))
+            else:
+                rail_gate.answered(ticket)  # a refusal is an answer: the rail is up
             if resend and isinstance(exc, RailRejected):
                 raise _resend_refused(exc) from exc
             raise
@@ -255,34 +270,10 @@ def _call(
             rail_gate.abandoned(ticket)  # our failure, not the rail's: a probe hands its turn back
             raise
     finally:
-        SHARES.release(rail.code)
+        if counted:
+            SHARES.release(rail.code)
         if failed_recorded:
             rail_slots.slot_freed(rail.code)  # the failure is recorded: the slot is free everywhere
-    _answered(request_id, rail, operation, ticket, answer, record_answer=record_answer)
-    return request_id, answer, resend
-
-
-def _failed(request_id: int, rail: RailConfig, operation: RequestOperation, ticket: Ticket, exc: RailError) -> None:
-    """A call that raised: its error recorded on its row, counted, and told to the breaker."""
-    _record_error(request_id, exc)
-    RAIL_REQUESTS.labels(rail=rail.code, operation=str(operation), result=str(exc.http_status or "no_answer")).inc()
-    if isinstance(exc, RailUnavailable):
-        rail_gate.failed(ticket, error_chain(exc, 300))
-    else:
-        rail_gate.answered(ticket)  # a refusal is an answer: the rail is up
-
-
-def _answered(
-    request_id: int,
-    rail: RailConfig,
-    operation: RequestOperation,
-    ticket: Ticket,
-    answer: RailAnswer,
-    *,
-    record_answer: bool,
-) -> None:
-    """A call that answered: counted, recorded on its row (``record_answer``) and told to
-    the breaker; its slot of the ceiling is then free."""
     faultpoints.reached("rail.answered", str(operation))
     RAIL_REQUESTS.labels(rail=rail.code, operation=str(operation), result=str(answer.http_status)).inc()
     if record_answer:
@@ -290,33 +281,7 @@ def _answered(
     rail_gate.answered(ticket)
     if record_answer:
         rail_slots.slot_freed(rail.code)  # answered: the slot is free in provider_requests too
-
-
-def record_status_sent(charge_id: str, rail: RailConfig, ticket: Ticket) -> int:
-    """A carried poll's first step (``charges.services.poll_batch``): its status request
-    row, within the rail's ceiling, committed before anything is sent; or
-    :class:`RailDeferred` (nothing written) at the ceiling."""
-    request_id, _ = _record_sent(
-        charge_id, rail, RequestOperation.STATUS, "GET", _status_path(charge_id), None, ticket, True, None
-    )
-    return request_id
-
-
-def finish_status(request_id: int, rail: RailConfig, ticket: Ticket, result: RailAnswer | RailError) -> RailAnswer:
-    """A carried poll's last step: what its GET returned (or raised) recorded as
-    :func:`status` records it; the answer, or the error raised again."""
-    if isinstance(result, RailError):
-        try:
-            _failed(request_id, rail, RequestOperation.STATUS, ticket, result)
-        finally:
-            rail_slots.slot_freed(rail.code)
-        raise result
-    _answered(request_id, rail, RequestOperation.STATUS, ticket, result, record_answer=True)
-    return result
-
-
-def _status_path(charge_id: str) -> str:
-    return f"/charges/{quote(charge_id, safe='')}"  # never the query: it carries the pay_token
+    return request_id, answer, resend
 
 
 def _record_sent(
@@ -330,9 +295,8 @@ def _record_sent(
     ceiling: bool,
     refund_id: str | None,
 ) -> tuple[int, bool]:
-    """The request row's id, and whether it is a resend, once the row is committed. Without
-    the ceiling (the confirm's submit, the charge's first) the row is written as it is:
-    nothing went out before it."""
+    """The request row's id, and whether it is a resend. Without the ceiling (the confirm's
+    submit, the charge's first) the row is written as it is: nothing went out before it."""
     fields: dict[str, Any] = {
         "rail": rail.code,
         "method": method,
@@ -341,21 +305,18 @@ def _record_sent(
         "refund_id": refund_id,
     }
     if not ceiling:
-        request_id, earlier = request_log.record_sent(charge_id, operation, **fields), False
-    else:
-        found, earliest_left, earlier = request_log.record_sent_within_ceiling(
-            charge_id,
-            operation,
-            **fields,
-            ceiling=settings.VPAY_RAIL_MAX_IN_FLIGHT,
-            bound_seconds=settings.VPAY_RAIL_TIMEOUT_SECONDS + IN_FLIGHT_MARGIN_SECONDS,
+        return request_log.record_sent(charge_id, operation, **fields), False
+    request_id, earliest_left, earlier = request_log.record_sent_within_ceiling(
+        charge_id,
+        operation,
+        **fields,
+        ceiling=settings.VPAY_RAIL_MAX_IN_FLIGHT,
+        bound_seconds=settings.VPAY_RAIL_TIMEOUT_SECONDS + IN_FLIGHT_MARGIN_SECONDS,
+    )
+    if request_id is None:
+        raise rail_gate.at_ceiling(
+            rail.code, ticket, earliest_left, f"has its ceiling ({settings.VPAY_RAIL_MAX_IN_FLIGHT}) in flight"
         )
-        if found is None:
-            raise rail_gate.at_ceiling(
-                rail.code, ticket, earliest_left, f"has its ceiling ({settings.VPAY_RAIL_MAX_IN_FLIGHT}) in flight"
-            )
-        request_id = found
-    faultpoints.reached("rail.request_recorded", str(operation))
     return request_id, earlier
 
 

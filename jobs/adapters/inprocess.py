@@ -49,7 +49,7 @@ from django.db import connection, transaction
 
 from jobs import registry
 from jobs.adapters import postgres as queue
-from jobs.adapters.postgres import JobRequest
+from jobs.adapters.postgres import Held, JobRequest
 from jobs.kinds import JobKind
 from jobs.runner.decisions import AttemptsChange, Disposition, Settle
 from jobs.storage.leases import ClaimedJob
@@ -163,10 +163,10 @@ class InProcessQueue:
                 return True
             return self._move_waiting(job, floor)
 
-    def hold_waiting(self, dedupe_keys: list[str], hold: timedelta | float) -> list[str]:
-        return []  # every job here runs on its own, at commit: nothing is held for another
+    def hold_waiting(self, dedupe_keys: list[str], hold: timedelta | float) -> Held:
+        return Held([], "")  # every job here runs on its own, at commit: nothing is held for another
 
-    def settle_held(self, settles) -> int:
+    def settle_held(self, settles, held: Held) -> int:
         return 0
 
     def pull_forward_waiting(

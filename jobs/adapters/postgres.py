@@ -148,24 +148,33 @@ def pull_forward_waiting(
     return pull_forward_sql.pull_forward_waiting(list(dedupe_keys), limit, _seconds(floor, "floor"), deferred_only)
 
 
-def hold_waiting(dedupe_keys: list[str], hold: timedelta | float) -> list[str]:
+class Held(NamedTuple):
+    """Jobs :func:`hold_waiting` took: their names, in order, and the instant they are held
+    until (the database's, as text), which :func:`settle_held` matches."""
+
+    names: list[str]
+    until: str
+
+
+def hold_waiting(dedupe_keys: list[str], hold: timedelta | float) -> Held:
     """Take the named jobs that are waiting and due now off the queue for ``hold`` seconds,
     for a running handler that does their work alongside its own (webhook deliveries to one
-    endpoint); returns the names held, in order. A held job is not run, leased or counted:
-    it only waits until the hold ends, when it runs on its own unless :func:`settle_held`
-    finished or moved it first. Call it in the transaction that claims their work, so the
-    hold and the claim commit together."""
+    endpoint, a merchant's polls on one rail). A held job is not run, leased or counted: it
+    only waits until the hold ends, when it runs on its own unless :func:`settle_held`
+    finished or moved it first. Where the handler also claims their work (webhook attempts),
+    call it in that transaction, so the hold and the claim commit together."""
     if not dedupe_keys:
-        return []
-    return held_sql.hold_waiting(list(dedupe_keys), 0.0, _seconds(hold, "hold"))
+        return Held([], "")
+    return Held(*held_sql.hold_waiting(list(dedupe_keys), 0.0, _seconds(hold, "hold")))
 
 
-def settle_held(settles: Iterable[tuple[str, timedelta | float | None]]) -> int:
-    """Settle held jobs as their own runs would have: ``(name, None)`` finished, ``(name,
-    delay)`` due after ``delay`` seconds. A held job that is running (its hold ended first)
-    is left to settle itself. Returns how many were settled."""
+def settle_held(settles: Iterable[tuple[str, timedelta | float | None]], held: Held) -> int:
+    """Settle jobs ``held`` held as their own runs would have: ``(name, None)`` finished,
+    ``(name, delay)`` due after ``delay`` seconds (attempts and deferrals reset, as after a
+    run that made progress). A job that ran on its own or was moved since the hold (its
+    ``run_at`` is no longer the hold's) is left to itself. Returns how many were settled."""
     rows = [(name, None if delay is None else _seconds(delay, "delay")) for name, delay in settles]
-    return held_sql.settle_held(rows) if rows else 0
+    return held_sql.settle_held(rows, held.until) if rows and held.until else 0
 
 
 def validated(request: JobRequest) -> tuple:

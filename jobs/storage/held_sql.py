@@ -21,7 +21,8 @@ from vpay.prepared import execute_prepared
 # another transaction is writing are passed over (SKIP LOCKED), as is a job that is running:
 # the caller does the work only of the names returned. Each name is one probe of
 # jobs_job_dedupe_key_unique. Prepared: asked once per carried batch. One row: the names held,
-# as a JSON array in the order given.
+# as a JSON array in the order given, and the instant they were held until (the same for
+# all: now() is the transaction's), as text, which the settle matches.
 _HOLD = """
 WITH candidate AS (
     SELECT j.id, k.n FROM jobs j JOIN unnest(%s::text[]) WITH ORDINALITY AS k(name, n) ON j.dedupe_key = k.name
@@ -34,17 +35,19 @@ WITH candidate AS (
       FROM candidate WHERE jobs.id = candidate.id
     RETURNING jobs.dedupe_key, candidate.n
 )
-SELECT COALESCE((SELECT json_agg(dedupe_key ORDER BY n) FROM held)::text, '[]')
+SELECT COALESCE((SELECT json_agg(dedupe_key ORDER BY n) FROM held)::text, '[]'),
+       (now() + make_interval(secs => %s::float8))::text
 """
 
 
-def hold_waiting(dedupe_keys: Sequence[str], due_within: float, hold_seconds: float) -> list[str]:
-    row = execute_prepared(_HOLD, [text_array(dedupe_keys), float(due_within), float(hold_seconds)])
-    return json.loads(row[0]) if row else []
+def hold_waiting(dedupe_keys: Sequence[str], due_within: float, hold_seconds: float) -> tuple[list[str], str]:
+    hold = float(hold_seconds)
+    row = execute_prepared(_HOLD, [text_array(dedupe_keys), float(due_within), hold, hold])
+    return json.loads(row[0]), row[1]
 
 
-# Settle: each held job (still waiting: a leased one is running on its own, after its hold
-# ended, and settles itself) either finished (deleted: a held job is never fenced, so it
+# Settle: each held job (still waiting with the run_at its hold gave it: a job that has run on
+# its own since, or was moved, is left to itself) either finished (deleted: a held job is never fenced, so it
 # has no processed_jobs row to write) or moved to run after its delay from now, its
 # attempts and deferrals reset as a run that made progress resets them. By
 # jobs_job_dedupe_key_unique. NOTIFY for one due at once. One row: how many were settled.
@@ -53,12 +56,12 @@ WITH asked AS (
     SELECT * FROM unnest(%s::text[], %s::float8[]) AS a(name, delay)
 ), finished AS (
     DELETE FROM jobs j USING asked a
-     WHERE j.dedupe_key = a.name AND a.delay IS NULL AND j.locked_at IS NULL
+     WHERE j.dedupe_key = a.name AND a.delay IS NULL AND j.locked_at IS NULL AND j.run_at = %s::timestamptz
     RETURNING j.id
 ), moved AS (
     UPDATE jobs j SET run_at = now() + make_interval(secs => a.delay), attempts = 0, deferrals = 0
       FROM asked a
-     WHERE j.dedupe_key = a.name AND a.delay IS NOT NULL AND j.locked_at IS NULL
+     WHERE j.dedupe_key = a.name AND a.delay IS NOT NULL AND j.locked_at IS NULL AND j.run_at = %s::timestamptz
     RETURNING j.queue, a.delay <= 0 AS due
 )
 SELECT (SELECT count(*) FROM finished) + (SELECT count(*) FROM moved),
@@ -66,7 +69,7 @@ SELECT (SELECT count(*) FROM finished) + (SELECT count(*) FROM moved),
 """
 
 
-def settle_held(settles: Sequence[tuple[str, float | None]]) -> int:
+def settle_held(settles: Sequence[tuple[str, float | None]], held_until: str) -> int:
     delays = "{" + ",".join("NULL" if d is None else repr(float(d)) for _, d in settles) + "}"
-    row = execute_prepared(_SETTLE, [text_array([name for name, _ in settles]), delays])
+    row = execute_prepared(_SETTLE, [text_array([name for name, _ in settles]), delays, held_until, held_until])
     return int(row[0]) if row else 0

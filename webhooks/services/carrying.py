@@ -13,18 +13,19 @@ one (``webhooks.services.delivery``):
    (``jobs.port.hold_waiting``: each job waits until its attempt's lease has ended, not run,
    not counted), and start the attempts of the ones whose jobs were held. It commits before
    anything is sent, so every request that leaves has its row.
-2. :func:`send_all` — the carrier's own attempt and the carried ones, each on a thread of
-   a per-process pool: a slow receiver's batch takes one timeout, not one per delivery.
-3. The outcomes are recorded together (``delivery.record_many``: fenced on each lease),
-   then each carried job is settled as its own run would have been
-   (``jobs.port.settle_held``): finished, or due at its delivery's next rung. A carried
+2. :func:`start_batch` — each carried attempt sent on a thread of a per-process pool, while
+   the carrier's own is (a slow receiver's batch takes one timeout, not one per delivery).
+3. :func:`finish_batch` — the carried outcomes recorded together (``delivery.record_many``:
+   fenced on each lease), apart from the carrier's own (recorded through its group commit
+   whatever becomes of the batch); then each carried job settled as its own run would have
+   been (``jobs.port.settle_held``): finished, or due at its delivery's next rung. A carried
    attempt whose record was stale leaves its job alone: its hold ends with the lease.
 
-A crash anywhere between 1 and 3 costs a carried delivery what it costs a lone one: its
-attempt's lease expires, its held job runs when the hold ends (just after the lease), and
-the usual recovery abandons the attempt and goes on. Only the endpoint's deliveries that are
-due are carried, only while the endpoint is live, and only on a breaker that is closed (a
-half-open breaker's probe goes alone).
+A crash, or an error in the batch's steps, costs a carried delivery what a crash costs a lone
+one: its attempt's lease expires, its held job runs when the hold ends (just after the
+lease), and the usual recovery abandons the attempt (a rung) and sends it again. Only the
+endpoint's deliveries that are due are carried, only while the endpoint is live, and only
+on a breaker that is closed (a half-open breaker's probe goes alone).
 """
 
 from __future__ import annotations
@@ -32,16 +33,18 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from concurrent.futures import Future
+from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import transaction
 
 from jobs import port
+from vpay import faultpoints
 from vpay.send_pool import SendPool
 from webhooks import attempt_batch_sql, attempt_sql
 from webhooks.decisions import delivery_delay
 from webhooks.models import AttemptState, DeliveryState
-from webhooks.services.delivery import dedupe_key
+from webhooks.services import delivery
 from webhooks.services.sending import Attempted, perform
 
 logger = logging.getLogger("webhooks.delivery")
@@ -51,38 +54,39 @@ logger = logging.getLogger("webhooks.delivery")
 HOLD_MARGIN_SECONDS = 1.0
 
 
-def carry(lease: attempt_sql.Lease) -> list[attempt_sql.Lease]:
+def carry(lease: attempt_sql.Lease) -> tuple[list[attempt_sql.Lease], port.Held | None]:
     """Step 1: begin attempts of up to ``VPAY_WEBHOOK_BATCH - 1`` other due deliveries of
-    ``lease``'s endpoint, holding their jobs; their leases, in the order begun. None where
-    the queue cannot hold jobs for another (the in-process adapter)."""
+    ``lease``'s endpoint, holding their jobs; their leases, in the order begun, and the hold.
+    None where the queue cannot hold jobs for another (the in-process adapter)."""
     room = settings.VPAY_WEBHOOK_BATCH - 1
     if room < 1 or not port.adapter().durable:
-        return []
+        return [], None
     lease_seconds = settings.VPAY_WEBHOOK_LEASE_SECONDS
     with transaction.atomic():
         in_flight, _ = attempt_batch_sql.in_flight_for_endpoints([lease.endpoint_id])[lease.endpoint_id]
         room = min(room, settings.VPAY_WEBHOOK_MAX_IN_FLIGHT - in_flight)
         if room < 1:
-            return []
+            return [], None
         ids = attempt_batch_sql.lock_due_beside(lease.endpoint_id, lease.delivery_id, room)
         if not ids:
-            return []
-        names = {dedupe_key(delivery_id): delivery_id for delivery_id in ids}
-        held = [names[name] for name in port.hold_waiting(list(names), lease_seconds + HOLD_MARGIN_SECONDS)]
-        if not held:
-            return []
-        leases = attempt_batch_sql.start_attempts(held, lease_seconds)
-    return [leases[delivery_id] for delivery_id in held]
+            return [], None
+        names = {delivery.dedupe_key(delivery_id): delivery_id for delivery_id in ids}
+        held = port.hold_waiting(list(names), lease_seconds + HOLD_MARGIN_SECONDS)
+        if not held.names:
+            return [], None
+        begun = [names[name] for name in held.names]
+        leases = attempt_batch_sql.start_attempts(begun, lease_seconds)
+    return [leases[delivery_id] for delivery_id in begun], held
 
 
-def carry_safely(lease: attempt_sql.Lease) -> list[attempt_sql.Lease]:
+def carry_safely(lease: attempt_sql.Lease) -> tuple[list[attempt_sql.Lease], port.Held | None]:
     """:func:`carry`, which is only ever a saving: if it fails (its transaction rolled
     back, nothing begun), the carrier's own attempt goes on alone."""
     try:
         return carry(lease)
     except Exception:
         logger.warning("could not carry the endpoint's other due deliveries; this one goes alone", exc_info=True)
-        return []
+        return [], None
 
 
 SENDERS = SendPool("webhook-send")
@@ -99,17 +103,60 @@ def start_send(lease: attempt_sql.Lease, loaded: attempt_sql.Loaded | None, conc
     return SENDERS.submit(max(concurrency or 1, 1) * settings.VPAY_WEBHOOK_BATCH, perform, lease, loaded=loaded)
 
 
-def send_all(leases: Sequence[attempt_sql.Lease], concurrency: int | None) -> list[Attempted]:
-    """Step 2 for the carried attempts: what they send read in one statement, then all sent
-    at once; their answers, in order."""
-    if not leases:
+@dataclass
+class Batch:
+    """A batch begun beside a carrier's own attempt: the carried leases and their sends."""
+
+    leases: list[attempt_sql.Lease]
+    sends: list[Future]
+    held: port.Held
+
+
+def start_batch(lease: attempt_sql.Lease, concurrency: int | None) -> Batch | None:
+    """Steps 1 and 2: the batch begun (:func:`carry`), what its attempts send read in one
+    statement, and each sent on a send thread. None when nothing was carried. Never raises:
+    an attempt begun and not sent is left to its lease, as a crash would leave it."""
+    leases, held = carry_safely(lease)
+    if not leases or held is None:
+        return None
+    faultpoints.reached("webhook.carried")
+    sends: list[Future] = []
+    try:
+        loaded = attempt_batch_sql.load_deliveries([one.delivery_id for one in leases])
+        for one in leases:
+            sends.append(start_send(one, loaded.get(one.delivery_id), concurrency))
+    except Exception:
+        logger.warning("could not send a carried batch; its unsent attempts are left to their leases", exc_info=True)
+    return Batch(leases[: len(sends)], sends, held)
+
+
+def finish_batch(batch: Batch) -> list[Attempted]:
+    """Step 3: the carried answers recorded in one statement, then their jobs settled; the
+    answers recorded (for the host's breaker). Never raises: an attempt whose answer cannot
+    be recorded is left to its lease (abandoned, and sent again, as after a crash), with the
+    reason logged."""
+    answered: list[tuple[attempt_sql.Lease, Attempted]] = []
+    for lease, send in zip(batch.leases, batch.sends, strict=True):
+        try:
+            answered.append((lease, send.result()))
+        except Exception:
+            logger.exception(
+                "a carried webhook attempt failed; it is left to its lease", extra={"delivery_id": lease.delivery_id}
+            )
+    if not answered:
         return []
-    loaded = attempt_batch_sql.load_deliveries([lease.delivery_id for lease in leases])
-    futures = [start_send(lease, loaded.get(lease.delivery_id), concurrency) for lease in leases]
-    return [future.result() for future in futures]
+    try:
+        recorded = delivery.record_many(answered)
+    except Exception:
+        logger.exception("could not record a carried batch; its attempts are left to their leases")
+        return []
+    settle_carried([lease for lease, _ in answered], recorded, batch.held)
+    return [attempted for _, attempted in answered]
 
 
-def settle_carried(leases: Sequence[attempt_sql.Lease], recorded: Sequence[attempt_sql.Recorded]) -> None:
+def settle_carried(
+    leases: Sequence[attempt_sql.Lease], recorded: Sequence[attempt_sql.Recorded], held: port.Held
+) -> None:
     """Step 3's end: each carried job finished, or due at its delivery's next rung, as its
     own run would have left it (a stale record leaves the job to its hold). Bookkeeping: a
     failure here leaves the jobs held, and each runs when its hold ends and finds its delivery
@@ -120,10 +167,10 @@ def settle_carried(leases: Sequence[attempt_sql.Lease], recorded: Sequence[attem
             continue
         if one.delivery_state == DeliveryState.PENDING:
             delay = delivery_delay(lease.rung, settings.VPAY_WEBHOOK_RETRY_SCHEDULE)
-            settles.append((dedupe_key(lease.delivery_id), delay or 0.0))
+            settles.append((delivery.dedupe_key(lease.delivery_id), delay or 0.0))
         else:
-            settles.append((dedupe_key(lease.delivery_id), None))
+            settles.append((delivery.dedupe_key(lease.delivery_id), None))
     try:
-        port.settle_held(settles)
+        port.settle_held(settles, held)
     except Exception:
         logger.warning("could not settle carried deliver jobs; each runs when its hold ends", exc_info=True)
