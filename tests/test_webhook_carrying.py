@@ -150,9 +150,17 @@ def test_held_jobs_are_the_waiting_due_ones_and_settle_only_while_still_waiting(
     sql("UPDATE jobs SET crashes = 1 WHERE dedupe_key = %s", [names[1]])
     assert port.hold_waiting(names, 60).names == names[2:]
     sql("UPDATE jobs SET crashes = 0, run_at = now() WHERE dedupe_key = ANY(%s)", [names[1:]])
-    sql("UPDATE jobs SET cancel_requested_at = now() WHERE dedupe_key = %s", [names[2]])
+    sql(
+        "UPDATE jobs SET cancel_requested_at = now(), cancel_requested_by = 'ops', cancel_reason = 'test'"
+        " WHERE dedupe_key = %s",
+        [names[2]],
+    )
     assert port.hold_waiting(names, 60).names == [names[1]]
-    sql("UPDATE jobs SET run_at = now(), cancel_requested_at = NULL WHERE dedupe_key = ANY(%s)", [names[1:]])
+    sql(
+        "UPDATE jobs SET run_at = now(), cancel_requested_at = NULL, cancel_requested_by = '', cancel_reason = ''"
+        " WHERE dedupe_key = ANY(%s)",
+        [names[1:]],
+    )
     held = port.hold_waiting(names, 60)
     assert held.names == names[1:]
     assert (

@@ -82,14 +82,29 @@ def _settings_secrets() -> list[str]:
     return found
 
 
+# The last _known_secrets() answer and what it was made from: the settings are read on every
+# call (a test may override them), but the forms are only built again when they or the
+# registered values changed. Built on every call, they were 4 % of a worker's time settling
+# charges (a rail answer's excerpt redacts each of its strings; bench/CHARGES.md).
+_known: tuple[tuple, list[str]] = ((), [])
+
+
 def _known_secrets() -> list[str]:
     """Every known secret as it may be written (raw, percent-encoded), longest first, so a
     secret that contains another is replaced whole."""
+    global _known
     with _registered_lock:
-        values = set(_registered)
-    values.update(v for v in _settings_secrets() if isinstance(v, str))
-    forms = {form for v in values if len(v) >= MIN_EXACT_LENGTH for form in (v, quote(v, safe=""))}
-    return sorted(forms, key=len, reverse=True)
+        registered = frozenset(_registered)
+    key = (registered, tuple(v for v in _settings_secrets() if isinstance(v, str)))
+    made_from, forms = _known
+    if made_from == key:
+        return forms
+    values = set(registered) | set(key[1])
+    forms = sorted(
+        {form for v in values if len(v) >= MIN_EXACT_LENGTH for form in (v, quote(v, safe=""))}, key=len, reverse=True
+    )
+    _known = (key, forms)
+    return forms
 
 
 def redact(text: str) -> str:
