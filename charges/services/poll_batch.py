@@ -80,8 +80,8 @@ class Batch:
 
 
 def start(row: ChargeRow, rail: RailConfig, policy: RecoveryPolicy) -> Batch | None:
-    """Step 1 up to the requests (see the module docstring): the polls held, their charges
-    read, the breaker asked; None when there is nothing to carry (all given back)."""
+    """Step 1 (see the module docstring): the polls held and their charges read; None when
+    there is nothing to carry (all given back)."""
     room = settings.VPAY_RAIL_POLL_BATCH - 1
     if room < 1 or not queue.adapter().durable:
         return None

@@ -43,7 +43,7 @@ SELECT COALESCE((SELECT json_agg(dedupe_key ORDER BY n) FROM held)::text, '[]'),
 def hold_waiting(dedupe_keys: Sequence[str], due_within: float, hold_seconds: float) -> tuple[list[str], str]:
     hold = float(hold_seconds)
     row = execute_prepared(_HOLD, [text_array(dedupe_keys), float(due_within), hold, hold])
-    return json.loads(row[0]), row[1]
+    return (json.loads(row[0]), row[1]) if row else ([], "")
 
 
 # Settle: each held job (still waiting with the run_at its hold gave it: a job that has run on

@@ -93,8 +93,8 @@ SENDERS = SendPool("webhook-send")
 
 
 def start_send(lease: attempt_sql.Lease, loaded: attempt_sql.Loaded | None, concurrency: int | None) -> Future:
-    """Step 2 for one attempt, on a send thread. ``loaded`` is always given: a send thread
-    never opens a database connection of its own."""
+    """Step 2 for one attempt, on a send thread. ``loaded`` is always given, so the send
+    reads nothing (``None``: the delivery is gone, and nothing is sent)."""
     if loaded is None:
         done: Future = Future()
         done.set_result(Attempted(AttemptState.FAILED, error="the delivery is gone; nothing sent"))
