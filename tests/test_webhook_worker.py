@@ -217,8 +217,23 @@ def test_a_slow_endpoint_does_not_delay_a_fast_one_with_the_default_cap_and_conc
     def slow_in_flight():
         return WebhookDelivery.objects.filter(endpoint=slow, state=DeliveryState.DELIVERING).count()
 
+    def slow_executors() -> int:
+        """The worker's executors running the slow endpoint's jobs (a carried delivery's job
+        is held, not leased: its send rides on its carrier's executor)."""
+        return sql(
+            "SELECT count(*) FROM jobs j JOIN webhook_deliveries d ON j.dedupe_key = 'webhook_deliver:' || d.id"
+            " WHERE d.endpoint_id = %s AND j.locked_at IS NOT NULL",
+            [slow.pk],
+        )[0][0]
+
     wait_for(lambda: slow_in_flight() >= 2, timeout=30, message="slow sends in flight")
-    time.sleep(1.5)  # ample for the other two threads to take slow sends too, were they allowed to
+    # Ample for the other two threads to take the slow endpoint's jobs too, were they allowed to.
+    executors = []
+    until = time.monotonic() + 1.5
+    while time.monotonic() < until:
+        executors.append(slow_executors())
+        time.sleep(0.05)
+    assert 1 <= max(executors) <= 2, executors  # the worker's share: 2 of its 4 executors
     emit_many(merchant, 4, EventType.PAYMENT_INTENT_PAYMENT_FAILED)
     wait_for(
         lambda: WebhookDelivery.objects.filter(endpoint=fast, state=DeliveryState.SUCCEEDED).count() == 4,

@@ -63,11 +63,12 @@ logger = logging.getLogger("charges.services.polling")
 # How far into a merchant's ready jobs the batch looks for polls (charges.poll_batch_repository):
 # a few batches' worth, so a merchant whose due jobs are mostly deliveries costs a short scan.
 WALK = 64
-# A carried poll is held for the rail call's bound and this much more: long enough for the
-# carrier's own request and then a few of the batch's on a slow rail (a carried request is
-# only sent while it would end within the hold, ASK_MARGIN_SECONDS to spare), short enough
-# that a dead carrier's batch runs on its own within a minute.
-HOLD_MARGIN_SECONDS = 30.0
+# A carried poll is held for two rail calls' bound and this much more (50 s with the
+# default 20 s timeout): long enough for the carrier's own request and at least one of the
+# batch's on a rail at its timeout (a carried request is only sent while it would end within
+# the hold, ASK_MARGIN_SECONDS to spare), and the whole batch on a rail that answers; short
+# enough that a dead carrier's batch runs on its own within a minute.
+HOLD_MARGIN_SECONDS = 10.0
 ASK_MARGIN_SECONDS = 5.0
 
 
@@ -216,4 +217,4 @@ def _give_back(charge_ids: list[str]) -> None:
 
 
 def _hold_seconds() -> float:
-    return settings.VPAY_RAIL_TIMEOUT_SECONDS + HOLD_MARGIN_SECONDS
+    return 2 * settings.VPAY_RAIL_TIMEOUT_SECONDS + HOLD_MARGIN_SECONDS

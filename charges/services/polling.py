@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
 CHARGE_PAYLOAD = PayloadSchema(required={"charge_id": "str"})
 # A rail call is bounded by VPAY_RAIL_TIMEOUT_SECONDS (20 s by default); a poll makes one, plus
 # a few short statements, and then its carried batch's, each only while it would end within
-# the batch's hold (timeout + 30 s from its start: charges.services.poll_batch). The timeout
+# the batch's hold (twice the timeout + 10 s from its start: charges.services.poll_batch). The timeout
 # sits above both.
 RAIL_JOB_TIMEOUT_SECONDS = 90.0
 SCAN_PAGE = 500
