@@ -178,6 +178,7 @@ def test_held_jobs_are_the_waiting_due_ones_and_settle_only_while_still_waiting(
     assert set(rows) == set(names) and 3 < rows[names[2]] <= 5 and 25 < rows[names[1]] <= 30
 
 
+@pytest.mark.rehearse  # make test kills at webhook.carried in tests/test_killpoints.py's fast cases
 def test_a_worker_killed_with_a_carried_batch_in_flight_leaves_it_to_a_replacement(
     receiver, start_worker, tmp_path, settings
 ):
