@@ -20,7 +20,7 @@ from tests.conftest import wait_for
 from tests.killpoints_support import kill_env
 from webhooks.event_types import EventType
 from webhooks.events import emit
-from webhooks.services import endpoints, fanout
+from webhooks.services import carrying, endpoints, fanout
 from webhooks.services.delivery import dedupe_key
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -59,7 +59,10 @@ def deliver_jobs() -> int:
     return sql("SELECT count(*) FROM jobs WHERE kind = 'webhook_deliver'")[0][0]
 
 
-def test_one_run_sends_a_batch_each_attempt_with_its_own_row_and_lease_and_the_carried_jobs_finish(receiver):
+def test_one_run_sends_a_batch_each_attempt_with_its_own_row_and_lease_and_the_carried_jobs_finish(
+    receiver, monkeypatch
+):
+    monkeypatch.setattr(carrying, "ROUNDS_SECONDS", 0.0)  # one batch (the rounds: below)
     backlog(receiver, 11)
     assert Worker().run_once()
     # The carrier and 7 carried (VPAY_WEBHOOK_BATCH 8): each sent once, each its own attempt.
@@ -75,6 +78,25 @@ def test_one_run_sends_a_batch_each_attempt_with_its_own_row_and_lease_and_the_c
     ) == [(3,)]
     assert Worker().run_once()
     assert states() == {"succeeded": 11} and deliver_jobs() == 0
+
+
+def test_after_a_full_batch_answered_with_successes_the_carrier_carries_the_next_ones(receiver):
+    backlog(receiver, 30)
+    assert Worker().run_once()
+    # 8, then 8 a round while each is full and answered with successes (a fast receiver:
+    # all of them within ROUNDS_SECONDS), the last round the 6 left.
+    assert states() == {"succeeded": 30}
+    assert len(receiver.received("/a")) == 30 and deliver_jobs() == 0
+    attempts = sql("SELECT count(*), count(DISTINCT lease_token) FROM webhook_delivery_attempts")
+    assert attempts == [(30, 30)]
+
+
+def test_no_next_batch_after_an_answer_that_is_not_a_success(receiver, settings):
+    settings.VPAY_WEBHOOK_RETRY_SCHEDULE = (300.0, 300.0)
+    receiver.set_mode("/a", "status", status=500)
+    backlog(receiver, 20)
+    assert Worker().run_once()
+    assert sql("SELECT count(*) FROM webhook_delivery_attempts") == [(8,)]  # one batch: the carrier's and 7
 
 
 def test_a_batch_stays_under_the_endpoints_cap(receiver, settings):

@@ -218,11 +218,13 @@ def test_a_slow_endpoint_does_not_delay_a_fast_one_with_the_default_cap_and_conc
         return WebhookDelivery.objects.filter(endpoint=slow, state=DeliveryState.DELIVERING).count()
 
     def slow_executors() -> int:
-        """The worker's executors running the slow endpoint's jobs (a carried delivery's job
-        is held, not leased: its send rides on its carrier's executor)."""
+        """The worker's executors held by the slow endpoint: jobs leased whose delivery is
+        being sent (a carried delivery's job is held, not leased: its send rides on its
+        carrier's executor; a job that runs a moment only to find its endpoint at the share
+        leaves its delivery pending)."""
         return sql(
             "SELECT count(*) FROM jobs j JOIN webhook_deliveries d ON j.dedupe_key = 'webhook_deliver:' || d.id"
-            " WHERE d.endpoint_id = %s AND j.locked_at IS NOT NULL",
+            " WHERE d.endpoint_id = %s AND j.locked_at IS NOT NULL AND d.state = 'delivering'",
             [slow.pk],
         )[0][0]
 

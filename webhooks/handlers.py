@@ -43,8 +43,9 @@ def fan_out(ctx: JobContext) -> Outcome:
 
 
 def _deliver_timeout() -> float:
-    # The attempts' budget (a batch's are sent at once) plus its short transactions.
-    return settings.VPAY_WEBHOOK_TIMEOUT + 15.0
+    # Two attempts' budgets (a batch's are sent at once, and a next batch is begun only
+    # within carrying.ROUNDS_SECONDS of the first one's end) plus the short transactions.
+    return 2 * settings.VPAY_WEBHOOK_TIMEOUT + 15.0
 
 
 @registry.register(
@@ -103,6 +104,8 @@ def deliver(ctx: JobContext) -> Outcome:
         delivery.release(begun)
         if batch is not None:
             answers = carrying.finish_batch(batch)  # never raises: the carried attempts' own records
+    if batch is not None:
+        answers = carrying.carry_on(begun.lease, batch, answers, ctx.worker_concurrency)
     if ticket is not None:
         for one in (attempted, *answers):
             host_breakers.report(ticket, one.attempt_state, one.status_code)

@@ -31,6 +31,7 @@ on a breaker that is closed (a half-open breaker's probe goes alone).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -52,13 +53,16 @@ logger = logging.getLogger("webhooks.delivery")
 # A carried job is held until its attempt's lease has ended, and this much after, so its own
 # run (if the carrier died) finds the lease expired and recovers it at once.
 HOLD_MARGIN_SECONDS = 1.0
+# How long a carrier goes on carrying its endpoint's next full batches (carry_on).
+ROUNDS_SECONDS = 0.25
 
 
-def carry(lease: attempt_sql.Lease) -> tuple[list[attempt_sql.Lease], port.Held | None]:
+def carry(lease: attempt_sql.Lease, *, alone: bool = False) -> tuple[list[attempt_sql.Lease], port.Held | None]:
     """Step 1: begin attempts of up to ``VPAY_WEBHOOK_BATCH - 1`` other due deliveries of
-    ``lease``'s endpoint, holding their jobs; their leases, in the order begun, and the hold.
-    None where the queue cannot hold jobs for another (the in-process adapter)."""
-    room = settings.VPAY_WEBHOOK_BATCH - 1
+    ``lease``'s endpoint (``VPAY_WEBHOOK_BATCH`` once the carrier's own is recorded:
+    ``alone``), holding their jobs; their leases, in the order begun, and the hold. None
+    where the queue cannot hold jobs for another (the in-process adapter)."""
+    room = settings.VPAY_WEBHOOK_BATCH - (0 if alone else 1)
     if room < 1 or not port.adapter().durable:
         return [], None
     lease_seconds = settings.VPAY_WEBHOOK_LEASE_SECONDS
@@ -79,11 +83,11 @@ def carry(lease: attempt_sql.Lease) -> tuple[list[attempt_sql.Lease], port.Held 
     return [leases[delivery_id] for delivery_id in begun], held
 
 
-def carry_safely(lease: attempt_sql.Lease) -> tuple[list[attempt_sql.Lease], port.Held | None]:
+def carry_safely(lease: attempt_sql.Lease, *, alone: bool = False) -> tuple[list[attempt_sql.Lease], port.Held | None]:
     """:func:`carry`, which is only ever a saving: if it fails (its transaction rolled
     back, nothing begun), the carrier's own attempt goes on alone."""
     try:
-        return carry(lease)
+        return carry(lease, alone=alone)
     except Exception:
         logger.warning("could not carry the endpoint's other due deliveries; this one goes alone", exc_info=True)
         return [], None
@@ -112,11 +116,11 @@ class Batch:
     held: port.Held
 
 
-def start_batch(lease: attempt_sql.Lease, concurrency: int | None) -> Batch | None:
+def start_batch(lease: attempt_sql.Lease, concurrency: int | None, *, alone: bool = False) -> Batch | None:
     """Steps 1 and 2: the batch begun (:func:`carry`), what its attempts send read in one
     statement, and each sent on a send thread. None when nothing was carried. Never raises:
     an attempt begun and not sent is left to its lease, as a crash would leave it."""
-    leases, held = carry_safely(lease)
+    leases, held = carry_safely(lease, alone=alone)
     if not leases or held is None:
         return None
     faultpoints.reached("webhook.carried")
@@ -152,6 +156,33 @@ def finish_batch(batch: Batch) -> list[Attempted]:
         return []
     settle_carried([lease for lease, _ in answered], recorded, batch.held)
     return [attempted for _, attempted in answered]
+
+
+def carry_on(
+    lease: attempt_sql.Lease, first: Batch, answers: list[Attempted], concurrency: int | None
+) -> list[Attempted]:
+    """After a full batch that every receiver answered with a success, the carrier carries
+    the endpoint's next due batch, and so on while each is full and answered so, for at most
+    :data:`ROUNDS_SECONDS`: the backlog of one endpoint no longer pays a job run (a claim, a
+    settle, the carrier's own steps) per batch. Bounded, so the executor goes back to the
+    claim's round-robin soon; and no request follows a failure on the breaker's old ticket.
+    Every answer, for the host's breaker."""
+    began = time.monotonic()
+    everything = list(answers)
+    full = settings.VPAY_WEBHOOK_BATCH - 1
+    while (
+        len(first.leases) >= full
+        and answers
+        and all(one.attempt_state == AttemptState.SUCCEEDED for one in answers)
+        and time.monotonic() - began < ROUNDS_SECONDS
+    ):
+        batch = start_batch(lease, concurrency, alone=True)
+        if batch is None:
+            break
+        first, full = batch, settings.VPAY_WEBHOOK_BATCH
+        answers = finish_batch(batch)
+        everything += answers
+    return everything
 
 
 def settle_carried(
