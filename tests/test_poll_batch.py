@@ -190,3 +190,20 @@ def test_the_first_carried_non_answer_ends_the_batch_even_with_the_breaker_close
     # after it are due again at once, on their own jobs.
     assert scalar("SELECT count(*) FROM jobs WHERE run_at <= now() AND locked_at IS NULL") == 4
     assert scalar("SELECT count(*) FROM jobs WHERE run_at > now()") == 2
+
+
+def test_a_charge_within_the_hold_of_its_horizon_is_not_carried(merchant, settings):
+    """Past its horizon a poll escalates alone; a carried poll is judged on the age read
+    before the batch, so one that could cross the horizon while the batch runs (its age plus
+    the hold) is given back, to its own job."""
+    ids = submitted(merchant, 3)
+    sql("UPDATE jobs SET priority = 1 WHERE payload->>'charge_id' <> %s", [ids[0]])  # ids[0] carries
+    # FAST_POLICY's horizon is an hour; the hold is 2 x its 1 s rail timeout + 10 s = 12 s.
+    sql("UPDATE charges SET created_at = now() - interval '3594 seconds' WHERE id = %s", [ids[1]])
+    assert Worker().run_once() == 1
+    assert dict(sql("SELECT id, status FROM charges")) == {
+        ids[0]: "succeeded",
+        ids[1]: "submitted",
+        ids[2]: "succeeded",
+    }
+    assert scalar("SELECT count(*) FROM jobs WHERE payload->>'charge_id' = %s AND run_at <= now()", [ids[1]]) == 1

@@ -235,3 +235,45 @@ def test_a_worker_killed_with_a_carried_batch_in_flight_leaves_it_to_a_replaceme
     assert deliver_jobs() == 0 and sql("SELECT count(*) FROM dead_letters")[0][0] == 0
     event_ids = {r["event_id"] for r in receiver.received("/a") if r["event_id"]}
     assert len(event_ids) == 12
+
+
+def test_a_half_open_breakers_probe_goes_alone(receiver, settings):
+    """Once the host's breaker has cooled down, the next attempt is its probe: it carries
+    nothing, however many of the endpoint's deliveries are due."""
+    settings.VPAY_WEBHOOK_BREAKER_FAILURES = 1
+    settings.VPAY_WEBHOOK_BREAKER_COOL_DOWN_SECONDS = 0.5
+    receiver.set_mode("/a", "status", status=500)
+    backlog(receiver, 5)
+    settings.VPAY_WEBHOOK_BATCH = 1
+    assert Worker().run_once()  # one failure opens the host's breaker
+    settings.VPAY_WEBHOOK_BATCH = 8
+    receiver.set_mode("/a", "ok")
+    time.sleep(0.6)  # the cool-down is over: the next attempt probes
+    sql("UPDATE jobs SET run_at = now() WHERE kind = 'webhook_deliver'")
+    sql("UPDATE webhook_deliveries SET next_attempt_at = now()")
+    assert Worker().run_once()
+    assert sql("SELECT count(*) FROM webhook_delivery_attempts") == [(2,)]
+    assert states() == {"succeeded": 1, "pending": 4}
+
+
+def test_a_send_thread_that_opens_a_connection_has_it_closed_when_the_send_ends():
+    """A send may write (the alert about a body that no longer matches its digest): the
+    pool's thread does not keep that connection between sends."""
+    from django.db import connection as thread_connection
+
+    from vpay.send_pool import SendPool
+
+    pool = SendPool("test-send")
+
+    def query() -> int:
+        with thread_connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            return cursor.fetchone()[0]
+
+    pid = pool.submit(1, query).result(timeout=10)
+    assert pool.submit(1, lambda: thread_connection.connection).result(timeout=10) is None
+    wait_for(
+        lambda: sql("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [pid]) == [(0,)],
+        timeout=5,
+        message="the send thread's connection closed",
+    )
