@@ -61,10 +61,19 @@ def test_a_job_whose_worker_was_killed_is_cancelled_at_once_once_its_lease_ran_o
     worker = start_worker("--concurrency", "1", "--heartbeat", "0.5")  # a lease of 3 s
     job_id, _ = start_heartbeating_task(tmp_path, "orphan")
     worker.kill()
+    # Dead as the cancel judges it: the job's lease ran out and so did its worker's beat. The
+    # worker's row beats apart from the job's lease, up to a heartbeat later, so the lease
+    # alone can lapse first.
     wait_for(
-        lambda: scalar("SELECT lease_expires_at < now() FROM jobs WHERE job_id = %s", [str(job_id)]),
+        lambda: scalar(
+            "SELECT j.lease_expires_at < now()"
+            " AND coalesce((SELECT w.heartbeat_at < now() - make_interval(secs => w.lease_seconds)"
+            " FROM workers w WHERE w.id = j.locked_by), true)"
+            " FROM jobs j WHERE j.job_id = %s",
+            [str(job_id)],
+        ),
         timeout=10,
-        message="the dead worker's lease to run out",
+        message="the dead worker's lease and beat to run out",
     )
     # No worker is left to reap it: the cancel itself ends it.
     result = cancels.job_cancel(job_id=job_id, actor="olga", reason="worker gone")
