@@ -15,6 +15,8 @@ connection: ``POST /v1/payment_intents``, then ``POST /v1/payment_intents/{id}/c
   webhook received by nginx), all on this host's clock;
 * create → webhook received, per payment (p50, p99);
 * confirm as the client waits for it (p50, p99);
+* CPU ms per payment, of the machine and by role (the web process, the worker, the rail,
+  the database's backends and server, nginx, the kernel, the clients), over the same span;
 * limits measured in the same run: the rail alone (GETs/s) and PostgreSQL's commit rate
   (``pgbench``, one-row insert), at the client count.
 
@@ -43,7 +45,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
-from bench import target  # noqa: E402
+from bench import cpu_roles, target  # noqa: E402
 from bench.receivers import NginxReceiver, free_port  # noqa: E402
 from bench.sandbox_rails import sandbox_rails_file  # noqa: E402
 
@@ -177,6 +179,8 @@ def run(payments: int, clients: int, concurrency: int, workers: int, limits: boo
                 created.update(mine)
                 confirms.extend(times)
 
+        roots = {"web": web.pid, "worker": worker.pid, "rail": rail.pid}
+        cpu0, machine0, clients0 = cpu_roles.cpu_by_role(roots, DB), cpu_roles.machine_cpu(), _own_cpu()
         first = time.time()
         threads = [threading.Thread(target=flows, args=(n,)) for n in shares]
         for t in threads:
@@ -186,6 +190,7 @@ def run(payments: int, clients: int, concurrency: int, workers: int, limits: boo
         deadline = time.monotonic() + 600
         while len(receiver.received()) < payments and time.monotonic() < deadline:
             time.sleep(0.2)
+        cpu1, machine1, clients1 = cpu_roles.cpu_by_role(roots, DB), cpu_roles.machine_cpu(), _own_cpu()
         got = receiver.received()
         with psycopg.connect(DATABASE_URL, autocommit=True) as conn:
             intent_of = dict(
@@ -228,6 +233,13 @@ def run(payments: int, clients: int, concurrency: int, workers: int, limits: boo
         "settled_to_delivery_row_p50_ms": _ms(after_settlement[0]),
         "settled_to_delivery_row_p99_ms": _ms(after_settlement[1]),
         "delivery_row_to_attempt_p50_ms": _ms(after_settlement[2]),
+        # From the first create to the last webhook (or the wait's end): machine-wide, and by
+        # role (bench/cpu_roles.py; "bench clients" is this process's own threads).
+        "machine_cpu_ms_per_payment": round((machine1 - machine0) * 1000 / payments, 2),
+        "cpu_ms_per_payment_by_role": {
+            **cpu_roles.per_item_ms(cpu0, cpu1, payments),
+            "bench clients": round((clients1 - clients0) * 1000 / payments, 3),
+        },
         "worker_commit": subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=worker_root, capture_output=True, text=True
         ).stdout.strip(),
@@ -236,6 +248,12 @@ def run(payments: int, clients: int, concurrency: int, workers: int, limits: boo
         "load": os.getloadavg()[0],
         "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+
+
+def _own_cpu() -> float:
+    """This process's CPU seconds (its client threads), not its children's."""
+    times = os.times()
+    return times.user + times.system
 
 
 def _ms(seconds: float | None) -> float | None:

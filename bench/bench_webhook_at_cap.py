@@ -36,6 +36,19 @@ def at_cap_total(port: int) -> float:
     return float(match.group(1)) if match else 0.0
 
 
+def wait_for_metrics(port: int, timeout: float = 60.0) -> None:
+    """Until the worker serves its metrics: a loaded machine boots it in more than seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            at_cap_total(port)
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--events", type=int, default=300)
@@ -73,7 +86,8 @@ def main() -> None:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        time.sleep(3.0)  # boot and fan-out
+        wait_for_metrics(metrics_port)
+        time.sleep(3.0)  # the fan-out
         before, delivered_before, started = at_cap_total(metrics_port), bw.succeeded(), time.monotonic()
         time.sleep(args.seconds)
         after, delivered_after = at_cap_total(metrics_port), bw.succeeded()

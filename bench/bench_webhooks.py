@@ -199,6 +199,7 @@ def throughput(
     rate = round((len(stamps) - 1) / (stamps[-1] - stamps[0]), 1) if len(stamps) > 1 else None
     # RSS: the first sample after a tenth of the run (imports and pools warmed) against the last.
     warm = [kib for done, kib in res.rss_kib if done >= total // 10] or [kib for _, kib in res.rss_kib]
+    threads = [n for done, n in res.threads if done >= total // 10] or [n for _, n in res.threads]
     return {
         "measure": "throughput",
         "receiver": receiver_kind,
@@ -225,6 +226,8 @@ def throughput(
         "rss_mib_warm": round(warm[0] / 1024, 1) if warm else None,
         "rss_mib_end": round(warm[-1] / 1024, 1) if warm else None,
         "rss_mib_max": round(max(kib for _, kib in res.rss_kib) / 1024, 1) if res.rss_kib else None,
+        "threads_warm": threads[0] if threads else None,
+        "threads_end": threads[-1] if threads else None,
         "loadavg_after": open("/proc/loadavg").read().split()[:3],
     }
 

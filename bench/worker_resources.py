@@ -10,7 +10,7 @@ from pathlib import Path
 
 import psycopg
 
-from bench import target
+from bench import cpu_roles, target
 
 
 class Resources:
@@ -21,6 +21,9 @@ class Resources:
         self.pid = pid
         self.db = db  # the benchmark's database: its backends are counted
         self.rss_kib: list[tuple[int, int]] = []  # (deliveries succeeded so far, RSS)
+        # (deliveries succeeded so far, threads): a worker's send pool starts its threads as
+        # batches need them, so RSS growing with the thread count is the pool filling up.
+        self.threads: list[tuple[int, int]] = []
         self.backends = 0
 
     def proc_cpu(self) -> float:
@@ -34,43 +37,11 @@ class Resources:
             total += int(fields[11]) + int(fields[12])
         return total / os.sysconf("SC_CLK_TCK")
 
-    @staticmethod
-    def machine_cpu() -> float:
-        jiffies = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-        busy = sum(jiffies) - jiffies[3] - jiffies[4]  # all but idle and iowait
-        return busy / os.sysconf("SC_CLK_TCK")
+    machine_cpu = staticmethod(cpu_roles.machine_cpu)
 
     def cpu_by_role(self) -> dict[str, float]:
-        """CPU seconds so far by role: the worker, its database's backends, the database
-        server's own processes (WAL writer, checkpointer...), nginx, and the kernel's workers
-        (writeback). Other processes on the machine are left out; a process that exited
-        during the run is not counted."""
-        out: dict[str, float] = {}
-        tick = os.sysconf("SC_CLK_TCK")
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                raw = (entry / "stat").read_text()
-                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            name = raw[raw.index("(") + 1 : raw.rindex(")")]
-            if int(entry.name) in self.worker_pids():
-                role = "worker"
-            elif name == "postgres" and f" {self.db} " in cmdline:
-                role = "postgres backends"
-            elif name == "postgres" and " root " not in cmdline and "postgres: " in cmdline:
-                role = "postgres server"
-            elif name == "nginx":
-                role = "nginx"
-            elif name.startswith("kworker"):
-                role = "kernel workers"
-            else:
-                continue
-            fields = raw.rsplit(")", 1)[1].split()
-            out[role] = out.get(role, 0.0) + (int(fields[11]) + int(fields[12])) / tick
-        return out
+        """CPU seconds so far by role (``bench/cpu_roles.py``), the worker's processes as "worker"."""
+        return cpu_roles.cpu_by_role({"worker": self.pid}, self.db)
 
     def worker_pids(self) -> set[int]:
         """The runworker process and the worker processes it forked (``--processes``)."""
@@ -84,16 +55,20 @@ class Resources:
         return pids
 
     def sample(self, done: int) -> None:
-        """RSS: the largest of the worker processes' (each is one worker; the supervisor is small)."""
-        rss = 0
+        """RSS and threads: the largest of the worker processes' (each is one worker; the
+        supervisor is small)."""
+        rss = threads = 0
         for pid in self.worker_pids():
             try:
                 for line in Path(f"/proc/{pid}/status").read_text().splitlines():
                     if line.startswith("VmRSS:"):
                         rss = max(rss, int(line.split()[1]))
+                    elif line.startswith("Threads:"):
+                        threads = max(threads, int(line.split()[1]))
             except OSError:
                 continue
         self.rss_kib.append((done, rss))
+        self.threads.append((done, threads))
         with psycopg.connect(target.url(self.db), autocommit=True) as conn:
             # The worker's backends: its application names start with "vpay-" (the bench's
             # own connections carry "bench" or none).

@@ -148,7 +148,18 @@ def test_the_scripts_on_bench_vpays_database_run(bench_env, bench_vpay_ran, scri
         ("drain_ab.py", ["--ref", "HEAD", "--ref", "WORKTREE", "--n", "20", "--reps", "1", "--concurrency", "2"]),
         (
             "bench_webhooks.py",
-            ["--receiver", "sandbox", "--concurrency", "2", "--events", "3", "--endpoints", "2", "--latency-events", "2"],
+            [
+                "--receiver",
+                "sandbox",
+                "--concurrency",
+                "2",
+                "--events",
+                "3",
+                "--endpoints",
+                "2",
+                "--latency-events",
+                "2",
+            ],
         ),
     ],
     ids=[
@@ -181,6 +192,23 @@ def test_the_scripts_that_deliver_to_nginx_run(bench_env, script, args):
     if shutil.which("nginx") is None:
         pytest.skip(NGINX)
     run(bench_env, script, *args)
+
+
+def test_top_statements_reads_pg_stat_statements_or_says_it_is_not_preloaded(bench_env):
+    # The test server does not preload the extension; the benchmarks' server may.
+    result = subprocess.run(
+        [sys.executable, "bench/top_statements.py", "--db", "bench_charges", "--top", "3"],
+        cwd=ROOT,
+        env=bench_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if result.returncode == 2:
+        assert "pg_stat_statements is not usable on this server" in result.stderr
+    else:
+        assert result.returncode == 0, result.stderr
+        assert "| calls | plans |" in result.stdout
 
 
 def test_collapsed_stacks_reads_a_py_spy_file(bench_env, tmp_path):

@@ -3,7 +3,7 @@
 Django binds parameters client-side and never prepares, so every call parses and plans
 the statement again; on a one-by-one enqueue that is about a third of the server's work.
 psycopg's ``prepare=True`` fixes the planning, but its Python layer (cursor, adapters, the
-wait loop) costs about as much again, and psycopg answers every rollback on a connection
+wait loop) stays (this path enqueues 1.18x-1.23x faster than it: ``bench/RUNNER.md``), and psycopg answers every rollback on a connection
 where it has prepared anything with ``DEALLOCATE ALL``. So :func:`execute_prepared`
 prepares the statement with libpq itself and runs it with ``PQexecPrepared`` (which
 releases the GIL while it waits), on the same connection and so in the caller's
@@ -74,7 +74,7 @@ def execute_prepared(sql: str, params: Sequence) -> tuple | None:
                 return _exec_libpq(pgconn, sql, params, own_transaction=status == _IDLE)
     with db.cursor() as cursor:
         cursor.execute(sql, params)
-        return cursor.fetchone()
+        return cursor.fetchone() if cursor.description else None  # None too for a statement without rows
 
 
 def _exec_libpq(pgconn: pq.abc.PGconn, sql: str, params: Sequence, *, own_transaction: bool) -> tuple | None:
