@@ -11,6 +11,7 @@ from django.db import connection
 
 from charges.models import CheckoutSession
 from charges.states import ChargeStatus, CheckoutPaymentStatus, CheckoutSessionStatus, IntentStatus
+from vpay.pipelined import execute_pipelined
 
 # Where a charge settles from, and the intents that may follow it.
 _SETTLEABLE = sorted({ChargeStatus.SUBMITTED, ChargeStatus.UNRESOLVED})
@@ -22,21 +23,24 @@ _OPEN_INTENT = sorted({IntentStatus.PROCESSING, IntentStatus.REQUIRES_ACTION})
 # one of ``open_intent`` to the same outcome, with what it received). The intent's write
 # reads the charge's RETURNING, so it waits for it: row locks are taken charge first,
 # intent second, the order the two separate statements took before. Counts the charges
-# moved (0 or 1).
+# moved (0 or 1). Prepared (vpay.pipelined), with the BEGIN it is the first statement of:
+# planning it each time cost the database more than running it (pg_stat_statements over a
+# settlement run, bench/CHARGES.md); its parameters' types are written where no column says.
 _SETTLE = """
 WITH charge AS (
     UPDATE charges
-       SET status = %(status)s, failure_code = %(failure_code)s,
-           amount_captured = CASE WHEN %(status)s = 'succeeded' THEN coalesce(%(amount_captured)s::bigint, amount) END,
+       SET status = %(status)s::text, failure_code = %(failure_code)s::text,
+           amount_captured = CASE WHEN %(status)s::text = 'succeeded'
+                                  THEN coalesce(%(amount_captured)s::bigint, amount) END,
            updated_at = statement_timestamp()
-     WHERE id = %(charge_id)s AND status = ANY(%(settleable)s)
+     WHERE id = %(charge_id)s::text AND status = ANY(%(settleable)s::text[])
     RETURNING intent_id, amount_captured
 ), intent AS (
     UPDATE payment_intents p
-       SET status = %(intent_status)s, amount_received = coalesce(charge.amount_captured, 0),
+       SET status = %(intent_status)s::text, amount_received = coalesce(charge.amount_captured, 0),
            amount_capturable = 0, updated_at = statement_timestamp()
       FROM charge
-     WHERE p.id = charge.intent_id AND p.status = ANY(%(open_intent)s)
+     WHERE p.id = charge.intent_id AND p.status = ANY(%(open_intent)s::text[])
 )
 SELECT count(*) FROM charge
 """
@@ -54,20 +58,21 @@ def settle_charge_and_intent(
 ) -> bool:
     """``submitted | unresolved`` (or ``settleable``) ``→ succeeded | failed``, and the intent
     with it from ``open_intent``; whether the charge moved."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            _SETTLE,
-            {
-                "charge_id": charge_id,
-                "status": str(status),
-                "failure_code": failure_code,
-                "intent_status": str(intent_status),
-                "settleable": [str(s) for s in settleable],
-                "open_intent": [str(s) for s in open_intent],
-                "amount_captured": amount_captured,
-            },
-        )
-        return cursor.fetchone()[0] == 1
+    params = {
+        "charge_id": charge_id,
+        "status": str(status),
+        "failure_code": failure_code,
+        "intent_status": str(intent_status),
+        "settleable": [str(s) for s in settleable],
+        "open_intent": [str(s) for s in open_intent],
+        "amount_captured": amount_captured,
+    }
+    rows = execute_pipelined(_SETTLE, params, in_transaction=True) if connection.in_atomic_block else None
+    if rows is None:
+        with connection.cursor() as cursor:
+            cursor.execute(_SETTLE, params)
+            rows = cursor.fetchall()
+    return rows[0][0] == 1
 
 
 # One statement for the session of a paid intent (checkout_sessions' unique index on

@@ -139,3 +139,46 @@ def test_a_fenced_job_that_writes_finishes_through_the_prepared_fence_in_its_own
         assert cursor.fetchone()[0] == 1
         cursor.execute("SELECT count(*) FROM jobs WHERE job_id = %s", [job_id])
         assert cursor.fetchone()[0] == 0
+
+
+def fields_of(obj) -> dict:
+    return {f.attname: getattr(obj, f.attname) for f in obj._meta.concrete_fields}
+
+
+def test_the_settlements_read_and_the_ceilings_record_answer_the_same_prepared_and_plain(rails):
+    from charges import repository, request_log
+    from charges.models import CheckoutSession, RequestOperation
+    from tests.factories.payments import IntentFactory
+
+    intent = IntentFactory(paid=True, metadata={"order": "o-1", "n": "2"})
+    CheckoutSession.objects.create(merchant=intent.merchant, intent=intent, client_secret="cs_x_secret_y")
+    read = {}
+    for prepared in (True, False):
+        with override_settings(VPAY_DB_PREPARED_STATEMENTS=prepared), transaction.atomic():
+            got, session = repository.for_event(intent.id)
+            read[prepared] = (fields_of(got), fields_of(got.charge), fields_of(session))
+    assert prepared_here(repository._FOR_EVENT) == 1  # the first read was prepared
+    assert read[True] == read[False]  # every field as the plain path loads it: JSON, times, ids
+    assert read[True][0]["metadata"] == {"order": "o-1", "n": "2"}
+
+    recorded = {}
+    for prepared in (True, False):
+        with override_settings(VPAY_DB_PREPARED_STATEMENTS=prepared):
+            recorded[prepared] = request_log.record_sent_within_ceiling(
+                got.charge.id,
+                RequestOperation.SUBMIT,
+                rail="sandbox_push",
+                method="POST",
+                path="/charges",
+                idempotency_key=None,
+                ceiling=8,
+                bound_seconds=25.0,
+            )
+    assert prepared_here(request_log._WITHIN_CEILING) == 1
+    (first, left_1, resend_1), (second, left_2, resend_2) = recorded[True], recorded[False]
+    assert type(first) is type(second) is int and second > first
+    # The confirm's submit went out first: both are resends. Nothing was in flight before the
+    # first; the first was, before the second.
+    assert (resend_1, resend_2) == (True, True)
+    assert left_1 is None and type(left_2) is float and 0 < left_2 <= 25
+    assert connection.connection.pgconn.transaction_status == psycopg.pq.TransactionStatus.IDLE

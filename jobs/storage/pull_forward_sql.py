@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from django.db import connection
-
 from jobs.storage.repository import NOTIFY_CHANNEL
 from vpay.prepared import execute_prepared
 
@@ -20,14 +18,15 @@ from vpay.prepared import execute_prepared
 # _RESCHEDULE). A row a settle or a claim is writing is waited for, then judged again. Still
 # lost: a wake of a job already due, claimed after this statement and before the caller
 # commits, reads the caller's write as not yet made (a caller that must not lose it pulls
-# forward after its commit). NOTIFY for a moved one.
+# forward after its commit). NOTIFY for a moved one. Prepared: a settlement wakes the
+# fan-out with it, and planning it each time cost the database more than running it.
 _PULL_FORWARD = f"""
 WITH moved AS (
     UPDATE jobs SET run_at = CASE WHEN locked_at IS NULL THEN now()
                                   ELSE greatest(now(), locked_at + interval '1 microsecond') END
-     WHERE dedupe_key = %(name)s
-       AND CASE WHEN locked_at IS NULL THEN run_at > now() + make_interval(secs => %(floor)s)
-                ELSE %(floor)s <= 0 AND run_at <= locked_at END
+     WHERE dedupe_key = %s
+       AND CASE WHEN locked_at IS NULL THEN run_at > now() + make_interval(secs => %s::float8)
+                ELSE %s::float8 <= 0 AND run_at <= locked_at END
     RETURNING queue, locked_at IS NULL AS waiting
 )
 SELECT count(*), count(pg_notify('{NOTIFY_CHANNEL}', queue)) FILTER (WHERE waiting) FROM moved
@@ -35,9 +34,8 @@ SELECT count(*), count(pg_notify('{NOTIFY_CHANNEL}', queue)) FILTER (WHERE waiti
 
 
 def pull_forward(dedupe_key: str, floor_seconds: float) -> bool:
-    with connection.cursor() as cursor:
-        cursor.execute(_PULL_FORWARD, {"name": dedupe_key, "floor": floor_seconds})
-        return cursor.fetchone()[0] > 0
+    row = execute_prepared(_PULL_FORWARD, [dedupe_key, float(floor_seconds), float(floor_seconds)])
+    return row is not None and int(row[0]) > 0
 
 
 # The first ``limit`` of several named jobs (in the order given) that are waiting, not leased
