@@ -29,7 +29,7 @@ from charges.states import (
 )
 from jobs.kinds import JobKind
 from vpay import sealing
-from vpay.pipelined import execute_pipelined
+from vpay.pipelined import fetch_prepared
 from vpay.rows import columns_of, from_row
 
 POLL_DEDUPE_PREFIX = "charge:poll:"  # also matched in SQL by the backstop (_LIVE_PAGE)
@@ -94,25 +94,21 @@ SELECT c.id, c.merchant_id, c.intent_id, c.rail, c.flow, c.amount, c.currency, c
        WHERE r.charge_id = c.id AND r.operation = 'submit'
        ORDER BY r.id DESC LIMIT 1
   ) s ON true
- WHERE c.id = %s
+ WHERE c.id = %(id)s
 """
 
 
 # The same, for the charges a poll carries (charges.services.poll_batch): by primary key.
-_READ_MANY_FOR_POLL = _READ_FOR_POLL.replace("WHERE c.id = %s", "WHERE c.id = ANY(%s)")
+_READ_MANY_FOR_POLL = _READ_FOR_POLL.replace("WHERE c.id = %(id)s", "WHERE c.id = ANY(%(ids)s::text[])")
 
 
 def read_for_poll(charge_id: str) -> ChargeRow | None:
-    with connection.cursor() as cursor:
-        cursor.execute(_READ_FOR_POLL, [charge_id])
-        r = cursor.fetchone()
-    return None if r is None else _poll_row(r)
+    rows = fetch_prepared(_READ_FOR_POLL, {"id": charge_id})
+    return _poll_row(rows[0]) if rows else None
 
 
 def read_many_for_poll(charge_ids: list[str]) -> dict[str, ChargeRow]:
-    with connection.cursor() as cursor:
-        cursor.execute(_READ_MANY_FOR_POLL, [charge_ids])
-        return {r[0]: _poll_row(r) for r in cursor.fetchall()}
+    return {r[0]: _poll_row(r) for r in fetch_prepared(_READ_MANY_FOR_POLL, {"ids": charge_ids})}
 
 
 def _poll_row(r: tuple) -> ChargeRow:
@@ -139,7 +135,8 @@ def _poll_row(r: tuple) -> ChargeRow:
 # The merchant's intent, its row locked until the confirm's first transaction ends
 # (payment_intents_pkey).
 _LOCK_FOR_CONFIRM = f"""
-SELECT {columns_of(PaymentIntent, "p")} FROM payment_intents p WHERE p.id = %s AND p.merchant_id = %s FOR UPDATE
+SELECT {columns_of(PaymentIntent, "p")} FROM payment_intents p
+ WHERE p.id = %(id)s AND p.merchant_id = %(merchant_id)s FOR UPDATE
 """
 
 # Whether the intent's checkout session is dead: expired, or past its expires_at on the
@@ -148,7 +145,7 @@ SELECT {columns_of(PaymentIntent, "p")} FROM payment_intents p WHERE p.id = %s A
 # it starts, so read in the locking statement they would predate the wait for the lock.
 _SESSION_DEAD = """
 SELECT EXISTS (SELECT 1 FROM checkout_sessions s
-                WHERE s.intent_id = %s AND (s.status = 'expired' OR s.expires_at <= statement_timestamp()))
+                WHERE s.intent_id = %(intent_id)s AND (s.status = 'expired' OR s.expires_at <= statement_timestamp()))
 """
 
 
@@ -157,14 +154,11 @@ def lock_for_confirm(merchant_id: str, intent_id: str) -> tuple[PaymentIntent | 
     statements where the ORM compiled two querysets, a quarter of the confirm's CPU."""
     if not connection.in_atomic_block:
         raise RuntimeError("lock_for_confirm() holds a row lock: it must run inside a transaction")
-    with connection.cursor() as cursor:
-        cursor.execute(_LOCK_FOR_CONFIRM, [intent_id, merchant_id])
-        row = cursor.fetchone()
-        if row is None:
-            return None, False
-        cursor.execute(_SESSION_DEAD, [intent_id])
-        (dead,) = cursor.fetchone()
-    return from_row(PaymentIntent, row), dead
+    rows = fetch_prepared(_LOCK_FOR_CONFIRM, {"id": intent_id, "merchant_id": merchant_id})
+    if not rows:
+        return None, False
+    ((dead,),) = fetch_prepared(_SESSION_DEAD, {"intent_id": intent_id})
+    return from_row(PaymentIntent, rows[0]), dead
 
 
 # The intent as an event reports it, after the writes, with its charge and its checkout
@@ -187,12 +181,7 @@ _CHARGE_WIDTH = len(Charge._meta.concrete_fields)
 def for_event(intent_id: str) -> tuple[PaymentIntent, CheckoutSession | None]:
     """The intent (its ``charge`` attached) and its checkout session, if it has one. Every
     caller reads an intent that has a charge; one without would read it lazily."""
-    params = {"intent_id": intent_id}
-    rows = execute_pipelined(_FOR_EVENT, params, in_transaction=connection.in_atomic_block)
-    if rows is None:
-        with connection.cursor() as cursor:
-            cursor.execute(_FOR_EVENT, params)
-            rows = cursor.fetchall()
+    rows = fetch_prepared(_FOR_EVENT, {"intent_id": intent_id})
     if not rows:
         raise PaymentIntent.DoesNotExist(intent_id)
     row = rows[0]

@@ -10,8 +10,7 @@ from psycopg import sql
 from charges.models import EXCERPT_MAX, RequestOperation
 from charges.states import RailStatus
 from vpay.logging import redact
-from vpay.pipelined import execute_pipelined
-from vpay.prepared import execute_prepared
+from vpay.pipelined import execute_pipelined, fetch_prepared
 
 
 def record_sent(
@@ -173,13 +172,14 @@ def record_sent_within_ceiling(
 # The answer on its request row, once (provider_requests_pkey; the guard on answered_at makes
 # a second answer, which only a bug could send, write nothing). Plain SQL rather than the
 # ORM's update: it runs on every rail call, and compiling the queryset cost more of the
-# worker's CPU than the statement costs the database; prepared (vpay.prepared), as planning
+# worker's CPU than the statement costs the database; prepared (vpay.pipelined), as planning
 # it each time cost the database about as much as running it. answered_at is the statement's
 # instant, as Now() was.
 _RECORD_ANSWER = """
 UPDATE provider_requests
-   SET answered_at = statement_timestamp(), status_code = %s, rail_status = %s, error = %s, response_excerpt = %s
- WHERE id = %s AND answered_at IS NULL
+   SET answered_at = statement_timestamp(), status_code = %(status_code)s, rail_status = %(rail_status)s,
+       error = %(error)s, response_excerpt = %(excerpt)s
+ WHERE id = %(id)s AND answered_at IS NULL
 """
 
 
@@ -192,15 +192,15 @@ def record_answer(
     excerpt: str = "",
 ) -> None:
     """Answer a request row (``status_code`` None: a transport failure, recorded with its cause)."""
-    execute_prepared(
+    fetch_prepared(
         _RECORD_ANSWER,
-        [
-            status_code,
-            str(rail_status) if rail_status is not None else None,
-            redact(error)[: EXCERPT_MAX * 2],
+        {
+            "status_code": status_code,
+            "rail_status": str(rail_status) if rail_status is not None else None,
+            "error": redact(error)[: EXCERPT_MAX * 2],
             # The adapter built the excerpt with the pay_token and every URL already removed
             # (rails/excerpts.py, answer_excerpt); redact() is the second net for credentials.
-            redact(excerpt)[:EXCERPT_MAX],
-            request_id,
-        ],
+            "excerpt": redact(excerpt)[:EXCERPT_MAX],
+            "id": request_id,
+        },
     )

@@ -11,7 +11,7 @@ from django.db import connection
 
 from charges.models import CheckoutSession
 from charges.states import ChargeStatus, CheckoutPaymentStatus, CheckoutSessionStatus, IntentStatus
-from vpay.pipelined import execute_pipelined
+from vpay.pipelined import fetch_prepared
 
 # Where a charge settles from, and the intents that may follow it.
 _SETTLEABLE = sorted({ChargeStatus.SUBMITTED, ChargeStatus.UNRESOLVED})
@@ -67,12 +67,7 @@ def settle_charge_and_intent(
         "open_intent": [str(s) for s in open_intent],
         "amount_captured": amount_captured,
     }
-    rows = execute_pipelined(_SETTLE, params, in_transaction=True) if connection.in_atomic_block else None
-    if rows is None:
-        with connection.cursor() as cursor:
-            cursor.execute(_SETTLE, params)
-            rows = cursor.fetchall()
-    return rows[0][0] == 1
+    return fetch_prepared(_SETTLE, params)[0][0] == 1
 
 
 # One statement for the session of a paid intent (checkout_sessions' unique index on

@@ -39,8 +39,7 @@ INSERT = "INSERT INTO test_effects (label, value) VALUES (%(label)s, %(value)s) 
 
 def test_rows_come_back_typed_and_the_statement_is_prepared_once():
     statement = (
-        "SELECT %(n)s::int + 1, %(t)s::text, %(u)s::uuid, %(ids)s::bigint[], %(n)s::int, %(none)s::text, "
-        "%(doc)s::jsonb"
+        "SELECT %(n)s::int + 1, %(t)s::text, %(u)s::uuid, %(ids)s::bigint[], %(n)s::int, %(none)s::text, %(doc)s::jsonb"
     )
     some = uuid.uuid4()
     params = {"n": 41, "t": 'a"b\\c', "u": some, "ids": [1, 2], "none": None, "doc": '{"k": [1]}'}
@@ -53,7 +52,9 @@ def test_rows_come_back_typed_and_the_statement_is_prepared_once():
 
 
 def test_its_own_transaction_commits_with_the_pipeline():
-    rows = execute_pipelined(INSERT, {"label": "own", "value": "1"}, before=ASYNC, after=(b"COMMIT",), in_transaction=False)
+    rows = execute_pipelined(
+        INSERT, {"label": "own", "value": "1"}, before=ASYNC, after=(b"COMMIT",), in_transaction=False
+    )
     assert [r[1:] for r in rows] == [("own", "1")]
     assert committed("own")
     assert connection.connection.pgconn.transaction_status == psycopg.pq.TransactionStatus.IDLE
@@ -182,3 +183,34 @@ def test_the_settlements_read_and_the_ceilings_record_answer_the_same_prepared_a
     assert (resend_1, resend_2) == (True, True)
     assert left_1 is None and type(left_2) is float and 0 < left_2 <= 25
     assert connection.connection.pgconn.transaction_status == psycopg.pq.TransactionStatus.IDLE
+
+
+def test_the_guarded_status_write_is_one_prepared_statement_and_writes_what_the_queryset_would(rails):
+    from django.db.models.functions import Now
+
+    from charges import guarded
+    from charges.models import PaymentIntent
+    from charges.states import IntentStatus
+    from tests.factories.payments import IntentFactory
+
+    a, b = IntentFactory(), IntentFactory()
+    for intent, prepared in ((a, True), (b, False)):
+        with override_settings(VPAY_DB_PREPARED_STATEMENTS=prepared):
+            # A source it is not in: nothing moves.
+            assert not guarded.cas(PaymentIntent, intent.id, [IntentStatus.PROCESSING], status=IntentStatus.CANCELED)
+            assert guarded.cas(
+                PaymentIntent,
+                intent.id,
+                [IntentStatus.REQUIRES_CONFIRMATION],
+                status=IntentStatus.CANCELED,
+                cancellation_reason="duplicate",
+                canceled_at=Now(),
+            )
+    label = PaymentIntent._meta.label
+    for columns in ((("status", False),), (("status", False), ("cancellation_reason", False), ("canceled_at", True))):
+        assert prepared_here(guarded._CAS_SQL[(label, columns)]) == 1  # once, by the prepared turn
+    rows = {
+        p.id: (p.status, p.cancellation_reason, p.canceled_at is not None, p.updated_at >= p.created_at)
+        for p in PaymentIntent.objects.filter(id__in=[a.id, b.id])
+    }
+    assert rows[a.id] == rows[b.id] == ("canceled", "duplicate", True, True)

@@ -235,3 +235,17 @@ def _statement(sql: str) -> tuple[bytes, bytes, list[str]]:
         name = b"vpay_p_" + hashlib.sha256(sql.encode()).hexdigest()[:16].encode()
         known = _STATEMENTS[sql] = (name, dollar.encode(), order)
     return known
+
+
+def fetch_prepared(sql: str, params: Mapping[str, object]) -> list[tuple]:
+    """``sql``'s rows (none for a statement without any), prepared where it may be: in the
+    caller's transaction when it is inside ``atomic()`` (the ``BEGIN`` sent with it if it
+    is the first statement), else alone in autocommit; through Django's cursor where it
+    may not (see :func:`execute_pipelined`), with the same rows."""
+    db = connections[DEFAULT_DB_ALIAS]
+    rows = execute_pipelined(sql, params, in_transaction=db.in_atomic_block)
+    if rows is None:
+        with db.cursor() as cursor:
+            cursor.execute(sql, params)
+            rows = cursor.fetchall() if cursor.description else []
+    return rows
