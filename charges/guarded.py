@@ -32,11 +32,11 @@ def lock_intent(intent_id: str, *, merchant_id: str | None = None):
 # column given Now() is set to the statement's instant, as Django's Now() is on PostgreSQL.
 # Prepared (vpay.pipelined): as a queryset's update() it cost the process the compile of
 # the queryset and the server the planning of the statement at every call, on every
-# confirm and settlement.
+# confirm and settlement. By the table's primary key index (<table>_pkey).
 _CAS = """
 WITH moved AS (
-    UPDATE {table} SET {assignments}, updated_at = statement_timestamp()
-     WHERE {pk} = %(pk)s AND status = ANY(%(sources)s::text[])
+    UPDATE {table} SET {assignments}, {updated_at} = statement_timestamp()
+     WHERE {pk} = %(pk)s AND {status} = ANY(%(sources)s::text[])
     RETURNING 1
 )
 SELECT count(*) FROM moved
@@ -50,6 +50,8 @@ _PLAIN = (str, int, float, bool, uuid.UUID, type(None))
 def cas(model, pk: str, sources, **changes) -> bool:
     """Move the row ``pk`` only from one of ``sources`` (the compare-and-swap every status
     write is); whether it matched. False means somebody else moved it first."""
+    if not changes:
+        raise ValueError("a compare-and-swap must change something")
     columns: list[tuple[str, bool]] = []  # (column, set to the statement's instant)
     params: dict[str, object] = {"pk": pk, "sources": [str(s) for s in sources]}
     for name, value in changes.items():
@@ -57,10 +59,12 @@ def cas(model, pk: str, sources, **changes) -> bool:
         if isinstance(value, Now):
             columns.append((field.column, True))
             continue
-        # As the queryset's update() prepares a value for the database (a sealed or JSON
-        # field's conversion included).
-        db_value = None if hasattr(value, "resolve_expression") else field.get_db_prep_save(value, connection)
-        if hasattr(value, "resolve_expression") or not isinstance(db_value, _PLAIN):
+        # Another expression, or a model instance (update() writes its primary key), goes
+        # through the queryset; a value is prepared for the database as update() prepares it
+        # (a sealed or JSON field's conversion included).
+        queryset_only = hasattr(value, "resolve_expression") or hasattr(value, "_meta")
+        db_value = None if queryset_only else field.get_db_prep_save(value, connection)
+        if queryset_only or not isinstance(db_value, _PLAIN):
             return model.objects.filter(pk=pk, status__in=params["sources"]).update(**changes, updated_at=Now()) == 1
         if isinstance(db_value, str):
             db_value = str(db_value)  # a status: its value
@@ -71,11 +75,18 @@ def cas(model, pk: str, sources, **changes) -> bool:
     key = (model._meta.label, tuple(columns))
     sql = _CAS_SQL.get(key)
     if sql is None:
+        quote, meta = connection.ops.quote_name, model._meta
         assignments = ", ".join(
-            f"{column} = statement_timestamp()" if now else f"{column} = %(v{i})s"
+            f"{quote(column)} = statement_timestamp()" if now else f"{quote(column)} = %(v{i})s"
             for i, (column, now) in enumerate(columns)
         )
-        sql = _CAS_SQL[key] = _CAS.format(table=model._meta.db_table, assignments=assignments, pk=model._meta.pk.column)
+        sql = _CAS_SQL[key] = _CAS.format(
+            table=quote(meta.db_table),
+            assignments=assignments,
+            updated_at=quote(meta.get_field("updated_at").column),
+            pk=quote(meta.pk.column),
+            status=quote(meta.get_field("status").column),
+        )
     return fetch_prepared(sql, params)[0][0] == 1
 
 

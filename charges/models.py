@@ -268,7 +268,7 @@ class ProviderRequest(models.Model):
                 condition=Q(refund__isnull=False),
                 name="provider_requests_refund_op",
             ),
-            # A rail's requests in flight (charges.request_log._RECORD_WITHIN_CEILING, the ceiling).
+            # A rail's requests in flight (charges.request_log._WITHIN_CEILING, the ceiling).
             models.Index(
                 fields=["rail", "sent_at"], condition=Q(answered_at__isnull=True), name="provider_requests_in_flight"
             ),

@@ -47,7 +47,8 @@ RETURNING id
 # in flight counted and, below the ceiling, the new request row written, then the commit. The
 # count-and-insert is prepared (vpay.pipelined: BEGIN, the lock, it and COMMIT in one
 # pipeline), as planning it at every request cost the database more than running it; where
-# nothing may be prepared (behind a transaction pooler) the four go as one simple query.
+# nothing may be prepared (behind a transaction pooler, or with queries logged) the four go
+# as one simple query.
 #
 # * The lock: a transaction-scoped advisory lock per rail (there is no rails table to lock
 #   a row of: rails are configuration), serializing the count and the insert across

@@ -23,9 +23,10 @@ _OPEN_INTENT = sorted({IntentStatus.PROCESSING, IntentStatus.REQUIRES_ACTION})
 # one of ``open_intent`` to the same outcome, with what it received). The intent's write
 # reads the charge's RETURNING, so it waits for it: row locks are taken charge first,
 # intent second, the order the two separate statements took before. Counts the charges
-# moved (0 or 1). Prepared (vpay.pipelined), with the BEGIN it is the first statement of:
-# planning it each time cost the database more than running it (pg_stat_statements over a
-# settlement run, bench/CHARGES.md); its parameters' types are written where no column says.
+# moved (0 or 1). Prepared (vpay.pipelined.fetch_prepared, which sends the BEGIN when it is
+# its transaction's first statement): planning it each time cost the database more than
+# running it (pg_stat_statements over a settlement run, bench/CHARGES.md); its parameters'
+# types are written where no column says. charges_pkey, then payment_intents_pkey.
 _SETTLE = """
 WITH charge AS (
     UPDATE charges

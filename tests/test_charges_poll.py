@@ -179,7 +179,7 @@ def test_a_dead_order_check_that_loses_the_race_to_the_confirm_keeps_the_only_po
         # outside any transaction: pg_stat_activity is a snapshot within one).
         while not watch.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-            " AND wait_event_type = 'Lock' AND query LIKE '%UPDATE charges SET status%'"
+            " AND wait_event_type = 'Lock' AND query LIKE '%UPDATE \"charges\" SET \"status\"%'"
         ).fetchone()[0]:
             assert time.monotonic() < deadline, "the poll never reached its guarded write"
             time.sleep(0.02)

@@ -7,7 +7,7 @@ import uuid
 
 import psycopg
 import pytest
-from django.db import connection, transaction
+from django.db import DataError, connection, transaction
 from django.test.utils import override_settings
 
 from jobs.adapters import postgres as queue
@@ -15,7 +15,7 @@ from jobs.kinds import JobKind
 from jobs.storage import leases, sql
 from tests.conftest import database_url
 from tests.queue_support import task_payload
-from vpay.pipelined import _statement, execute_pipelined
+from vpay.pipelined import _statement, execute_pipelined, fetch_prepared
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("effects")]
 
@@ -214,3 +214,21 @@ def test_the_guarded_status_write_is_one_prepared_statement_and_writes_what_the_
         for p in PaymentIntent.objects.filter(id__in=[a.id, b.id])
     }
     assert rows[a.id] == rows[b.id] == ("canceled", "duplicate", True, True)
+
+
+def test_a_statement_whose_first_run_fails_stays_usable_on_its_connection():
+    # The server keeps what it prepared though the run after it failed and its transaction
+    # rolled back: forgotten, the next call would prepare the name again and fail (42P05).
+    statement = "SELECT 10 / %(z)s::int"
+    for _ in range(2):
+        with pytest.raises(DataError), transaction.atomic():
+            fetch_prepared(statement, {"z": 0})
+    with transaction.atomic():
+        with pytest.raises(DataError):
+            fetch_prepared(statement, {"z": 0})
+        # Caught, as a queryset's failure would be: the transaction is marked for rollback.
+        assert connection.needs_rollback
+    with transaction.atomic():
+        assert fetch_prepared(statement, {"z": 5}) == [(2,)]
+    assert fetch_prepared(statement, {"z": 2}) == [(5,)]  # alone, in autocommit
+    assert prepared_here(statement) == 1

@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 
 import psycopg
 from django.conf import settings
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from psycopg import errors as pg_errors
 from psycopg import pq
 from psycopg.adapt import Transformer
@@ -44,6 +44,7 @@ _INTRANS = pq.TransactionStatus.INTRANS
 _CONNECTION_OK = pq.ConnStatus.OK
 _OK = (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK)
 _SYNC = pq.ExecStatus.PIPELINE_SYNC
+_PREPARED = pq.ExecStatus.COMMAND_OK
 _ABORTED = pq.ExecStatus.PIPELINE_ABORTED
 
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s")
@@ -162,6 +163,11 @@ def _run(
                 pgconn.exit_pipeline_mode()
             except psycopg.Error:
                 pgconn.finish()  # results left unread (an error on the way): unusable for anyone else
+    if preparing and (done := results[len(before)]) is not None and done.status == _PREPARED:
+        # The server keeps a statement it prepared whatever became of the commands after it
+        # (a rollback does not undo a prepare): remembered now, or the next call would
+        # prepare the name again and fail on it (42P05) for the connection's life.
+        prepared.add(name)
     failed = next((r for r in results if r is not None and r.status not in _OK and r.status != _ABORTED), None)
     if failed is not None:
         if failed.error_field(SQLSTATE_FIELD) == NO_SUCH_STATEMENT:
@@ -170,8 +176,6 @@ def _run(
         raise pg_errors.error_from_result(failed, encoding="utf-8")
     if any(r is None or r.status == _ABORTED for r in results):
         raise psycopg.OperationalError("a pipelined command did not run")
-    if preparing:
-        prepared.add(name)
     result = results[len(before) + preparing]
     assert result is not None  # checked above
     return result
@@ -243,7 +247,16 @@ def fetch_prepared(sql: str, params: Mapping[str, object]) -> list[tuple]:
     is the first statement), else alone in autocommit; through Django's cursor where it
     may not (see :func:`execute_pipelined`), with the same rows."""
     db = connections[DEFAULT_DB_ALIAS]
-    rows = execute_pipelined(sql, params, in_transaction=db.in_atomic_block)
+    if not db.in_atomic_block:
+        return _fetch(db, sql, params, in_transaction=False)
+    # As a queryset's write does: a failure marks the transaction for rollback, so a caller
+    # that catches it cannot commit what the server already aborted.
+    with transaction.mark_for_rollback_on_error(DEFAULT_DB_ALIAS):
+        return _fetch(db, sql, params, in_transaction=True)
+
+
+def _fetch(db, sql: str, params: Mapping[str, object], *, in_transaction: bool) -> list[tuple]:
+    rows = execute_pipelined(sql, params, in_transaction=in_transaction)
     if rows is None:
         with db.cursor() as cursor:
             cursor.execute(sql, params)

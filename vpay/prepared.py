@@ -2,9 +2,10 @@
 
 Django binds parameters client-side and never prepares, so every call parses and plans
 the statement again; on a one-by-one enqueue that is about a third of the server's work.
-psycopg's ``prepare=True`` fixes the planning, but its Python layer (cursor, adapters, the
-wait loop) stays (this path enqueues 1.18x-1.23x faster than it: ``bench/RUNNER.md``), and psycopg answers every rollback on a connection
-where it has prepared anything with ``DEALLOCATE ALL``. So :func:`execute_prepared`
+psycopg's ``prepare=True`` fixes the planning but keeps its Python layer (cursor, adapters,
+the wait loop): this path enqueues 1.18x-1.23x faster (``bench/RUNNER.md``). And psycopg
+answers every rollback on a connection where it has prepared anything with ``DEALLOCATE
+ALL``. So :func:`execute_prepared`
 prepares the statement with libpq itself and runs it with ``PQexecPrepared`` (which
 releases the GIL while it waits), on the same connection and so in the caller's
 transaction, while psycopg prepares nothing (``prepare_threshold`` is ``None``). What is
@@ -15,9 +16,10 @@ It uses Django's cursor instead when an execute wrapper is installed (the worker
 savepoint, instrumentation), when queries are being logged (``DEBUG``,
 ``assertNumQueries``), when ``VPAY_DB_PREPARED_STATEMENTS`` is off (always with
 ``VPAY_DB_POOLER=transaction``: a pooled server session is not ours from one transaction
-to the next, so a statement prepared on one is missing, or already there, on another), and between ``atomic()``'s start and its first statement (psycopg has not sent
-``BEGIN`` yet and must be the one to send it) or in a failed transaction (Django raises
-what it always raises there).
+to the next, so a statement prepared on one is missing, or already there, on another), and
+between ``atomic()``'s start and its first statement (psycopg has not sent ``BEGIN`` yet,
+and this path sends only the statement: ``vpay.pipelined.fetch_prepared`` sends the
+``BEGIN`` with it) or in a failed transaction (Django raises what it always raises there).
 
 Parameters are sent as text and typed by the server from the statement, so a parameter
 whose type its context does not fix needs a cast in the SQL (``%s::float8``). The first row
