@@ -61,6 +61,7 @@ def main() -> None:
     bw.reset()
     receiver = SandboxReceiver()  # its slow mode is the endpoint at the cap
     metrics_port = free_port()
+    worker = None
     try:
         merchant = bw.setup_merchant(receiver, 0)
         from webhooks.services.endpoints import create_endpoint
@@ -92,8 +93,9 @@ def main() -> None:
         time.sleep(args.seconds)
         after, delivered_after = at_cap_total(metrics_port), bw.succeeded()
         elapsed = time.monotonic() - started
-        bw.stop_worker(worker)
     finally:
+        if worker is not None:
+            bw.stop_worker(worker)  # a failed run leaves no worker behind
         receiver.stop()
     record = {
         "measure": "at_cap_churn",

@@ -145,9 +145,13 @@ def stop_worker(proc: subprocess.Popen) -> None:
         proc.kill()
 
 
-def succeeded() -> int:
-    with psycopg.connect(DATABASE_URL, autocommit=True) as conn:
-        return conn.execute("SELECT count(*) FROM webhook_deliveries WHERE state = 'succeeded'").fetchone()[0]
+def succeeded(conn: psycopg.Connection | None = None) -> int:
+    """Deliveries succeeded so far, on ``conn`` when given (a wait loop keeps one: a new
+    connection is a new server process, whose start costs the machine CPU the run measures)."""
+    if conn is None:
+        with psycopg.connect(DATABASE_URL, autocommit=True) as own:
+            return succeeded(own)
+    return conn.execute("SELECT count(*) FROM webhook_deliveries WHERE state = 'succeeded'").fetchone()[0]
 
 
 def vacuum() -> None:
@@ -174,14 +178,18 @@ def throughput(
         deadline = time.monotonic() + 3600
         last_sample = 0.0
         last_vacuum = time.monotonic()
-        while (done := succeeded()) < total and time.monotonic() < deadline:
-            if time.monotonic() - last_sample >= 1.0:
-                res.sample(done)
-                last_sample = time.monotonic()
-            if vacuum_every and time.monotonic() - last_vacuum >= vacuum_every:
-                vacuum()
-                last_vacuum = time.monotonic()
-            time.sleep(0.05)
+        # One connection, five counts a second: the loop opened a connection twenty times a
+        # second, a server process started each time, counted in the machine's CPU a delivery.
+        # deliveries/s is the receiver's (its stamps), not this loop's.
+        with psycopg.connect(DATABASE_URL, autocommit=True) as watch:
+            while (done := succeeded(watch)) < total and time.monotonic() < deadline:
+                if time.monotonic() - last_sample >= 1.0:
+                    res.sample(done)
+                    last_sample = time.monotonic()
+                if vacuum_every and time.monotonic() - last_vacuum >= vacuum_every:
+                    vacuum()
+                    last_vacuum = time.monotonic()
+                time.sleep(0.2)
         cpu1, machine1, t1 = res.proc_cpu(), res.machine_cpu(), time.monotonic()
         by_command1 = res.cpu_by_role()
         res.sample(total)
