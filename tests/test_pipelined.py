@@ -232,3 +232,37 @@ def test_a_statement_whose_first_run_fails_stays_usable_on_its_connection():
         assert fetch_prepared(statement, {"z": 5}) == [(2,)]
     assert fetch_prepared(statement, {"z": 2}) == [(5,)]  # alone, in autocommit
     assert prepared_here(statement) == 1
+
+
+def test_a_payment_through_the_api_runs_its_hot_statements_prepared(rails):
+    """The /v1 authentication, the confirm's lock and session check, the rail answer's
+    record, the poll's read, the settlement's write and read and the fan-out's wake: each
+    prepared once on the connection that ran them (a revert to Django's cursor fails here)."""
+    from charges import repository, request_log, settlement_writes
+    from charges.services import transitions
+    from jobs.storage import pull_forward_sql
+    from merchants import credentials
+    from tests.charges_support import Merchant
+    from vpay import prepared
+
+    acme = Merchant("Acme")
+    intent = acme.confirm(acme.intent(amount=5000)["id"])
+    assert transitions.succeed(repository.read_for_poll(intent["charge"]["id"]))
+    for statement in (
+        credentials._BY_SECRET_KEY,
+        repository._LOCK_FOR_CONFIRM,
+        repository._SESSION_DEAD,
+        request_log._RECORD_ANSWER,
+        repository._READ_FOR_POLL,
+        settlement_writes._SETTLE,
+        repository._FOR_EVENT,
+    ):
+        assert prepared_here(statement) == 1, statement
+    wake = prepared._statement(pull_forward_sql._PULL_FORWARD)[0].decode()
+    assert scalar_here("SELECT count(*) FROM pg_prepared_statements WHERE name = %s", [wake]) == 1
+
+
+def scalar_here(query: str, params) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(query, params)
+        return cursor.fetchone()[0]

@@ -133,15 +133,21 @@ def test_a_batch_of_one_when_the_setting_says_so(receiver, settings):
     assert states() == {"succeeded": 1, "pending": 2}
 
 
+def open_the_hosts_breaker(receiver, settings, n: int) -> None:
+    """``n`` deliveries due to a receiver answering 500; one attempt alone, whose failure
+    opens the host's breaker (one failure is its threshold), then batches of 8 again."""
+    settings.VPAY_WEBHOOK_BREAKER_FAILURES = 1
+    receiver.set_mode("/a", "status", status=500)
+    backlog(receiver, n)
+    settings.VPAY_WEBHOOK_BATCH = 1
+    assert Worker().run_once()
+    settings.VPAY_WEBHOOK_BATCH = 8
+
+
 def test_nothing_is_carried_past_an_open_breaker(receiver, settings):
     """A job out of deferrals goes ahead through an open breaker (so the ladder still ends
     its delivery); the endpoint's other deliveries are not carried with it."""
-    settings.VPAY_WEBHOOK_BREAKER_FAILURES = 1
-    receiver.set_mode("/a", "status", status=500)
-    backlog(receiver, 4)
-    settings.VPAY_WEBHOOK_BATCH = 1
-    assert Worker().run_once()  # one failure opens the host's breaker
-    settings.VPAY_WEBHOOK_BATCH = 8
+    open_the_hosts_breaker(receiver, settings, 4)
     sql("UPDATE jobs SET run_at = now(), deferrals = 1000 WHERE kind = 'webhook_deliver'")
     sql("UPDATE webhook_deliveries SET next_attempt_at = now()")
     before = len(receiver.received("/a"))
@@ -240,13 +246,8 @@ def test_a_worker_killed_with_a_carried_batch_in_flight_leaves_it_to_a_replaceme
 def test_a_half_open_breakers_probe_goes_alone(receiver, settings):
     """Once the host's breaker has cooled down, the next attempt is its probe: it carries
     nothing, however many of the endpoint's deliveries are due."""
-    settings.VPAY_WEBHOOK_BREAKER_FAILURES = 1
     settings.VPAY_WEBHOOK_BREAKER_COOL_DOWN_SECONDS = 0.5
-    receiver.set_mode("/a", "status", status=500)
-    backlog(receiver, 5)
-    settings.VPAY_WEBHOOK_BATCH = 1
-    assert Worker().run_once()  # one failure opens the host's breaker
-    settings.VPAY_WEBHOOK_BATCH = 8
+    open_the_hosts_breaker(receiver, settings, 5)
     receiver.set_mode("/a", "ok")
     time.sleep(0.6)  # the cool-down is over: the next attempt probes
     sql("UPDATE jobs SET run_at = now() WHERE kind = 'webhook_deliver'")
