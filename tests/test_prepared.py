@@ -33,9 +33,8 @@ def other_connection_sees(label: str) -> bool:
 
 @pytest.mark.django_db
 def test_sends_every_parameter_type_as_text_and_answers_text():
-    # The test's transaction is open once a statement has run; the first one goes through
-    # Django's cursor, which sends psycopg's BEGIN.
-    assert execute_prepared("SELECT %s::int", [0]) == (0,)
+    # The first statement of the test's transaction: sent with the BEGIN psycopg had not sent.
+    assert execute_prepared("SELECT %s::int", [0]) == ("0",)
     some_id = uuid.uuid4()
     sql = "SELECT %s::int + 1, %s::text, %s::uuid, %s::bool, %s::float8, %s::text, %s::text"
     row = execute_prepared(sql, [41, "ünï", some_id, True, 0.1, None, "x" * 5000])
@@ -89,10 +88,17 @@ def test_runs_in_the_callers_transaction_and_rolls_back_with_it(effects):
         execute_prepared(INSERT_EFFECT, ["rolled-back", ""])
         assert not other_connection_sees("rolled-back")
         raise RuntimeError
-    # As the first statement of a block (psycopg has not sent BEGIN yet): still inside it.
+    # As the first statement of a block (psycopg has not sent BEGIN yet): still inside it,
+    # and prepared, not sent through Django's cursor (planned at every call there).
+    first = INSERT_EFFECT.replace("RETURNING id, label", "RETURNING id")  # not prepared yet
     with pytest.raises(RuntimeError), transaction.atomic():
-        execute_prepared(INSERT_EFFECT, ["first-statement", ""])
+        execute_prepared(first, ["first-statement", ""])
+        assert prepared_here(first) == 1
         raise RuntimeError
+    # A failing first statement: the block's rollback ends the BEGIN sent for it.
+    with pytest.raises(IntegrityError), transaction.atomic():
+        execute_prepared("INSERT INTO test_effects (id, label, value) VALUES (%s, 'x', '')", [None])
+    assert connection.connection.pgconn.transaction_status == psycopg.pq.TransactionStatus.IDLE
     assert effects() == []
     with transaction.atomic():
         execute_prepared(INSERT_EFFECT, ["kept", ""])

@@ -17,9 +17,10 @@ savepoint, instrumentation), when queries are being logged (``DEBUG``,
 ``assertNumQueries``), when ``VPAY_DB_PREPARED_STATEMENTS`` is off (always with
 ``VPAY_DB_POOLER=transaction``: a pooled server session is not ours from one transaction
 to the next, so a statement prepared on one is missing, or already there, on another), and
-between ``atomic()``'s start and its first statement (psycopg has not sent ``BEGIN`` yet,
-and this path sends only the statement: ``vpay.pipelined.fetch_prepared`` sends the
-``BEGIN`` with it) or in a failed transaction (Django raises what it always raises there).
+in a failed transaction (Django raises what it always raises there). Between ``atomic()``'s
+start and its first statement it sends the ``BEGIN`` psycopg has not sent yet, in a round
+trip of its own as psycopg would (``vpay.pipelined.fetch_prepared`` sends it in the
+statement's).
 
 Parameters are sent as text and typed by the server from the statement, so a parameter
 whose type its context does not fix needs a cast in the SQL (``%s::float8``). The first row
@@ -68,12 +69,27 @@ def execute_prepared(sql: str, params: Sequence) -> tuple | None:
         conn = db.connection
         pgconn = conn.pgconn
         status = pgconn.transaction_status
-        if status == _INTRANS or (status == _IDLE and conn.autocommit):
+        # Inside atomic() before its first statement psycopg has not sent BEGIN yet: send it
+        # here, as psycopg would (it finds the transaction open and sends none of its own),
+        # unless psycopg's BEGIN would carry an isolation level or access mode. Otherwise a
+        # statement that opens a transaction (a lock taken first) went through Django's
+        # cursor and was planned at every call (bench/WEBHOOKS.md).
+        begin = (
+            status == _IDLE
+            and not conn.autocommit
+            and db.in_atomic_block
+            and conn.isolation_level is None
+            and conn.read_only is None
+            and conn.deferrable is None
+        )
+        if status == _INTRANS or (status == _IDLE and conn.autocommit) or begin:
             db.validate_thread_sharing()
             db.validate_no_broken_transaction()
             # wrap_database_errors: callers see Django's exceptions, as from a Django cursor.
             with db.wrap_database_errors, conn.lock:
-                return _exec_libpq(pgconn, sql, params, own_transaction=status == _IDLE)
+                if begin:
+                    _check(pgconn, pgconn.exec_(b"BEGIN"), _COMMAND_OK)
+                return _exec_libpq(pgconn, sql, params, own_transaction=status == _IDLE and not begin)
     with db.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.fetchone() if cursor.description else None  # None too for a statement without rows

@@ -186,18 +186,6 @@ def in_flight_for_endpoint(endpoint_id: str) -> tuple[int, float | None]:
     return int(count), _float(earliest)
 
 
-def waiting_deliveries(endpoint_id: str, limit: int) -> list[int]:
-    """The endpoint's due ``pending`` deliveries, longest-waiting first (the ones a freed
-    slot should go to). Served by ``webhook_deliveries_ep_due``; prepared (one row: the ids
-    as text)."""
-    (ids,) = execute_prepared_row(
-        "SELECT array_to_string(ARRAY(SELECT id FROM webhook_deliveries WHERE endpoint_id = %s::text"
-        " AND state = 'pending' AND next_attempt_at <= now() ORDER BY next_attempt_at, id LIMIT %s::int), ' ')",
-        [endpoint_id, limit],
-    )
-    return [int(i) for i in ids.split()]
-
-
 @dataclass(frozen=True)
 class Lease:
     """A claimed attempt: the attempt row exists (``in_flight``) and was committed before sending."""

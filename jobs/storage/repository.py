@@ -209,6 +209,7 @@ def finish_many(
             "fence_subjects": [subject[:255] for _, subject in fences.values()],
         },
         prepared=True,
+        generic=True,  # primary keys in arrays (jobs_pkey, processed_jobs_pkey)
     )
     if overtaken is not None:
         overtaken.extend((r[0], r[2], r[3]) for r in rows if r[1])

@@ -14,6 +14,7 @@ from vpay.pipelined import execute_pipelined
 
 # Asynchronous commit, and no JIT (see bookkeeping), for one transaction.
 _ASYNC_TRANSACTION = (b"BEGIN", b"SET LOCAL synchronous_commit TO off", b"SET LOCAL jit TO off")
+_GENERIC = b"SET LOCAL plan_cache_mode = force_generic_plan"
 
 
 def durable(sql: str, params) -> list[tuple] | int:
@@ -27,7 +28,7 @@ def durable(sql: str, params) -> list[tuple] | int:
         return cursor.fetchall() if cursor.description else cursor.rowcount
 
 
-def bookkeeping(sql: str, params, *, prepared: bool = False) -> list[tuple] | int:
+def bookkeeping(sql: str, params, *, prepared: bool = False, generic: bool = False) -> list[tuple] | int:
     """Run one pure lease-bookkeeping statement (claim, finish, release, a lease's heartbeat)
     with asynchronous commit.
 
@@ -46,12 +47,16 @@ def bookkeeping(sql: str, params, *, prepared: bool = False) -> list[tuple] | in
     ``prepared``: a statement that returns rows, run often enough that planning it every
     time costs more than it saves (the claim): prepared once per connection and sent with
     its transaction in one pipeline (:mod:`vpay.pipelined`) where the connection allows it.
+    ``generic``: with ``prepared``, planned once per connection (``plan_cache_mode``), for a
+    statement keyed on arrays of primary keys: left to ``auto``, the server plans it again at
+    almost every call (a short array prices every custom plan below the generic one).
     """
     if connection.in_atomic_block or not connection.get_autocommit():
         return durable(sql, params)
     if prepared:
         try:
-            rows = execute_pipelined(sql, params, before=_ASYNC_TRANSACTION, after=(b"COMMIT",), in_transaction=False)
+            before = (*_ASYNC_TRANSACTION, _GENERIC) if generic else _ASYNC_TRANSACTION
+            rows = execute_pipelined(sql, params, before=before, after=(b"COMMIT",), in_transaction=False)
         except BaseException:
             connection.close()  # its transaction may be left open and aborted: never reuse it
             raise
@@ -82,6 +87,6 @@ def durable_rows(sql: str, params) -> list[tuple]:
     return cast(list[tuple], durable(sql, params))
 
 
-def bookkeeping_rows(sql: str, params, *, prepared: bool = False) -> list[tuple]:
+def bookkeeping_rows(sql: str, params, *, prepared: bool = False, generic: bool = False) -> list[tuple]:
     """:func:`bookkeeping` for a statement that returns rows."""
-    return cast(list[tuple], bookkeeping(sql, params, prepared=prepared))
+    return cast(list[tuple], bookkeeping(sql, params, prepared=prepared, generic=generic))
