@@ -24,7 +24,7 @@ from charges.services.capture import payment_intent_capture
 from charges.services.confirm import confirm_intent
 from charges.services.intents import MAX_RETURN_URL, clean_return_url, create_intent, create_session
 from charges.states import CHARGE_LIVE, CancellationReason, CaptureMethod, IntentStatus
-from charges.wire import render_intent, render_session
+from charges.wire import render_intent, render_new_intent, render_session
 from jobs import port as queue
 
 logger = logging.getLogger(__name__)
@@ -102,7 +102,7 @@ LIST_INTENTS = LIST.extend(
 @takes_query(LIST_INTENTS)
 def payment_intents(request: ApiRequest) -> HttpResponse:
     if request.method == "POST":
-        return respond(render_intent(create_intent(request.merchant, CREATE_INTENT.parse(request))))
+        return respond(render_new_intent(create_intent(request.merchant, CREATE_INTENT.parse(request))))
     queryset = PaymentIntent.objects.select_related("charge").filter(merchant=request.merchant)
     if "status" in request.query:
         queryset = queryset.filter(status=request.query["status"])

@@ -43,7 +43,17 @@ def _charge_of(intent: PaymentIntent) -> Charge | None:
 
 
 def render_intent(intent: PaymentIntent, *, for_event: bool = False) -> dict:
-    charge = _charge_of(intent)
+    return _render_intent(intent, _charge_of(intent), for_event=for_event)
+
+
+def render_new_intent(intent: PaymentIntent, *, for_event: bool = False) -> dict:
+    """:func:`render_intent` of an intent created in this transaction: it has no charge, so
+    none is looked up (the reverse one-to-one's query was an eighth of the web process's CPU
+    under load)."""
+    return _render_intent(intent, None, for_event=for_event)
+
+
+def _render_intent(intent: PaymentIntent, charge: Charge | None, *, for_event: bool) -> dict:
     redirect_url = charge.redirect_url if charge is not None and not for_event else None
     next_action = None
     if intent.status == IntentStatus.REQUIRES_ACTION and redirect_url:

@@ -40,6 +40,7 @@ import math
 from django.db import transaction
 
 from charges import repository
+from charges.inserts import insert_row
 from charges.models import Charge, PaymentIntent
 from charges.policy import from_settings
 from charges.rails import get_rail
@@ -68,7 +69,8 @@ def open_charge(intent: PaymentIntent, rail, *, poll_delay: float) -> Charge:
         # The caller holds the intent's lock and read it requires_confirmation: cannot happen.
         raise InvalidState("payment_intent_unexpected_state", "This PaymentIntent has already been confirmed.")
     intent.status = IntentStatus.PROCESSING
-    charge = Charge.objects.create(
+    charge = insert_row(
+        Charge,
         intent=intent,
         merchant_id=intent.merchant_id,
         rail=rail.code,

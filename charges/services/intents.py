@@ -8,10 +8,11 @@ from django.conf import settings
 from django.db import transaction
 
 from charges import money, repository
+from charges.inserts import insert_row
 from charges.models import CheckoutSession, PaymentIntent
 from charges.rails import configured_rails
 from charges.states import CaptureMethod
-from charges.wire import render_intent
+from charges.wire import render_new_intent
 from customers.models import Customer
 from merchants.models import Merchant
 from vpay.errors import InvalidInput
@@ -87,7 +88,8 @@ def create_intent(merchant: Merchant, fields: dict) -> PaymentIntent:
         # foreign-key violation at commit); one that starts now waits for this commit.
         if customer is not None and not repository.touch_customer(customer.id):
             raise InvalidInput("resource_missing", f"No such customer: {customer.id!r}.", param="customer")
-        intent = PaymentIntent.objects.create(
+        intent = insert_row(
+            PaymentIntent,
             merchant=merchant,
             customer=customer,
             amount=fields["amount"],
@@ -98,7 +100,7 @@ def create_intent(merchant: Merchant, fields: dict) -> PaymentIntent:
         )
         # No read back: every column the database fills (status, amounts, created_at) comes
         # back with the INSERT (RETURNING: Django returns fields with a db_default).
-        emit(merchant, EventType.PAYMENT_INTENT_CREATED, render_intent(intent, for_event=True))
+        emit(merchant, EventType.PAYMENT_INTENT_CREATED, render_new_intent(intent, for_event=True))
     return intent
 
 

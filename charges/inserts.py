@@ -1,0 +1,81 @@
+"""A new money row written by one prepared INSERT, built from its model's metadata: what
+``Model.objects.create()`` writes, without the queryset's compile.
+
+The payment intent's create and the charge's (the confirm's first commit) went through
+``QuerySet.create``: a fifth of the web process's CPU under load, most of it compiling the
+INSERT in Python (``bench/CHARGES.md``, py-spy of the web process). Here the statement is
+built once per model and set of columns, prepared on the connection (``vpay.pipelined``),
+and the columns the database fills (``db_default``) come back with it.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import TypeVar, cast
+
+from django.db import DEFAULT_DB_ALIAS, connection, models
+from django.db.models.expressions import DatabaseDefault
+
+from vpay.pipelined import fetch_prepared
+
+# What a parameter may be on the prepared path (vpay.prepared.text_param); a row with any
+# other value (a date, a decimal, bytes) is saved through the ORM.
+_PLAIN = (str, int, float, bool, uuid.UUID, type(None))
+# Parameters are typed by the server from the INSERT's target columns.
+_INSERT = "INSERT INTO {table} ({columns}) VALUES ({values}) RETURNING {returning}"
+_SQL: dict[tuple, str] = {}
+
+M = TypeVar("M", bound=models.Model)
+
+
+def insert_row(model: type[M], **values) -> M:
+    """A new ``model`` row with ``values`` (field names, related objects as ``create()``
+    takes them), its Python defaults applied and its database defaults read back: the
+    instance ``model.objects.create(**values)`` would return. In the caller's transaction
+    (a failure marks it for rollback, as a queryset's write does), else alone in autocommit."""
+    instance = model(**values)
+    meta = model._meta
+    columns: list[str] = []
+    params: dict[str, object] = {}
+    returned: list[models.Field] = []
+    for field in meta.concrete_fields:
+        value = getattr(instance, field.attname)
+        if isinstance(value, DatabaseDefault):
+            returned.append(field)
+            continue
+        value = field.pre_save(instance, add=True)  # as the ORM's INSERT takes it (a sealed value's seal)
+        if isinstance(field, models.JSONField):
+            db_value: object = json.dumps(value, cls=field.encoder)
+        else:
+            db_value = field.get_db_prep_save(value, connection)
+            if not isinstance(db_value, _PLAIN):
+                instance.save(force_insert=True)
+                return instance
+            if isinstance(db_value, str):
+                db_value = str(db_value)  # a choice's value
+            elif isinstance(db_value, int) and not isinstance(db_value, bool):
+                db_value = int(db_value)  # psycopg's Int4 or Int8, as Django's backend prepares an integer
+        params[f"v{len(columns)}"] = db_value
+        columns.append(_column(field))
+    key = (meta.label, tuple(columns), tuple(_column(f) for f in returned))
+    sql = _SQL.get(key)
+    if sql is None:
+        quote = connection.ops.quote_name
+        sql = _SQL[key] = _INSERT.format(
+            table=quote(meta.db_table),
+            columns=", ".join(quote(c) for c in columns),
+            values=", ".join(f"%(v{i})s" for i in range(len(columns))),
+            returning=", ".join(quote(_column(f)) for f in returned) or "1",
+        )
+    ((*row,),) = fetch_prepared(sql, params)
+    for field, value in zip(returned, row if returned else (), strict=True):
+        setattr(instance, field.attname, value)
+    # As save() leaves it (Model._state is documented: "Other model instance attributes").
+    instance._state.adding = False
+    instance._state.db = DEFAULT_DB_ALIAS
+    return instance
+
+
+def _column(field: models.Field) -> str:
+    return cast(str, field.column)  # a concrete field's: never None
