@@ -108,7 +108,8 @@ def read_for_poll(charge_id: str) -> ChargeRow | None:
 
 
 def read_many_for_poll(charge_ids: list[str]) -> dict[str, ChargeRow]:
-    return {r[0]: _poll_row(r) for r in fetch_prepared(_READ_MANY_FOR_POLL, {"ids": charge_ids})}
+    # Generic: by primary key in an array, planned again at almost every call otherwise.
+    return {r[0]: _poll_row(r) for r in fetch_prepared(_READ_MANY_FOR_POLL, {"ids": charge_ids}, generic=True)}
 
 
 def _poll_row(r: tuple) -> ChargeRow:

@@ -266,3 +266,25 @@ def scalar_here(query: str, params) -> int:
     with connection.cursor() as cursor:
         cursor.execute(query, params)
         return cursor.fetchone()[0]
+
+
+def test_a_generic_statement_is_planned_once_and_leaves_the_mode_as_it_was():
+    """``fetch_prepared(generic=True)``: no custom plan at any call (an array's custom plan
+    looks cheaper to plan_cache_mode auto, so it was planned again at almost every call), in
+    the caller's transaction the mode set back after it, alone its own transaction."""
+    statement = "SELECT count(*) FROM test_effects WHERE id = ANY(%(ids)s::bigint[])"
+    for n in range(8):
+        assert fetch_prepared(statement, {"ids": list(range(n))}, generic=True) == [(0,)]
+    with transaction.atomic():
+        assert fetch_prepared(statement, {"ids": [1]}, generic=True) == [(0,)]
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW plan_cache_mode")
+            assert cursor.fetchone() == ("auto",)
+    assert connection.connection.pgconn.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE name = %s",
+            [_statement(statement)[0].decode()],
+        )
+        generic, custom = cursor.fetchone()
+    assert (generic, custom) == (9, 0)

@@ -241,22 +241,37 @@ def _statement(sql: str) -> tuple[bytes, bytes, list[str]]:
     return known
 
 
-def fetch_prepared(sql: str, params: Mapping[str, object]) -> list[tuple]:
+# A statement keyed on arrays (or with a LIMIT parameter) is planned again at almost every
+# call under plan_cache_mode auto: an array shorter than the ten elements the generic plan is
+# priced for makes every custom plan look cheaper. ``generic`` sends it with this, and, in the
+# caller's transaction, the mode set back after it.
+_GENERIC = b"SET LOCAL plan_cache_mode = force_generic_plan"
+_NOT_GENERIC = b"SET LOCAL plan_cache_mode TO DEFAULT"
+
+
+def fetch_prepared(sql: str, params: Mapping[str, object], *, generic: bool = False) -> list[tuple]:
     """``sql``'s rows (none for a statement without any), prepared where it may be: in the
     caller's transaction when it is inside ``atomic()`` (the ``BEGIN`` sent with it if it
     is the first statement), else alone in autocommit; through Django's cursor where it
-    may not (see :func:`execute_pipelined`), with the same rows."""
+    may not (see :func:`execute_pipelined`), with the same rows. ``generic``: planned once
+    per connection (above), for a statement whose generic plan is as good as any custom one
+    (primary keys in an array, a partial index whose predicate the SQL spells)."""
     db = connections[DEFAULT_DB_ALIAS]
     if not db.in_atomic_block:
-        return _fetch(db, sql, params, in_transaction=False)
+        return _fetch(db, sql, params, in_transaction=False, generic=generic)
     # As a queryset's write does: a failure marks the transaction for rollback, so a caller
     # that catches it cannot commit what the server already aborted.
     with transaction.mark_for_rollback_on_error(DEFAULT_DB_ALIAS):
-        return _fetch(db, sql, params, in_transaction=True)
+        return _fetch(db, sql, params, in_transaction=True, generic=generic)
 
 
-def _fetch(db, sql: str, params: Mapping[str, object], *, in_transaction: bool) -> list[tuple]:
-    rows = execute_pipelined(sql, params, in_transaction=in_transaction)
+def _fetch(db, sql: str, params: Mapping[str, object], *, in_transaction: bool, generic: bool) -> list[tuple]:
+    if not generic:
+        rows = execute_pipelined(sql, params, in_transaction=in_transaction)
+    elif in_transaction:
+        rows = execute_pipelined(sql, params, before=(_GENERIC,), after=(_NOT_GENERIC,), in_transaction=True)
+    else:
+        rows = execute_pipelined(sql, params, before=(b"BEGIN", _GENERIC), after=(b"COMMIT",), in_transaction=False)
     if rows is None:
         with db.cursor() as cursor:
             cursor.execute(sql, params)

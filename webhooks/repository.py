@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from django.db import connection
 
+from vpay.pipelined import fetch_prepared
+
 EXCERPT_MAX = 4096
 ERROR_MAX = 2000
 
@@ -53,13 +55,16 @@ def pending_event_ids(limit: int, *, failed_before: bool = False) -> list[str]:
 # (the partial index ``events_pending_fan_out`` serves the order; one that failed goes one
 # per transaction, so an event that keeps failing cannot fail every page). Named events: by
 # primary key. SKIP LOCKED either way: an event another drain holds is passed over.
+# The fan-out's statements are prepared and planned generic (vpay.pipelined.fetch_prepared):
+# each takes its page as an array, or a LIMIT, and was planned again at every page.
 _LOCK_PENDING_PAGE = """
 SELECT id FROM events
  WHERE fan_out = 'pending' AND fan_out_failures = 0 AND fan_out_transient_failures = 0
- ORDER BY created_at, id LIMIT %s FOR UPDATE SKIP LOCKED
+ ORDER BY created_at, id LIMIT %(limit)s::int FOR UPDATE SKIP LOCKED
 """
 _LOCK_PENDING_EVENTS = """
-SELECT id FROM events WHERE id = ANY(%s) AND fan_out = 'pending' ORDER BY created_at, id FOR UPDATE SKIP LOCKED
+SELECT id FROM events WHERE id = ANY(%(events)s::text[]) AND fan_out = 'pending'
+ ORDER BY created_at, id FOR UPDATE SKIP LOCKED
 """
 
 # The deliveries of locked events, in one statement whatever their number: each event's
@@ -72,7 +77,7 @@ INSERT INTO webhook_deliveries (event_id, endpoint_id, state, attempts, next_att
 SELECT ev.id, e.id, 'pending', 0, now(), now(), now()
   FROM events ev
   JOIN webhook_endpoints e ON e.merchant_id = ev.merchant_id
- WHERE ev.id = ANY(%(events)s) AND e.deleted_at IS NULL AND e.disabled_at IS NULL
+ WHERE ev.id = ANY(%(events)s::text[]) AND e.deleted_at IS NULL AND e.disabled_at IS NULL
    AND CASE WHEN ev.type = 'webhook_endpoint.test'
             THEN e.id = ev.data->>'id'
             ELSE (e.enabled_events @> ARRAY['*']::varchar[] OR e.enabled_events @> ARRAY[ev.type]::varchar[])
@@ -84,7 +89,7 @@ ON CONFLICT (event_id, endpoint_id) DO NOTHING
 _DELIVERIES_OF_EVENTS = """
 SELECT d.id, d.event_id, ev.merchant_id
   FROM webhook_deliveries d JOIN events ev ON ev.id = d.event_id
- WHERE d.event_id = ANY(%(events)s)
+ WHERE d.event_id = ANY(%(events)s::text[])
  ORDER BY d.id
 """
 
@@ -92,13 +97,13 @@ SELECT d.id, d.event_id, ev.merchant_id
 def lock_pending_page(limit: int) -> list[str]:
     """Up to ``limit`` of the oldest pending events nobody else holds, row-locked. MUST run
     in the fan-out's transaction."""
-    return [r[0] for r in _rows(_LOCK_PENDING_PAGE, [limit])]
+    return [r[0] for r in fetch_prepared(_LOCK_PENDING_PAGE, {"limit": limit}, generic=True)]
 
 
 def lock_pending_events(event_ids: list[str]) -> list[str]:
     """Those of ``event_ids`` still pending and held by nobody else, row-locked (another
     drain's, or one done, are left out). MUST run in the fan-out's transaction."""
-    return [r[0] for r in _rows(_LOCK_PENDING_EVENTS, [event_ids])]
+    return [r[0] for r in fetch_prepared(_LOCK_PENDING_EVENTS, {"events": event_ids}, generic=True)]
 
 
 def create_deliveries(event_ids: list[str]) -> list[tuple[int, str, str]]:
@@ -108,16 +113,23 @@ def create_deliveries(event_ids: list[str]) -> list[tuple[int, str, str]]:
     (``webhook_endpoint.*``) goes to the merchant's *other* endpoints: the one it is about
     is failing or disabled. Except a test (``webhook_endpoint.test``): it goes to the one
     endpoint it is about, and only there, whatever that endpoint subscribes to."""
-    with connection.cursor() as cursor:
-        cursor.execute(_CREATE_DELIVERIES, {"events": event_ids})
-        cursor.execute(_DELIVERIES_OF_EVENTS, {"events": event_ids})
-        return cursor.fetchall()
+    fetch_prepared(_CREATE_DELIVERIES, {"events": event_ids}, generic=True)
+    return fetch_prepared(_DELIVERIES_OF_EVENTS, {"events": event_ids}, generic=True)
+
+
+_MARK_FANNED_OUT = """
+WITH moved AS (
+    UPDATE events SET fan_out = 'fanned_out' WHERE id = ANY(%(events)s::text[]) AND fan_out = 'pending' RETURNING 1
+)
+SELECT count(*) FROM moved
+"""
 
 
 def mark_fanned_out(event_ids: list[str]) -> int:
     """CAS ``pending → fanned_out`` (primary key); how many matched (fewer: another drain
     got there first)."""
-    return _rowcount("UPDATE events SET fan_out = 'fanned_out' WHERE id = ANY(%s) AND fan_out = 'pending'", [event_ids])
+    ((moved,),) = fetch_prepared(_MARK_FANNED_OUT, {"events": event_ids}, generic=True)
+    return moved
 
 
 def count_fan_out_failure(event_id: str) -> int | None:

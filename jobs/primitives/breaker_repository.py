@@ -16,6 +16,7 @@ from django.db import connection
 
 from jobs.models import BREAKER_ERROR_MAX, BreakerState
 from vpay.logging import redact
+from vpay.pipelined import fetch_prepared
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,22 +34,23 @@ class BreakerRow:
 NO_ROW = BreakerRow(BreakerState.CLOSED, 0, None, None, None, None)
 
 # The hot path's one statement: a closed breaker costs this primary-key lookup and nothing
-# else (a success on a breaker with no failures writes nothing).
+# else (a success on a breaker with no failures writes nothing). Prepared
+# (vpay.pipelined.fetch_prepared): asked before every rail request and webhook batch, it was
+# planned at every call.
 _READ = """
 SELECT state, failures, version, probe_token,
        extract(epoch FROM now() - opened_at)::float8,
        extract(epoch FROM now() - probe_started_at)::float8
   FROM breakers
- WHERE name = %s
+ WHERE name = %(name)s::text
 """
 
 
 def read(name: str) -> BreakerRow:
-    with connection.cursor() as cursor:
-        cursor.execute(_READ, [name])
-        r = cursor.fetchone()
-    if r is None:
+    rows = fetch_prepared(_READ, {"name": name})
+    if not rows:
         return NO_ROW
+    r = rows[0]
     return BreakerRow(BreakerState(r[0]), r[1], r[2], r[3], r[4], r[5])
 
 

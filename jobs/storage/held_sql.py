@@ -14,36 +14,38 @@ from collections.abc import Sequence
 
 from jobs.storage.pull_forward_sql import text_array
 from jobs.storage.repository import NOTIFY_CHANNEL
+from vpay.pipelined import fetch_prepared
 from vpay.prepared import execute_prepared
 
 # Hold: the named jobs that are waiting (not leased, no cancel asked for, no crash of their
 # own to be judged alone) and due by now, in the order given, moved to now() + the hold. Rows
 # another transaction is writing are passed over (SKIP LOCKED), as is a job that is running:
 # the caller does the work only of the names returned. Each name is one probe of
-# jobs_job_dedupe_key_unique. Prepared: asked once per carried batch. One row: the names held,
+# jobs_job_dedupe_key_unique. Asked once per carried batch. One row: the names held,
 # as a JSON array in the order given, and the instant they were held until (the same for
-# all: now() is the transaction's), as text, which the settle matches.
+# all: now() is the transaction's), as text, which the settle matches. Planned generic
+# (vpay.pipelined.fetch_prepared): by an array of names, it was planned again at every call.
 _HOLD = """
 WITH candidate AS (
-    SELECT j.id, k.n FROM jobs j JOIN unnest(%s::text[]) WITH ORDINALITY AS k(name, n) ON j.dedupe_key = k.name
+    SELECT j.id, k.n FROM jobs j JOIN unnest(%(names)s::text[]) WITH ORDINALITY AS k(name, n) ON j.dedupe_key = k.name
      WHERE j.locked_at IS NULL AND j.cancel_requested_at IS NULL AND j.crashes = 0
-       AND j.run_at <= now() + make_interval(secs => %s::float8)
+       AND j.run_at <= now() + make_interval(secs => %(due_within)s::float8)
      ORDER BY k.n
        FOR UPDATE OF j SKIP LOCKED
 ), held AS (
-    UPDATE jobs SET run_at = now() + make_interval(secs => %s::float8)
+    UPDATE jobs SET run_at = now() + make_interval(secs => %(hold)s::float8)
       FROM candidate WHERE jobs.id = candidate.id
     RETURNING jobs.dedupe_key, candidate.n
 )
 SELECT COALESCE((SELECT json_agg(dedupe_key ORDER BY n) FROM held)::text, '[]'),
-       (now() + make_interval(secs => %s::float8))::text
+       (now() + make_interval(secs => %(hold)s::float8))::text
 """
 
 
 def hold_waiting(dedupe_keys: Sequence[str], due_within: float, hold_seconds: float) -> tuple[list[str], str]:
-    hold = float(hold_seconds)
-    row = execute_prepared(_HOLD, [text_array(dedupe_keys), float(due_within), hold, hold])
-    return (json.loads(row[0]), row[1]) if row else ([], "")
+    params = {"names": list(dedupe_keys), "due_within": float(due_within), "hold": float(hold_seconds)}
+    ((names, until),) = fetch_prepared(_HOLD, params, generic=True)
+    return json.loads(names), until
 
 
 # Settle: each held job (still waiting with the run_at its hold gave it: a job that has run on
