@@ -33,25 +33,34 @@ def insert_row(model: type[M], **values) -> M:
     """A new ``model`` row with ``values`` (field names, related objects as ``create()``
     takes them), its Python defaults applied and its database defaults read back: the
     instance ``model.objects.create(**values)`` would return. In the caller's transaction
-    (a failure marks it for rollback, as a queryset's write does), else alone in autocommit."""
+    (a failure marks it for rollback, as a queryset's write does), else alone in autocommit.
+    Like ``bulk_create()``, it sends no ``pre_save``/``post_save`` signal (the two money rows
+    it writes have no receiver: tests/test_charge_inserts.py). What this path cannot write
+    exactly as the ORM would (a value type outside the plain ones, a generated column, a
+    database default needing a converter) is saved through the ORM."""
     instance = model(**values)
     meta = model._meta
     columns: list[str] = []
     params: dict[str, object] = {}
     returned: list[models.Field] = []
     for field in meta.concrete_fields:
+        _refuse_unsaved_related(instance, field)
         value = getattr(instance, field.attname)
         if isinstance(value, DatabaseDefault):
+            if hasattr(field, "from_db_value"):  # its value would come back unconverted
+                return _saved(instance)
             returned.append(field)
             continue
+        if getattr(field, "generated", False) or (value is None and field.primary_key):
+            return _saved(instance)  # the ORM leaves these to the database
         value = field.pre_save(instance, add=True)  # as the ORM's INSERT takes it (a sealed value's seal)
         if isinstance(field, models.JSONField):
-            db_value: object = json.dumps(value, cls=field.encoder)
+            # None is SQL NULL, as the ORM writes it (not JSON null).
+            db_value: object = None if value is None else json.dumps(value, cls=field.encoder)
         else:
             db_value = field.get_db_prep_save(value, connection)
             if not isinstance(db_value, _PLAIN):
-                instance.save(force_insert=True)
-                return instance
+                return _saved(instance)
             if isinstance(db_value, str):
                 db_value = str(db_value)  # a choice's value
             elif isinstance(db_value, int) and not isinstance(db_value, bool):
@@ -79,3 +88,17 @@ def insert_row(model: type[M], **values) -> M:
 
 def _column(field: models.Field) -> str:
     return cast(str, field.column)  # a concrete field's: never None
+
+
+def _saved(instance: M) -> M:
+    instance.save(force_insert=True)
+    return instance
+
+
+def _refuse_unsaved_related(instance: models.Model, field: models.Field) -> None:
+    """As ``save()`` refuses it: a related object without a primary key would be written as
+    NULL (Django's own check is a private method of the model)."""
+    if isinstance(field, models.ForeignKey) and field.is_cached(instance):
+        related = getattr(instance, field.name)
+        if related is not None and related.pk is None:
+            raise ValueError(f"save() prohibited to prevent data loss due to unsaved related object '{field.name}'.")

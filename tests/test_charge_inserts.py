@@ -8,6 +8,7 @@ import datetime
 
 import pytest
 from django.db import IntegrityError, connection, transaction
+from django.db.models.signals import post_save, pre_save
 from django.test.utils import override_settings
 
 from charges.inserts import _SQL, insert_row
@@ -78,6 +79,16 @@ def test_the_rows_and_instances_are_what_create_makes(prepared):
     if prepared:
         for sql in _SQL.values():
             assert _prepared_here(sql) == 1
+
+
+def test_what_the_orm_would_refuse_or_signal_is_refused_or_has_no_receiver():
+    merchant = MerchantFactory()
+    unsaved = Customer(merchant=merchant, id=None)  # no primary key yet
+    with pytest.raises(ValueError, match="unsaved related object 'customer'"), transaction.atomic():
+        insert_row(PaymentIntent, merchant=merchant, customer=unsaved, amount=1, currency="usd", rail="sandbox_push")
+    # No signal is sent (as bulk_create sends none): nothing may listen to these two rows.
+    for model in (PaymentIntent, Charge):
+        assert not pre_save.has_listeners(model) and not post_save.has_listeners(model)
 
 
 def test_a_refused_row_fails_and_marks_the_transaction_for_rollback():

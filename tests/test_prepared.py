@@ -99,6 +99,13 @@ def test_runs_in_the_callers_transaction_and_rolls_back_with_it(effects):
     with pytest.raises(IntegrityError), transaction.atomic():
         execute_prepared("INSERT INTO test_effects (id, label, value) VALUES (%s, 'x', '')", [None])
     assert connection.connection.pgconn.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    # Caught inside the block, as a queryset's failure would be: marked for rollback, so the
+    # block cannot end in a COMMIT the server turns into a rollback (on_commit callbacks run).
+    with transaction.atomic():
+        execute_prepared(INSERT_EFFECT, ["lost-with-the-failure", ""])
+        with pytest.raises(IntegrityError):
+            execute_prepared("INSERT INTO test_effects (id, label, value) VALUES (%s, 'x', '')", [None])
+        assert connection.needs_rollback
     assert effects() == []
     with transaction.atomic():
         execute_prepared(INSERT_EFFECT, ["kept", ""])

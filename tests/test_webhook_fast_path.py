@@ -16,7 +16,7 @@ from django.db import connection, transaction
 from merchants.services import create_merchant
 from sandbox.receiver import fingerprint
 from tests.conftest import database_url, wait_for
-from webhooks import attempt_batch_sql, attempt_sql, sealing
+from webhooks import attempt_sql, sealing
 from webhooks.event_types import EventType
 from webhooks.events import emit
 from webhooks.models import AttemptState, DeliveryAttempt, Event, WebhookDelivery
@@ -159,7 +159,7 @@ def test_an_attempt_reads_and_writes_the_same_whether_its_statements_run_prepare
     assert isinstance(row.due_in, float) and row.lease_left is None and len(row.payload_sha256) == 64
     with transaction.atomic():
         assert attempt_sql.in_flight_for_endpoint(d.endpoint_id) == (0, None)
-    assert attempt_batch_sql.waiting_deliveries(d.endpoint_id, 3) == [d.pk]  # the next rung is due at once here
+    assert attempt_sql.waiting_deliveries(d.endpoint_id, 3) == [d.pk]  # the next rung is due at once here
 
 
 def test_emit_returns_the_event_as_the_database_holds_it():

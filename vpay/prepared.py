@@ -38,7 +38,7 @@ from typing import cast
 
 import psycopg
 from django.conf import settings
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from psycopg import errors as pg_errors
 from psycopg import pq
 
@@ -87,9 +87,15 @@ def execute_prepared(sql: str, params: Sequence) -> tuple | None:
             db.validate_no_broken_transaction()
             # wrap_database_errors: callers see Django's exceptions, as from a Django cursor.
             with db.wrap_database_errors, conn.lock:
-                if begin:
-                    _check(pgconn, pgconn.exec_(b"BEGIN"), _COMMAND_OK)
-                return _exec_libpq(pgconn, sql, params, own_transaction=status == _IDLE and not begin)
+                if not db.in_atomic_block:
+                    return _exec_libpq(pgconn, sql, params, own_transaction=status == _IDLE)
+                # As a queryset's write does: a failure marks the transaction for rollback,
+                # so a caller that catches it cannot commit what the server already aborted
+                # (its COMMIT would silently roll back, and on_commit callbacks still run).
+                with transaction.mark_for_rollback_on_error(DEFAULT_DB_ALIAS):
+                    if begin:
+                        _check(pgconn, pgconn.exec_(b"BEGIN"), _COMMAND_OK)
+                    return _exec_libpq(pgconn, sql, params, own_transaction=False)
     with db.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.fetchone() if cursor.description else None  # None too for a statement without rows

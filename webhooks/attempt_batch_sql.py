@@ -65,19 +65,6 @@ def _name_placeholders(sql: str) -> str:
     return parts[0] + "".join(f"%(p{i})s{part}" for i, part in enumerate(parts[1:], start=1))
 
 
-def waiting_deliveries(endpoint_id: str, limit: int) -> list[int]:
-    """The endpoint's due ``pending`` deliveries, longest-waiting first (the ones a freed
-    slot should go to). Served by ``webhook_deliveries_ep_due`` (its predicate is the
-    statement's literal, so the generic plan uses it too); generic for its ``LIMIT``, which
-    otherwise had it planned at every one of the hand-offs (bench/WEBHOOKS.md)."""
-    rows = _rows(
-        "SELECT id FROM webhook_deliveries WHERE endpoint_id = %s::text AND state = 'pending'"
-        " AND next_attempt_at <= now() ORDER BY next_attempt_at, id LIMIT %s::int",
-        [endpoint_id, limit],
-    )
-    return [int(i) for (i,) in rows]
-
-
 # Everything the attempts of a batch send, in one read (attempt_sql.LOAD_SELECT's columns):
 # the deliveries by primary key.
 _LOAD = attempt_sql.LOAD_SELECT + " WHERE d.id = ANY(%s::bigint[])"

@@ -16,6 +16,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from vpay.pipelined import fetch_prepared
 from vpay.prepared import execute_prepared, execute_prepared_row
 from webhooks.models import Event
 from webhooks.repository import CANCELLED_ENDPOINT_DELETED, ERROR_MAX, EXCERPT_MAX, _bounded, _rowcount, _rows
@@ -184,6 +185,20 @@ def in_flight_for_endpoint(endpoint_id: str) -> tuple[int, float | None]:
         [endpoint_id],
     )
     return int(count), _float(earliest)
+
+
+def waiting_deliveries(endpoint_id: str, limit: int) -> list[int]:
+    """The endpoint's due ``pending`` deliveries, longest-waiting first (the ones a freed
+    slot should go to). Served by ``webhook_deliveries_ep_due`` (its predicate is the
+    statement's literal, so the generic plan uses it too); planned generic for its
+    ``LIMIT``, which had it planned again at every hand-off (bench/WEBHOOKS.md)."""
+    rows = fetch_prepared(
+        "SELECT id FROM webhook_deliveries WHERE endpoint_id = %(endpoint)s::text AND state = 'pending'"
+        " AND next_attempt_at <= now() ORDER BY next_attempt_at, id LIMIT %(limit)s::int",
+        {"endpoint": endpoint_id, "limit": limit},
+        generic=True,
+    )
+    return [int(i) for (i,) in rows]
 
 
 @dataclass(frozen=True)

@@ -246,7 +246,7 @@ def hand_off(endpoint_id: str, slots: int = 1) -> list[int]:
     jobs' at-cap waits end. Returns the deliveries woken. Best effort: the waiters' own
     timers are the backstop."""
     candidates = {
-        dedupe_key(d): d for d in attempt_batch_sql.waiting_deliveries(endpoint_id, slots + HAND_OFF_CANDIDATES - 1)
+        dedupe_key(d): d for d in attempt_sql.waiting_deliveries(endpoint_id, slots + HAND_OFF_CANDIDATES - 1)
     }
     return [candidates[name] for name in pull_forward_waiting(list(candidates), slots)] if candidates else []
 
