@@ -155,8 +155,20 @@ def test_table_sizes_come_from_the_catalog_for_the_watched_tables_only():
     ],
 )
 def test_the_gauge_queries_use_their_partial_index(sql, index):
+    table = sql.split(" FROM ")[1].split()[0]
     with connection.cursor() as cursor:
         cursor.execute("SET LOCAL enable_seqscan = off")  # an empty table would be scanned otherwise
+        # On a near-empty table another index that holds the filtered column priced the same
+        # (charges_merchant_status, once in a loaded full run): dropped for this transaction
+        # (rolled back with the test), so what is checked is that the predicate matches the
+        # partial index's, not how the planner breaks a tie that real row counts do not make.
+        cursor.execute(
+            "SELECT indexname FROM pg_indexes i WHERE tablename = %s AND indexname <> %s"
+            " AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conname = i.indexname)",
+            [table, index],
+        )
+        for (other,) in cursor.fetchall():
+            cursor.execute(f'DROP INDEX "{other}"')
         cursor.execute("EXPLAIN " + sql)
         plan = "\n".join(row[0] for row in cursor.fetchall())
     assert index in plan, plan
