@@ -297,6 +297,7 @@ class _Misbehaving:
         self.stop = threading.Event()
         self.served: list[str] = []  # per connection: "complete", or "cut" (the client hung up)
         self.sent = 0  # bytes of the answer sent on the last connection
+        self.requests: list[bytes] = []  # what each connection sent first
         self.answered = threading.Event()
         threading.Thread(target=self._serve, daemon=True).start()
 
@@ -308,7 +309,7 @@ class _Misbehaving:
             except OSError:
                 continue
             with conn:
-                conn.recv(65536)
+                self.requests.append(conn.recv(65536))
                 self.sent = 0
                 try:
                     for chunk in self.chunks:
@@ -355,6 +356,31 @@ def test_a_rail_dripping_its_headers_cannot_hold_a_call_past_the_total_timeout()
             fast.close()
     finally:
         server.close()
+
+
+def test_a_rail_call_goes_through_a_proxy_from_the_environment_and_carries_no_cookie(monkeypatch):
+    # The adapter sends straight to the client's transport for the URL (not through its
+    # send): an environment proxy's transport must still be the one used, and a cookie the
+    # rail sets must not come back with the next call.
+    body = b'{"status": "succeeded"}'
+    answer = (
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nSet-Cookie: session=s1; Path=/\r\n"
+        b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+    )
+    proxy = _Misbehaving([answer], gap=0)
+    try:
+        for name in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy"):
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{proxy.port}")
+        rail = RailConfig("proxied", "http://rail.invalid", RailFlow.PUSH, "k")  # resolvable by no one
+        adapter = HttpRailAdapter(rail, connect_timeout=0.5, total_timeout=2)
+        for _ in range(2):
+            assert adapter.status(reference="ch_1", pay_token=None).status is RailStatus.SUCCEEDED
+        assert len(proxy.requests) == 2
+        assert all(r.startswith(b"GET http://rail.invalid/") for r in proxy.requests)  # the proxy's form
+        assert b"\r\ncookie:" not in proxy.requests[1].lower()
+    finally:
+        proxy.close()
 
 
 def test_an_answer_that_is_not_json_is_recorded_without_its_urls():

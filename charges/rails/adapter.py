@@ -318,9 +318,20 @@ class HttpRailAdapter:
         url = self.rail.base_url + path
         _exchange.deadline = deadline
         try:
-            with self._client.stream(
+            request = self._client.build_request(
                 method, url, json=json_body, params=params, headers=headers, timeout=timeout
-            ) as response:
+            )
+            # Straight to the client's transport for the URL (its own, or an environment
+            # proxy's: both dial through _DeadlineBackend), as webhooks/services/transport.py
+            # sends: the client's send adds auth, redirects and hooks, none of which a rail
+            # call uses, and a cookie jar, which no rail call should carry from one answer to
+            # the next. That layer was 6 % of the worker's CPU a settled charge (py-spy,
+            # bench/CHARGES.md), the jar's extraction from each answer most of it.
+            # _transport_for_url is httpx's private choice of transport by URL (mounts): a
+            # reach into httpx's internals, for that measured reason (pinned; checked by
+            # tests/test_rails.py through a proxy from the environment).
+            response = self._client._transport_for_url(request.url).handle_request(request)
+            try:
                 raw, oversized = bytearray(), False
                 for chunk in response.iter_raw():
                     raw += chunk
@@ -331,6 +342,8 @@ class HttpRailAdapter:
                         raise httpx.ReadTimeout("total timeout exceeded while reading the answer")
                 code = response.status_code
                 retry_after = retry_after_seconds(response.headers.get("Retry-After"), response.headers.get("Date"))
+            finally:
+                response.close()
         except httpx.TimeoutException as exc:
             raise _error(RailUnavailable, f"rail {self.rail.code}: timed out ({type(exc).__name__})", None) from exc
         except httpx.TransportError as exc:
