@@ -44,20 +44,18 @@ from __future__ import annotations
 
 import threading
 import time
-import typing
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from typing import Protocol
 from urllib.parse import quote
 
-import httpcore
 import httpx
 
 from charges.rails.config import RailConfig
+from charges.rails.deadline import bound_every_pool, exchange
 from charges.rails.excerpts import read, unstorable
 from charges.states import RailStatus
 from vpay.errors import ConfigurationError, PermanentError, TransientError
-from vpay.http_deadline import DeadlineStream, remaining
 
 MAX_BODY_BYTES = 64 * 1024
 _ANSWER_STATUSES = {"pending", "succeeded", "failed", "authorized", "canceled"}
@@ -170,77 +168,6 @@ class RailAdapter(Protocol):
     def refund_status(self, *, reference: str) -> RailAnswer: ...
 
 
-# The deadline of the rail exchange this thread is in (``time.monotonic()``), or None.
-# httpx is synchronous here: a request's every socket operation runs on the calling thread,
-# whichever pooled connection it uses, so a thread-local is the request's own deadline.
-_exchange = threading.local()
-_WHAT = "the rail call"
-
-
-def _current_deadline() -> float | None:
-    return getattr(_exchange, "deadline", None)
-
-
-def _budget(timeout: float | None, exc: type[Exception]) -> float | None:
-    """``timeout`` cut to what is left of this thread's exchange; ``exc`` once nothing is."""
-    return remaining(_current_deadline(), timeout, exc, _WHAT)
-
-
-def _bounded(stream: httpcore.NetworkStream) -> httpcore.NetworkStream:
-    """A pooled connection whose every read and write gets only what is left of the
-    current exchange's deadline: a rail dripping its status line or headers one byte at a
-    time cannot stretch a call past it (httpx's read timeout is per read, and restarts)."""
-    return DeadlineStream(stream, _current_deadline, _WHAT)
-
-
-class _DeadlineBackend(httpcore.NetworkBackend):
-    """httpcore's own socket backend, its connects and streams bounded by the deadline.
-    (Name resolution inside the connect is the resolver's, and is not interruptible.)"""
-
-    def __init__(self) -> None:
-        self._inner = httpcore.SyncBackend()
-
-    def connect_tcp(
-        self,
-        host: str,
-        port: int,
-        timeout: float | None = None,
-        local_address: str | None = None,
-        socket_options: typing.Iterable[typing.Any] | None = None,
-    ) -> httpcore.NetworkStream:
-        stream = self._inner.connect_tcp(
-            host,
-            port,
-            timeout=_budget(timeout, httpcore.ConnectTimeout),
-            local_address=local_address,
-            socket_options=socket_options,
-        )
-        return _bounded(stream)
-
-    def connect_unix_socket(
-        self, path: str, timeout: float | None = None, socket_options: typing.Iterable[typing.Any] | None = None
-    ) -> httpcore.NetworkStream:  # pragma: no cover - rails are http(s) URLs
-        stream = self._inner.connect_unix_socket(
-            path, timeout=_budget(timeout, httpcore.ConnectTimeout), socket_options=socket_options
-        )
-        return _bounded(stream)
-
-    def sleep(self, seconds: float) -> None:  # pragma: no cover - only httpcore's retries (none)
-        time.sleep(seconds)
-
-
-def _bound_every_pool(client: httpx.Client) -> None:
-    """Dial through :class:`_DeadlineBackend` in every pool the client built (its own and
-    any proxy's from the environment), keeping httpx's transports, TLS and proxy handling."""
-    transports = [client._transport, *(t for t in client._mounts.values() if t is not None)]
-    for transport in transports:
-        pool = getattr(transport, "_pool", None)
-        if pool is None or not hasattr(pool, "_network_backend"):
-            # A future httpx/httpcore moved these: refuse to build an adapter without its bound.
-            raise RuntimeError("cannot bound the rail exchange: httpx's connection pool is not where expected")
-        pool._network_backend = _DeadlineBackend()
-
-
 class HttpRailAdapter:
     """The rail protocol over httpx, with a connect timeout and a hard total deadline.
 
@@ -267,7 +194,7 @@ class HttpRailAdapter:
             },
             limits=httpx.Limits(max_connections=64, max_keepalive_connections=16),
         )
-        _bound_every_pool(self._client)
+        bound_every_pool(self._client)
 
     def __repr__(self) -> str:
         return f"HttpRailAdapter({self.rail!r})"
@@ -316,20 +243,16 @@ class HttpRailAdapter:
         deadline = time.monotonic() + self.total_timeout
         timeout = httpx.Timeout(self.total_timeout, connect=min(self.connect_timeout, self.total_timeout))
         url = self.rail.base_url + path
-        _exchange.deadline = deadline
+        exchange.deadline = deadline
         try:
             request = self._client.build_request(
                 method, url, json=json_body, params=params, headers=headers, timeout=timeout
             )
-            # Straight to the client's transport for the URL (its own, or an environment
-            # proxy's: both dial through _DeadlineBackend), as webhooks/services/transport.py
-            # sends: the client's send adds auth, redirects and hooks, none of which a rail
-            # call uses, and a cookie jar, which no rail call should carry from one answer to
-            # the next. That layer was 6 % of the worker's CPU a settled charge (py-spy,
-            # bench/CHARGES.md), the jar's extraction from each answer most of it.
-            # _transport_for_url is httpx's private choice of transport by URL (mounts): a
-            # reach into httpx's internals, for that measured reason (pinned; checked by
-            # tests/test_rails.py through a proxy from the environment).
+            # Straight to the client's transport for the URL (an environment proxy's included),
+            # as the webhook sender does: the client's send layer (auth, redirects, hooks, a
+            # cookie jar no rail call should carry) was 6 % of the worker's CPU a settled
+            # charge (bench/CHARGES.md). _transport_for_url is httpx's private, for that
+            # measured reason (httpx pinned; tests/test_rails.py goes through a proxy).
             response = self._client._transport_for_url(request.url).handle_request(request)
             try:
                 raw, oversized = bytearray(), False
@@ -352,7 +275,7 @@ class HttpRailAdapter:
             # Anything else httpx could not make of the exchange: no answer we can read.
             raise _error(RailUnavailable, f"rail {self.rail.code}: unreadable ({type(exc).__name__})", None) from exc
         finally:
-            _exchange.deadline = None
+            exchange.deadline = None
         body, excerpt = read(raw, oversized, MAX_BODY_BYTES)
         if code >= 500 or code in _TRANSIENT_4XX or 300 <= code < 400:
             raise _error(RailUnavailable, f"rail {self.rail.code}: HTTP {code}", code, excerpt, retry_after)
