@@ -10,6 +10,12 @@ subscribed to ``payment_intent.succeeded``.
 
 ``--clients`` threads each run their share of ``--payments`` flows over a keep-alive
 connection: ``POST /v1/payment_intents``, then ``POST /v1/payment_intents/{id}/confirm``.
+By default each client starts its next flow when the last one is answered (closed loop: a
+cheaper server is sent more). ``--rate R`` is an open loop instead: payment k starts at
+R per second from the first (k / R seconds in), on the client whose turn it is, and its
+create → webhook is counted from that scheduled start, so a client that fell behind shows
+as latency rather than as a slower rate (the latency target judged at a rate the machine
+is asked for, not the most it can take).
 
 * payments/s = payments ÷ (the first create sent → the last ``payment_intent.succeeded``
   webhook received by nginx), all on this host's clock;
@@ -21,7 +27,7 @@ connection: ``POST /v1/payment_intents``, then ``POST /v1/payment_intents/{id}/c
   (``pgbench``, one-row insert), at the client count.
 
 Usage (project root, the project's venv; needs Debian's nginx-light and pgbench):
-  python bench/bench_api_e2e.py [--payments 1000] [--clients 16] [--concurrency 16] [--workers 2]
+  python bench/bench_api_e2e.py [--payments 1000] [--clients 16] [--concurrency 16] [--workers 2] [--rate R]
       [--worker-root <another checkout, same schema: its worker, for an A/B>]
 Results: printed, and appended to bench/out/api_e2e.jsonl.
 """
@@ -146,7 +152,15 @@ SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM d.created_
 """
 
 
-def run(payments: int, clients: int, concurrency: int, workers: int, limits: bool, worker_root: Path = ROOT) -> dict:
+def run(
+    payments: int,
+    clients: int,
+    concurrency: int,
+    workers: int,
+    limits: bool,
+    worker_root: Path = ROOT,
+    rate: float | None = None,
+) -> dict:
     fresh_database()
     receiver = NginxReceiver()
     rail = start([sys.executable, "-m", "sandbox.rail", "--port", str(RAIL_PORT)])
@@ -164,11 +178,16 @@ def run(payments: int, clients: int, concurrency: int, workers: int, limits: boo
         lock = threading.Lock()
         shares = [payments // clients + (1 if k < payments % clients else 0) for k in range(clients)]
 
-        def flows(n: int) -> None:
+        def flows(c: int, n: int) -> None:
             client = Client(web_port, key)
             mine, times = {}, []
             for i in range(n):
                 started = time.time()
+                if rate:  # open loop: payment c + i * clients is due (c + i * clients) / rate in
+                    due = first + (c + i * clients) / rate
+                    if due > started:
+                        time.sleep(due - started)
+                    started = due
                 intent = client.post("/v1/payment_intents", {"amount": 1000 + i % 7, "currency": "usd",
                                                              "rail": "sandbox_push"})  # fmt: skip
                 t0 = time.perf_counter()
@@ -182,7 +201,7 @@ def run(payments: int, clients: int, concurrency: int, workers: int, limits: boo
         roots = {"web": web.pid, "worker": worker.pid, "rail": rail.pid}
         cpu0, machine0, clients0 = cpu_roles.cpu_by_role(roots, DB), cpu_roles.machine_cpu(), _own_cpu()
         first = time.time()
-        threads = [threading.Thread(target=flows, args=(n,)) for n in shares]
+        threads = [threading.Thread(target=flows, args=(c, n)) for c, n in enumerate(shares)]
         for t in threads:
             t.start()
         for t in threads:
@@ -224,6 +243,7 @@ def run(payments: int, clients: int, concurrency: int, workers: int, limits: boo
         "clients": clients,
         "concurrency": concurrency,
         "web_workers": workers,
+        "offered_per_s": rate,  # None: closed loop
         "webhooks_received": len(receipts),
         "payments_per_s": round(len(receipts) / (max(receipts.values()) - first), 1) if receipts else None,
         "create_to_webhook_p50_ms": round(statistics.median(end_to_end) * 1000, 1) if end_to_end else None,
@@ -268,9 +288,20 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=2, help="gunicorn worker processes (8 threads each)")
     parser.add_argument("--no-limits", action="store_true", help="skip the rail-alone and pgbench limits")
     parser.add_argument("--worker-root", type=Path, default=ROOT, help="run the worker from this checkout (A/B)")
+    parser.add_argument(
+        "--rate", type=float, help="open loop: start this many payments a second (default: closed loop)"
+    )
     args = parser.parse_args()
+    if args.rate is not None and args.rate <= 0:
+        parser.error("--rate must be positive")
     result = run(
-        args.payments, args.clients, args.concurrency, args.workers, not args.no_limits, args.worker_root.resolve()
+        args.payments,
+        args.clients,
+        args.concurrency,
+        args.workers,
+        not args.no_limits,
+        args.worker_root.resolve(),
+        args.rate,
     )
     OUT.mkdir(parents=True, exist_ok=True)
     with open(OUT / "api_e2e.jsonl", "a") as fh:

@@ -182,7 +182,7 @@ NGINX = "nginx is not installed (apt-get install nginx-light): these scripts' re
 @pytest.mark.parametrize(
     ("script", "args"),
     [
-        ("bench_api_e2e.py", ["--payments", "3", "--clients", "2", "--concurrency", "2", "--workers", "1", "--no-limits"]),
+        ("bench_api_e2e.py", ["--payments", "3", "--clients", "2", "--concurrency", "2", "--workers", "1", "--no-limits", "--rate", "50"]),
         ("statements_webhooks.py", ["--deliveries", "2"]),
         ("bench_webhook_at_cap.py", ["--events", "3", "--delay", "0.1", "--cap", "1", "--concurrency", "2", "--seconds", "1"]),
     ],
