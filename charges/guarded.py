@@ -4,11 +4,10 @@ whose poll is not awaiting a human."""
 
 from __future__ import annotations
 
-import uuid
-
 from django.db import connection
 from django.db.models.functions import Now
 
+from vpay.field_params import NOT_PLAIN, db_param
 from vpay.pipelined import fetch_prepared
 
 
@@ -42,9 +41,6 @@ WITH moved AS (
 SELECT count(*) FROM moved
 """
 _CAS_SQL: dict[tuple, str] = {}
-# What a parameter may be on the prepared path (vpay.prepared.text_param); anything else
-# (a date, a decimal, bytes) goes through the queryset.
-_PLAIN = (str, int, float, bool, uuid.UUID, type(None))
 
 
 def cas(model, pk: str, sources, **changes) -> bool:
@@ -59,17 +55,11 @@ def cas(model, pk: str, sources, **changes) -> bool:
         if isinstance(value, Now):
             columns.append((field.column, True))
             continue
-        # Another expression, or a model instance (update() writes its primary key), goes
-        # through the queryset; a value is prepared for the database as update() prepares it
-        # (a sealed or JSON field's conversion included).
-        queryset_only = hasattr(value, "resolve_expression") or hasattr(value, "_meta")
-        db_value = None if queryset_only else field.get_db_prep_save(value, connection)
-        if queryset_only or not isinstance(db_value, _PLAIN):
+        # Prepared as update() prepares it; another expression, a model instance (update()
+        # writes its primary key) or a value of another type goes through the queryset.
+        db_value = db_param(field, value, connection)
+        if db_value is NOT_PLAIN:
             return model.objects.filter(pk=pk, status__in=params["sources"]).update(**changes, updated_at=Now()) == 1
-        if isinstance(db_value, str):
-            db_value = str(db_value)  # a status: its value
-        elif isinstance(db_value, int) and not isinstance(db_value, bool):
-            db_value = int(db_value)  # psycopg's Int4 or Int8, as Django's backend prepares an integer
         params[f"v{len(columns)}"] = db_value
         columns.append((field.column, False))
     key = (model._meta.label, tuple(columns))

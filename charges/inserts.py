@@ -10,18 +10,14 @@ and the columns the database fills (``db_default``) come back with it.
 
 from __future__ import annotations
 
-import json
-import uuid
 from typing import TypeVar, cast
 
 from django.db import DEFAULT_DB_ALIAS, connection, models
 from django.db.models.expressions import DatabaseDefault
 
+from vpay.field_params import NOT_PLAIN, db_param
 from vpay.pipelined import fetch_prepared
 
-# What a parameter may be on the prepared path (vpay.prepared.text_param); a row with any
-# other value (a date, a decimal, bytes) is saved through the ORM.
-_PLAIN = (str, int, float, bool, uuid.UUID, type(None))
 # Parameters are typed by the server from the INSERT's target columns.
 _INSERT = "INSERT INTO {table} ({columns}) VALUES ({values}) RETURNING {returning}"
 _SQL: dict[tuple, str] = {}
@@ -53,18 +49,10 @@ def insert_row(model: type[M], **values) -> M:
             continue
         if getattr(field, "generated", False) or (value is None and field.primary_key):
             return _saved(instance)  # the ORM leaves these to the database
-        value = field.pre_save(instance, add=True)  # as the ORM's INSERT takes it (a sealed value's seal)
-        if isinstance(field, models.JSONField):
-            # None is SQL NULL, as the ORM writes it (not JSON null).
-            db_value: object = None if value is None else json.dumps(value, cls=field.encoder)
-        else:
-            db_value = field.get_db_prep_save(value, connection)
-            if not isinstance(db_value, _PLAIN):
-                return _saved(instance)
-            if isinstance(db_value, str):
-                db_value = str(db_value)  # a choice's value
-            elif isinstance(db_value, int) and not isinstance(db_value, bool):
-                db_value = int(db_value)  # psycopg's Int4 or Int8, as Django's backend prepares an integer
+        # As the ORM's INSERT takes it: pre_save (a sealed value's seal), then prepared.
+        db_value = db_param(field, field.pre_save(instance, add=True), connection)
+        if db_value is NOT_PLAIN:
+            return _saved(instance)
         params[f"v{len(columns)}"] = db_value
         columns.append(_column(field))
     key = (meta.label, tuple(columns), tuple(_column(f) for f in returned))

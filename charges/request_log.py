@@ -10,7 +10,7 @@ from psycopg import sql
 from charges.models import EXCERPT_MAX, RequestOperation
 from charges.states import RailStatus
 from vpay.logging import redact
-from vpay.pipelined import execute_pipelined, fetch_prepared
+from vpay.pipelined import GENERIC_PLAN, execute_pipelined, fetch_prepared
 
 
 def record_sent(
@@ -81,7 +81,6 @@ RETURNING id
 # statement with parameters, the count-and-insert. That one is planned generic: left to
 # plan_cache_mode auto, the server planned it afresh at every request (custom plans priced
 # cheaper), which cost more than its run; the generic plan reads the same indexes.
-_GENERIC = b"SET LOCAL plan_cache_mode = force_generic_plan"
 _LOCK_RAIL = "SELECT pg_advisory_xact_lock(hashtextextended('vpay:rail_in_flight:' || {rail}, 0))"
 _WITHIN_CEILING = """
 WITH in_flight AS (
@@ -151,7 +150,7 @@ def record_sent_within_ceiling(
         rows = execute_pipelined(
             _WITHIN_CEILING,
             params,
-            before=(b"BEGIN", _GENERIC, lock.encode()),
+            before=(b"BEGIN", GENERIC_PLAN, lock.encode()),
             after=(b"COMMIT",),
             in_transaction=False,
         )

@@ -11,12 +11,13 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models.signals import post_save, pre_save
 from django.test.utils import override_settings
 
+from charges import inserts
 from charges.inserts import _SQL, insert_row
 from charges.models import Charge, PaymentIntent
 from charges.wire import render_intent, render_new_intent
 from customers.models import Customer
 from tests.factories.merchants import MerchantFactory
-from vpay.pipelined import _statement
+from vpay.pipelined import _statement, fetch_prepared
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -79,6 +80,26 @@ def test_the_rows_and_instances_are_what_create_makes(prepared):
     if prepared:
         for sql in _SQL.values():
             assert _prepared_here(sql) == 1
+
+
+def test_a_value_it_cannot_send_as_a_plain_parameter_is_saved_through_the_orm_as_create_would(monkeypatch):
+    prepared_calls = []
+    monkeypatch.setattr(inserts, "fetch_prepared", lambda *a, **k: prepared_calls.append(a) or fetch_prepared(*a, **k))
+    merchant = MerchantFactory()
+    values = {"merchant": merchant, "amount": 700, "currency": "usd", "rail": "sandbox_push"}
+    at = datetime.datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=datetime.UTC)  # prepares to a datetime
+    with transaction.atomic():
+        intents = [insert_row(PaymentIntent, **values), PaymentIntent.objects.create(**values)]
+        common = {"merchant_id": merchant.id, "rail": "sandbox_push", "flow": "push", "amount": 700, "currency": "usd"}
+        before = len(prepared_calls)
+        assert before  # the intents went the prepared way
+        inserted = insert_row(Charge, intent=intents[0], authorized_at=at, **common)
+        assert len(prepared_calls) == before  # saved through the ORM, not the prepared INSERT
+        created = Charge.objects.create(intent=intents[1], authorized_at=at, **common)
+    assert not inserted._state.adding and inserted.status == "submitting"
+    assert _fields(inserted) == _fields(created)
+    assert _as_stored(inserted) == _as_stored(Charge.objects.get(pk=inserted.pk))
+    assert Charge.objects.get(pk=inserted.pk).authorized_at == at
 
 
 def test_what_the_orm_would_refuse_or_signal_is_refused_or_has_no_receiver():

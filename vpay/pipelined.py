@@ -243,10 +243,11 @@ def _statement(sql: str) -> tuple[bytes, bytes, list[str]]:
 
 # A statement keyed on arrays (or with a LIMIT parameter) is planned again at almost every
 # call under plan_cache_mode auto: an array shorter than the ten elements the generic plan is
-# priced for makes every custom plan look cheaper. ``generic`` sends it with this, and, in the
-# caller's transaction, the mode set back after it.
-_GENERIC = b"SET LOCAL plan_cache_mode = force_generic_plan"
-_NOT_GENERIC = b"SET LOCAL plan_cache_mode TO DEFAULT"
+# priced for makes every custom plan look cheaper. ``generic`` sends it with GENERIC_PLAN,
+# and, in the caller's transaction, PLAN_AS_DEFAULT after it (every pipeline that plans a
+# statement generic uses these two).
+GENERIC_PLAN = b"SET LOCAL plan_cache_mode = force_generic_plan"
+PLAN_AS_DEFAULT = b"SET LOCAL plan_cache_mode TO DEFAULT"
 
 
 def fetch_prepared(sql: str, params: Mapping[str, object], *, generic: bool = False) -> list[tuple]:
@@ -269,9 +270,9 @@ def _fetch(db, sql: str, params: Mapping[str, object], *, in_transaction: bool, 
     if not generic:
         rows = execute_pipelined(sql, params, in_transaction=in_transaction)
     elif in_transaction:
-        rows = execute_pipelined(sql, params, before=(_GENERIC,), after=(_NOT_GENERIC,), in_transaction=True)
+        rows = execute_pipelined(sql, params, before=(GENERIC_PLAN,), after=(PLAN_AS_DEFAULT,), in_transaction=True)
     else:
-        rows = execute_pipelined(sql, params, before=(b"BEGIN", _GENERIC), after=(b"COMMIT",), in_transaction=False)
+        rows = execute_pipelined(sql, params, before=(b"BEGIN", GENERIC_PLAN), after=(b"COMMIT",), in_transaction=False)
     if rows is None:
         with db.cursor() as cursor:
             cursor.execute(sql, params)

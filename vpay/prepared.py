@@ -12,8 +12,8 @@ transaction, while psycopg prepares nothing (``prepare_threshold`` is ``None``).
 prepared is remembered per libpq connection, so a connection from Django's pool keeps its
 statements under whichever wrapper it next serves.
 
-It uses Django's cursor instead when an execute wrapper is installed (the worker's lazy
-savepoint, instrumentation), when queries are being logged (``DEBUG``,
+It uses Django's cursor instead when an execute wrapper is installed (a test's statement
+counter, instrumentation: they must see every statement), when queries are being logged (``DEBUG``,
 ``assertNumQueries``), when ``VPAY_DB_PREPARED_STATEMENTS`` is off (always with
 ``VPAY_DB_POOLER=transaction``: a pooled server session is not ours from one transaction
 to the next, so a statement prepared on one is missing, or already there, on another), and

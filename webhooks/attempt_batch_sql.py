@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from django.db import connection
 
-from vpay.pipelined import execute_pipelined
+from vpay.pipelined import GENERIC_PLAN, PLAN_AS_DEFAULT, execute_pipelined
 from webhooks import attempt_sql
 from webhooks.attempt_sql import DeliveryRow, Lease, Loaded, _float
 from webhooks.repository import CANCELLED_ENDPOINT_DELETED, ERROR_MAX, EXCERPT_MAX, _bounded
@@ -35,9 +35,7 @@ from webhooks.repository import CANCELLED_ENDPOINT_DELETED, ERROR_MAX, EXCERPT_M
 # on the plain path (behind a transaction pooler), where a batch waits as a request would.
 # Values come back typed; on the plain path (queries captured, prepared statements off behind
 # a pooler) as Django's cursor returns them: the readers take both.
-_GENERIC = b"SET LOCAL plan_cache_mode = force_generic_plan"
 LOCK_TIMEOUT = b"SET LOCAL lock_timeout = '2s'"
-_RESET = (b"SET LOCAL plan_cache_mode TO DEFAULT",)
 _NAMED: dict[str, str] = {}
 
 
@@ -48,10 +46,12 @@ def _rows(sql: str, params: Sequence) -> list[tuple]:
         named = _NAMED[sql] = _name_placeholders(sql)
     values = {f"p{i}": value for i, value in enumerate(params, start=1)}
     if connection.in_atomic_block:
-        rows = execute_pipelined(named, values, before=(_GENERIC, LOCK_TIMEOUT), after=_RESET, in_transaction=True)
+        rows = execute_pipelined(
+            named, values, before=(GENERIC_PLAN, LOCK_TIMEOUT), after=(PLAN_AS_DEFAULT,), in_transaction=True
+        )
     else:
         rows = execute_pipelined(
-            named, values, before=(b"BEGIN", _GENERIC, LOCK_TIMEOUT), after=(b"COMMIT",), in_transaction=False
+            named, values, before=(b"BEGIN", GENERIC_PLAN, LOCK_TIMEOUT), after=(b"COMMIT",), in_transaction=False
         )
     if rows is None:
         with connection.cursor() as cursor:

@@ -10,11 +10,10 @@ from typing import cast
 
 from django.db import connection
 
-from vpay.pipelined import execute_pipelined
+from vpay.pipelined import GENERIC_PLAN, execute_pipelined
 
 # Asynchronous commit, and no JIT (see bookkeeping), for one transaction.
 _ASYNC_TRANSACTION = (b"BEGIN", b"SET LOCAL synchronous_commit TO off", b"SET LOCAL jit TO off")
-_GENERIC = b"SET LOCAL plan_cache_mode = force_generic_plan"
 
 
 def durable(sql: str, params) -> list[tuple] | int:
@@ -55,7 +54,7 @@ def bookkeeping(sql: str, params, *, prepared: bool = False, generic: bool = Fal
         return durable(sql, params)
     if prepared:
         try:
-            before = (*_ASYNC_TRANSACTION, _GENERIC) if generic else _ASYNC_TRANSACTION
+            before = (*_ASYNC_TRANSACTION, GENERIC_PLAN) if generic else _ASYNC_TRANSACTION
             rows = execute_pipelined(sql, params, before=before, after=(b"COMMIT",), in_transaction=False)
         except BaseException:
             connection.close()  # its transaction may be left open and aborted: never reuse it
