@@ -40,6 +40,7 @@ Results: printed as a Markdown table and appended to bench/out/charges.jsonl.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import platform
@@ -60,6 +61,7 @@ OUT = target.OUT
 # VPAY_BENCH_DB (another name) keeps parallel checkouts apart, as VPAY_BENCH_DB_PREFIX does.
 DB = target.name(os.environ.get("VPAY_BENCH_DB", "bench_charges"))
 DATABASE_URL = target.url(DB)
+WORKER_LOG = OUT / f"{DB}_worker.log"
 
 
 if str(ROOT) not in sys.path:
@@ -102,15 +104,30 @@ def reset() -> None:
 
 
 def _start_worker(concurrency: int) -> subprocess.Popen:
+    WORKER_LOG.parent.mkdir(parents=True, exist_ok=True)
     worker = subprocess.Popen(
         [sys.executable, "manage.py", "runworker", "--concurrency", str(concurrency)],
         cwd=ROOT,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=WORKER_LOG.open("wb"),
     )
-    print(f"worker pid {worker.pid} (--concurrency {concurrency})", file=sys.stderr, flush=True)
+    print(f"worker pid {worker.pid} (--concurrency {concurrency}), its log {WORKER_LOG}", file=sys.stderr, flush=True)
     return worker
+
+
+def _log_summary() -> None:
+    """The worker's warnings and errors, by message: a run slower than its neighbours says why."""
+    counts: collections.Counter[str] = collections.Counter()
+    for line in WORKER_LOG.read_text(errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if record.get("level") in ("warning", "error", "critical"):
+            counts[f"{record['level']}: {record.get('message', '')}"] += 1
+    for message, n in counts.most_common(10):
+        print(f"  worker log: {n} x {message}", file=sys.stderr)
 
 
 def _new_intents(charges: int):
@@ -165,6 +182,7 @@ def _pct(sorted_values: list[float], q: float) -> float:
 def _stop(worker: subprocess.Popen) -> None:
     worker.terminate()
     worker.wait(timeout=60)
+    _log_summary()
 
 
 def run_end_to_end(concurrency: int, charges: int, confirmers: int) -> dict:

@@ -207,3 +207,100 @@ def test_a_charge_within_the_hold_of_its_horizon_is_not_carried(merchant, settin
         ids[2]: "succeeded",
     }
     assert scalar("SELECT count(*) FROM jobs WHERE payload->>'charge_id' = %s AND run_at <= now()", [ids[1]]) == 1
+
+
+def test_each_carried_answer_hands_its_slot_to_the_next_request_in_the_same_statement(merchant):
+    """After the carrier's request (admitted by the ceiling, under the rail's lock), each
+    answer and the next request's row are one statement in the transaction that settles the
+    answered charge: the count in flight never moves, so no lock is taken. The new row is
+    sent at the instant its predecessor was answered; every row ends answered."""
+    submitted(merchant, 8)
+    assert Worker().run_once() == 1
+    assert statuses() == {"succeeded": 8}
+    rows = sql("SELECT sent_at, answered_at FROM provider_requests WHERE operation = 'status' ORDER BY id")
+    assert len(rows) == 8 and all(answered is not None for _, answered in rows)
+    handed_over = [rows[k][0] == rows[k - 1][1] for k in range(1, 8)]
+    assert handed_over == [True] * 7
+
+
+def test_a_carried_settlement_that_fails_records_its_answer_alone_and_the_batch_goes_on(merchant, monkeypatch):
+    """The answer rides in its charge's settlement; when that transaction fails, the answer
+    is recorded on its own (the row is evidence, and its slot frees now, not at the bound),
+    the poll goes back to its own job, and the next request is admitted by the ceiling."""
+    from charges import settlement_writes
+
+    ids = submitted(merchant, 5)
+    sql("UPDATE jobs SET priority = 1 WHERE payload->>'charge_id' <> %s", [ids[0]])  # ids[0] carries
+    settle = settlement_writes.settle_charge_and_intent
+    calls: list[str] = []
+
+    def second_carried_fails(charge_id, *args, **kwargs):
+        calls.append(charge_id)
+        if len(calls) == 3:  # the carrier's, the first carried's, then this one
+            raise RuntimeError("the settlement failed")
+        return settle(charge_id, *args, **kwargs)
+
+    monkeypatch.setattr(settlement_writes, "settle_charge_and_intent", second_carried_fails)
+    assert Worker().run_once() == 1
+    failed = calls[2]
+    assert statuses() == {"succeeded": 4, "submitted": 1}
+    assert scalar("SELECT status FROM charges WHERE id = %s", [failed]) == "submitted"
+    assert scalar("SELECT count(*) FROM provider_requests WHERE answered_at IS NULL") == 0
+    assert scalar("SELECT count(*) FROM jobs WHERE payload->>'charge_id' = %s AND run_at <= now()", [failed]) == 1
+    rows = sql("SELECT charge_id, sent_at, answered_at FROM provider_requests ORDER BY id")
+    after = next(k for k, row in enumerate(rows) if row[0] == failed) + 1
+    assert rows[after][1] != rows[after - 1][2]  # not handed over: through the ceiling
+
+
+def test_a_slot_is_handed_over_only_inside_a_transaction_and_only_while_it_is_held(merchant, settings):
+    from django.db import transaction
+
+    from charges import request_log
+    from charges.models import RequestOperation
+    from charges.states import RailStatus
+
+    first, second = submitted(merchant, 2)
+    sent = request_log.record_sent(
+        first, RequestOperation.STATUS, rail="sandbox_push", method="GET", path="/x", idempotency_key=None
+    )
+    answer = {
+        "status_code": 200,
+        "rail_status": RailStatus.PENDING,
+        "excerpt": "",
+        "charge_id": second,
+        "rail": "sandbox_push",
+        "path": "/charges/x",
+        "bound_seconds": 25.0,
+    }
+    with pytest.raises(RuntimeError):
+        request_log.hand_over_slot(sent, **answer)
+    with transaction.atomic():
+        handed = request_log.hand_over_slot(sent, **answer)
+    assert handed is not None
+    assert sql(
+        "SELECT charge_id, operation, method, answered_at IS NULL FROM provider_requests WHERE id = %s", [handed]
+    ) == [(second, "status", "GET", True)]
+    # Sent longer ago than the bound, the request held no slot: answered, and nobody's slot passes on.
+    sql("UPDATE provider_requests SET sent_at = now() - interval '26 seconds' WHERE id = %s", [handed])
+    with transaction.atomic():
+        assert request_log.hand_over_slot(handed, **{**answer, "charge_id": first}) is None
+    assert scalar("SELECT count(*) FROM provider_requests WHERE answered_at IS NULL") == 0
+    assert scalar("SELECT count(*) FROM provider_requests") == 2
+
+
+def test_a_lone_polls_settlement_that_fails_leaves_its_answer_recorded_and_the_job_to_retry(
+    merchant, settings, monkeypatch
+):
+    from charges import settlement_writes
+
+    settings.VPAY_RAIL_POLL_BATCH = 1
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("the settlement failed")
+
+    monkeypatch.setattr(settlement_writes, "settle_charge_and_intent", fails)
+    [charge_id] = submitted(merchant, 1)
+    assert Worker().run_once() == 1
+    assert statuses() == {"submitted": 1}
+    assert sql("SELECT status_code, rail_status FROM provider_requests") == [(200, "succeeded")]
+    assert scalar("SELECT attempts FROM jobs WHERE payload->>'charge_id' = %s", [charge_id]) == 1

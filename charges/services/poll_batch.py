@@ -12,16 +12,20 @@ charge, a read of the rail's breaker. Now a poll of a ``submitted`` charge takes
    within the hold of its horizon, is given back (its job made due at once, to run on its own).
 2. The carrier makes its own request, as it always has. If the rail's guards defer it, the
    whole batch is given back (:func:`give_back_all`).
-3. :func:`finish`: then each carried charge in turn, as a lone poll asks
-   (``rail_calls.status``: the ceiling asked, the request row committed before the GET,
-   the answer or error recorded on it and told to the breaker), on one ticket of the rail's
-   breaker taken for the batch (a closed breaker's: a half-open one's probe goes alone) and
-   on the carrier's executor, whose own request this worker's share counted, then the poll's own settlement table and ladder
-   (``polling.after_answer``). Each held job is then settled as its own run would have
+3. :func:`finish`: then each carried charge in turn, as a lone poll asks (its request row
+   committed before the GET, the answer or error told to the breaker and recorded on it),
+   on one ticket of the rail's breaker taken for the batch (a closed breaker's: a half-open
+   one's probe goes alone) and on the carrier's executor, whose own request this worker's
+   share counted, then the poll's own settlement table and ladder (``polling.after_answer``). Each held job is then settled as its own run would have
    been (``jobs.port.settle_held``): finished, or due at its next rung. The first
    non-answer (no answer, a refusal) or guard that defers ends the batch: that poll and the
    rest are given back, so no request goes out on a breaker read from before a failure, and
    neither does one that could outlast the hold.
+
+Each answer is recorded in the transaction that settles its charge, and that transaction
+writes the next charge's request row in the answered request's slot of the ceiling
+(``status_answers``; the carrier's own answer hands its slot to the first): one commit per
+carried charge, and no wait for the rail's lock after the carrier's.
 
 One after another, not at once: a batch holds one slot of the rail's ceiling
 (``VPAY_RAIL_MAX_IN_FLIGHT``, 8 across the fleet) at a time, as the lone poll did, so a few
@@ -41,6 +45,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 from django.conf import settings
 
@@ -48,9 +53,9 @@ from charges import poll_batch_repository, repository
 from charges.ladder import past_the_horizon
 from charges.policy import RecoveryPolicy
 from charges.rails import RailConfig
-from charges.rails.adapter import RailRejected, RailUnavailable
+from charges.rails.adapter import RailAnswer, RailRejected, RailUnavailable
 from charges.repository import ChargeRow
-from charges.services import rail_calls, rail_gate
+from charges.services import rail_calls, rail_gate, status_answers
 from charges.services.rail_gate import RailDeferred
 from charges.states import ChargeStatus, RailStatus
 from jobs import port as queue
@@ -78,6 +83,7 @@ class Batch:
     held: queue.Held
     rows: list[ChargeRow]  # held, to be asked about after the carrier's own request
     ticket: Ticket | None = None  # the rail breaker's, asked once for the batch
+    handed: int | None = None  # the first row's request row, written by the carrier's answer
 
 
 def start(row: ChargeRow, rail: RailConfig, policy: RecoveryPolicy) -> Batch | None:
@@ -147,19 +153,23 @@ def _ask_each(
     given_back: list[str],
 ) -> None:
     """:func:`finish`'s requests, one after another, into ``settles`` and ``given_back``."""
+    handed = batch.handed  # the request row the previous answer's transaction wrote
     for index, row in enumerate(batch.rows):
-        if time.monotonic() - started + settings.VPAY_RAIL_TIMEOUT_SECONDS + ASK_MARGIN_SECONDS > _hold_seconds():
+        if handed is None and not in_time(started):
             given_back.extend(r.id for r in batch.rows[index:])  # its hold could end mid-request
             break
         # The first non-answer ends the batch (after this poll's own next rung, as a lone
         # poll's): no request goes out on a breaker read from before a failure.
         last = False
         retry_after = 0.0
+        sent: tuple[int, RailAnswer] | None = None
         try:
             if batch.ticket is None:
                 batch.ticket = _closed_ticket(batch.rail.code)
-            answer = rail_calls.status(row.id, batch.rail, pay_token=row.pay_token, ticket=batch.ticket, carried=True)
-            status, failure_code, pay_token = answer.status, answer.failure_code, answer.pay_token
+            sent = rail_calls.status_unrecorded(
+                row.id, batch.rail, pay_token=row.pay_token, ticket=batch.ticket, carried=True, request_id=handed
+            )
+            status, failure_code, pay_token = sent[1].status, sent[1].failure_code, sent[1].pay_token
         except RailDeferred:
             given_back.extend(r.id for r in batch.rows[index:])  # a guard held it back: nothing sent
             break
@@ -171,10 +181,20 @@ def _ask_each(
             logger.exception("a carried poll failed; it and the rest run on their own", extra={"charge_id": row.id})
             given_back.extend(r.id for r in batch.rows[index:])
             break
+        handed = None
+
+        settle = partial(
+            after_answer, row, status, failure_code, pay_token, retry_after=retry_after, past=False, policy=policy
+        )
+
         try:
-            outcome = after_answer(
-                row, status, failure_code, pay_token, retry_after=retry_after, past=False, policy=policy
-            )
+            if sent is None:  # a non-answer, recorded already
+                outcome = settle()
+            else:
+                following = next_to_ask(batch, index + 1, started)
+                outcome, handed = status_answers.settle_with_answer(
+                    sent[0], sent[1], batch.rail, settle, next_charge_id=following
+                )
         except Exception:
             logger.exception("a carried poll failed; its job runs on its own", extra={"charge_id": row.id})
             outcome = Outcome.defer(0, "")  # given back below
@@ -187,6 +207,26 @@ def _ask_each(
         if last:
             given_back.extend(r.id for r in batch.rows[index + 1 :])
             break
+
+
+def next_to_ask(batch: Batch | None, index: int, started: float) -> str | None:
+    """The charge whose request the answer in hand hands its slot to: the batch's
+    ``index``-th, if there is one, its request would end within the hold, and the batch has
+    its breaker ticket (taken here, before its row is written: a row handed over is sent)."""
+    if batch is None or index >= len(batch.rows) or not in_time(started):
+        return None
+    if batch.ticket is None:
+        try:
+            batch.ticket = _closed_ticket(batch.rail.code)
+        except Exception:  # asked again before the request, where a refusal gives the batch back
+            logger.warning("could not take the breaker's ticket for a batch", exc_info=True)
+            return None
+    return batch.rows[index].id
+
+
+def in_time(started: float) -> bool:
+    """Whether one more request, sent now, ends within the batch's hold with a margin."""
+    return time.monotonic() - started + settings.VPAY_RAIL_TIMEOUT_SECONDS + ASK_MARGIN_SECONDS <= _hold_seconds()
 
 
 def give_back_all(batch: Batch) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from functools import partial
 
 from django.conf import settings
 from django.db import transaction
@@ -20,7 +21,15 @@ from charges.rails import get_rail
 from charges.rails.adapter import RailConfigurationError, RailRejected, RailUnavailable
 from charges.recovery import Step, recovery_step
 from charges.repository import ChargeRow
-from charges.services import authorization_expiry, capture_polling, poll_batch, rail_calls, rail_slots, transitions
+from charges.services import (
+    authorization_expiry,
+    capture_polling,
+    poll_batch,
+    rail_calls,
+    rail_slots,
+    status_answers,
+    transitions,
+)
 from charges.services.rail_gate import RailDeferred, worker_share
 from charges.settlement import Settlement, settle
 from charges.states import CHARGE_CAPTURE_PHASE, CHARGE_TERMINAL, ChargeStatus, RailFlow, RailStatus
@@ -117,20 +126,27 @@ def poll_charge(ctx: JobContext) -> Outcome:
     started = time.monotonic()
     batch = None if past or row.status != ChargeStatus.SUBMITTED else poll_batch.start_safely(row, rail, policy)
     try:
-        return _ask_the_rail(ctx, row, rail, past, policy, batch)
+        return _ask_the_rail(ctx, row, rail, past, policy, batch, started)
     finally:
         if batch is not None:
             poll_batch.finish(batch, policy, after_answer, started=started)
 
 
 def _ask_the_rail(
-    ctx: JobContext, row: ChargeRow, rail, past: bool, policy: RecoveryPolicy, batch: poll_batch.Batch | None
+    ctx: JobContext,
+    row: ChargeRow,
+    rail,
+    past: bool,
+    policy: RecoveryPolicy,
+    batch: poll_batch.Batch | None,
+    started: float,
 ) -> Outcome:
     """Step 4 of a poll, then :func:`after_answer`."""
     retry_after = 0.0
     try:
-        answer = rail_calls.status(row.id, rail, pay_token=row.pay_token, share=worker_share(ctx.worker_concurrency))
-        status, failure_code, pay_token = answer.status, answer.failure_code, answer.pay_token
+        request_id, answer = rail_calls.status_unrecorded(
+            row.id, rail, pay_token=row.pay_token, share=worker_share(ctx.worker_concurrency)
+        )
     except RailDeferred as exc:
         if batch is not None:
             poll_batch.give_back_all(batch)  # the guards that held this request back hold the batch's
@@ -163,6 +179,29 @@ def _ask_the_rail(
         # must hear, and escalation says it (with an hourly poll) where the rail's own
         # error would park the job. Only rail errors: a database error propagates as itself.
         return _escalate(row, policy, f"rail refused our credentials: {error_chain(exc, 200)}")
+    else:
+        # The answer is recorded in the transaction that settles it; with a batch to ask
+        # about next, that transaction also writes the first carried request's row, in this
+        # request's slot of the rail's ceiling (charges.services.status_answers).
+        outcome, handed = status_answers.settle_with_answer(
+            request_id,
+            answer,
+            rail,
+            partial(
+                after_answer,
+                row,
+                answer.status,
+                answer.failure_code,
+                answer.pay_token,
+                retry_after=0.0,
+                past=past,
+                policy=policy,
+            ),
+            next_charge_id=poll_batch.next_to_ask(batch, 0, started),
+        )
+        if batch is not None:
+            batch.handed = handed
+        return outcome
 
     return after_answer(row, status, failure_code, pay_token, retry_after=retry_after, past=past, policy=policy)
 

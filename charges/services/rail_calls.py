@@ -52,6 +52,8 @@ __all__ = [
     "refund_status",
     "refund_submit",
     "status",
+    "status_path",
+    "status_unrecorded",
     "submit",
     "void",
 ]
@@ -127,7 +129,7 @@ def status(
         rail,
         RequestOperation.STATUS,
         "GET",
-        f"/charges/{quote(charge_id, safe='')}",  # never the query: it carries the pay_token
+        status_path(charge_id),
         None,
         lambda: adapter_for(rail).status(reference=charge_id, pay_token=pay_token),
         ticket=ticket,
@@ -137,6 +139,44 @@ def status(
         counted=not carried,
     )
     return answer
+
+
+def status_unrecorded(
+    charge_id: str,
+    rail: RailConfig,
+    *,
+    pay_token: str | None,
+    share: int | None = None,
+    ticket: Ticket | None = None,
+    carried: bool = False,
+    request_id: int | None = None,
+) -> tuple[int, RailAnswer]:
+    """:func:`status`, its answer returned unrecorded with its request row's id: the caller
+    records it in the transaction that settles the charge (``status_answers``), which frees
+    the slot or hands it over. ``request_id``: the row written already, by the slot's hand-over
+    from the previous answer (the ceiling not asked again). A failure is recorded here (and
+    the slot freed), then raised."""
+    return _call(
+        charge_id,
+        rail,
+        RequestOperation.STATUS,
+        "GET",
+        status_path(charge_id),
+        None,
+        lambda: adapter_for(rail).status(reference=charge_id, pay_token=pay_token),
+        ticket=ticket,
+        ceiling=True,
+        share=share,
+        record_answer=False,
+        counted=not carried,
+        request_id=request_id,
+    )[:2]
+
+
+def status_path(charge_id: str) -> str:
+    """A status read's path as its request row keeps it: never the query, which carries the
+    pay_token."""
+    return f"/charges/{quote(charge_id, safe='')}"
 
 
 def capture(
@@ -241,15 +281,19 @@ def _call(
     record_answer: bool,
     refund_id: str | None = None,
     counted: bool = True,
+    request_id: int | None = None,
 ) -> tuple[int, RailAnswer, bool]:
+    """``request_id``: the request row, written already (a status read's: never a resend)."""
     ticket = ticket or rail_gate.admit(rail.code)
     if counted and not SHARES.acquire(rail.code, share):
         raise rail_gate.at_ceiling(rail.code, ticket, None, f"holds this worker's share ({share}) of threads")
     failed_recorded = False
     try:
-        request_id, resend = _record_sent(
-            charge_id, rail, operation, method, path, idempotency_key, ticket, ceiling, refund_id
-        )
+        resend = False
+        if request_id is None:
+            request_id, resend = _record_sent(
+                charge_id, rail, operation, method, path, idempotency_key, ticket, ceiling, refund_id
+            )
         faultpoints.reached("rail.request_recorded", str(operation))
         try:
             answer = send()
