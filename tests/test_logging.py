@@ -10,6 +10,8 @@ import sys
 
 import pytest
 from django.conf import settings
+from hypothesis import given
+from hypothesis import strategies as st
 
 from vpay.errors import error_chain
 from vpay.logging import JsonFormatter, RedactSecretsFilter, TextFormatter, redact, register_secret
@@ -90,10 +92,62 @@ def test_the_alert_urls_exact_value_and_its_path_are_redacted(settings):
     assert "xYz-9q8W7e6R5t" not in scrubbed and "[REDACTED]" in scrubbed
 
 
-def test_the_database_password_is_redacted_by_value_raw_and_percent_encoded(settings, monkeypatch):
-    monkeypatch.setitem(settings.DATABASES["default"], "PASSWORD", "pa-ss@word/42x")
+def test_the_database_password_is_redacted_by_value_raw_and_percent_encoded(settings):
+    redact("warm the known secrets' cache")  # a setting changed after it is read still counts
+    with pytest.warns(UserWarning, match="DATABASES"):  # Django's, for any override of DATABASES
+        settings.DATABASES = {
+            **settings.DATABASES,
+            "default": {**settings.DATABASES["default"], "PASSWORD": "pa-ss@word/42x"},
+        }
     scrubbed = redact('connection to "db" failed for pa-ss@word/42x (dsn postgresql://vpay:pa-ss%40word%2F42x@db/v)')
     assert "pa-ss" not in scrubbed and "42x" not in scrubbed
+
+
+def test_a_secret_registered_after_a_redaction_is_redacted_from_then_on():
+    assert redact("key rk_9f8e7d6c-registered-later") == "key rk_[REDACTED]"  # the shape alone
+    assert "Zq81!registered" in redact("value Zq81!registered")
+    register_secret("Zq81!registered")
+    assert redact("value Zq81!registered") == "value [REDACTED]"
+
+
+@given(
+    st.lists(
+        st.one_of(
+            st.text(alphabet=string.ascii_letters + string.digits + "_-.:/@=' \"{},", max_size=12),
+            st.sampled_from(
+                [
+                    "sk_",
+                    "whsec_",
+                    "at_live_",
+                    "eyJ",
+                    "Bearer ",
+                    "bearer\t",
+                    "://",
+                    ":",
+                    "@",
+                    "api_key",
+                    "API-KEY",
+                    "secret",
+                    "Password",
+                    "token",
+                    "=",
+                    ": ",
+                    "'",
+                    '"',
+                    "authorization",
+                    "Authorization: Basic ",
+                ]
+            ),
+        ),
+        max_size=12,
+    ).map("".join)
+)
+def test_the_one_pass_check_finds_a_match_exactly_where_one_of_the_patterns_would(text):
+    """redact() skips the substitutions where _ANY_SECRET finds nothing: it must never miss
+    what a pattern would have found (nor find what none would, which only costs time)."""
+    from vpay.logging import _ANY_SECRET, _SECRET_PATTERNS
+
+    assert (_ANY_SECRET.search(text) is not None) == any(p.search(text) for p, _ in _SECRET_PATTERNS)
 
 
 def test_a_short_registered_value_is_not_redacted_everywhere():
@@ -248,7 +302,9 @@ def test_settings_put_the_redaction_filter_on_the_console_handler():
     assert settings.LOGGING["filters"]["count_alerts"]["()"] == "vpay.logging.CountAlertsFilter"
 
 
-@pytest.mark.parametrize(("extra", "counted"), [({"alert": True}, 1), ({"alert": False}, 0), ({}, 0), ({"alert": "yes"}, 0)])
+@pytest.mark.parametrize(
+    ("extra", "counted"), [({"alert": True}, 1), ({"alert": False}, 0), ({}, 0), ({"alert": "yes"}, 0)]
+)
 def test_the_alert_filter_counts_each_record_that_carries_alert_true(extra, counted):
     from prometheus_client import REGISTRY
 

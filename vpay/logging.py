@@ -20,6 +20,8 @@ import threading
 from datetime import UTC, datetime
 from urllib.parse import quote, urlsplit
 
+from django.core.signals import setting_changed
+
 # Attributes every LogRecord has; anything else on a record came from `extra=`.
 _STANDARD_ATTRS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
 
@@ -45,6 +47,18 @@ _SECRET_PATTERNS = [
 ]
 
 
+# Whether any of the patterns could match, in one pass: most strings redacted (a rail answer's
+# ids, statuses and currencies) match none, and seven substitutions over each cost a worker
+# settling charges 5 % of its time (bench/CHARGES.md). Each pattern is wrapped as a group with
+# its own flags, so the alternation finds a match exactly where one of them would.
+_ANY_SECRET = re.compile(
+    "|".join(
+        f"(?i:{pattern.pattern.removeprefix('(?i)')})" if pattern.flags & re.IGNORECASE else f"(?:{pattern.pattern})"
+        for pattern, _ in _SECRET_PATTERNS
+    )
+)
+
+
 # A known value shorter than this is left to the patterns: replacing it everywhere would
 # blank ordinary words that contain it (a database password "vpay" in "vpay.worker").
 MIN_EXACT_LENGTH = 8
@@ -55,9 +69,12 @@ _registered_lock = threading.Lock()
 
 def register_secret(value: str) -> None:
     """Redact ``value`` by its exact value from now on (a rail's key, once loaded)."""
+    global _generation
     if isinstance(value, str) and len(value) >= MIN_EXACT_LENGTH:
         with _registered_lock:
-            _registered.add(value)
+            if value not in _registered:
+                _registered.add(value)
+                _generation += 1
 
 
 def _settings_secrets() -> list[str]:
@@ -82,28 +99,41 @@ def _settings_secrets() -> list[str]:
     return found
 
 
-# The last _known_secrets() answer and what it was made from: the settings are read on every
-# call (a test may override them), but the forms are only built again when they or the
-# registered values changed. Built on every call, they were 4 % of a worker's time settling
-# charges (a rail answer's excerpt redacts each of its strings; bench/CHARGES.md).
-_known: tuple[tuple, list[str]] = ((), [])
+# The known secrets' forms, built again only when what they are made from changed: a secret
+# registered, or a setting changed (Django's setting_changed: override_settings, pytest-django's
+# settings fixture), counted in _generation. Read from the settings on every call, they cost a
+# worker settling charges 2 % of its time (a rail answer's excerpt redacts each of its strings;
+# bench/CHARGES.md). Nothing is kept while the settings are not configured yet.
+_generation = 0
+_known: tuple[int, list[str]] = (-1, [])
+
+
+def _settings_changed(**kwargs) -> None:
+    global _generation
+    with _registered_lock:
+        _generation += 1
+
+
+setting_changed.connect(_settings_changed, dispatch_uid="vpay.logging.known_secrets")
 
 
 def _known_secrets() -> list[str]:
     """Every known secret as it may be written (raw, percent-encoded), longest first, so a
     secret that contains another is replaced whole."""
     global _known
-    with _registered_lock:
-        registered = frozenset(_registered)
-    key = (registered, tuple(v for v in _settings_secrets() if isinstance(v, str)))
-    made_from, forms = _known
-    if made_from == key:
+    generation, forms = _known
+    if generation == _generation:
         return forms
-    values = set(registered) | set(key[1])
+    with _registered_lock:
+        generation, registered = _generation, frozenset(_registered)
+    from django.conf import settings
+
+    values = set(registered) | {v for v in _settings_secrets() if isinstance(v, str)}
     forms = sorted(
         {form for v in values if len(v) >= MIN_EXACT_LENGTH for form in (v, quote(v, safe=""))}, key=len, reverse=True
     )
-    _known = (key, forms)
+    if settings.configured:
+        _known = (generation, forms)
     return forms
 
 
@@ -112,6 +142,8 @@ def redact(text: str) -> str:
     for secret in _known_secrets():
         if secret in text:
             text = text.replace(secret, REDACTED)
+    if _ANY_SECRET.search(text) is None:
+        return text
     for pattern, replacement in _SECRET_PATTERNS:
         text = pattern.sub(replacement, text)
     return text
