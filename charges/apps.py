@@ -16,8 +16,10 @@ class ChargesConfig(AppConfig):
         from customers.retention import register_in_use
         from jobs.maintenance.housekeeping import register_sweep_step
         from jobs.primitives.ceilings import register_ceilings
+        from jobs.runner.warmup import register_warm_up
 
         register_ceilings("charges", rail_ceilings)
+        register_warm_up("the rails' HTTP clients", _rail_clients)
         # Checkout sessions past 24 h expire in the hourly sweep_expired.
         register_sweep_step("checkout_sessions", expire_checkout_sessions)
         # Rail requests of settled charges, past their retention window.
@@ -32,3 +34,12 @@ class ChargesConfig(AppConfig):
             "EXISTS (SELECT 1 FROM payment_intents p WHERE p.customer_id = customers.id"
             " AND p.status IN ('processing', 'requires_action', 'requires_capture'))",
         )
+
+
+def _rail_clients() -> None:
+    """Each configured rail's client (its TLS context, 20-30 ms to build), before a poll needs it."""
+    from charges.rails import configured_rails
+    from charges.rails.adapter import adapter_for
+
+    for rail in configured_rails().values():
+        adapter_for(rail)

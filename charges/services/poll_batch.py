@@ -16,11 +16,12 @@ charge, a read of the rail's breaker. Now a poll of a ``submitted`` charge takes
    committed before the GET, the answer or error told to the breaker and recorded on it),
    on one ticket of the rail's breaker taken for the batch (a closed breaker's: a half-open
    one's probe goes alone) and on the carrier's executor, whose own request this worker's
-   share counted, then the poll's own settlement table and ladder (``polling.after_answer``). Each held job is then settled as its own run would have
-   been (``jobs.port.settle_held``): finished, or due at its next rung. The first
-   non-answer (no answer, a refusal) or guard that defers ends the batch: that poll and the
-   rest are given back, so no request goes out on a breaker read from before a failure, and
-   neither does one that could outlast the hold.
+   share counted, then the poll's own settlement table and ladder (``polling.after_answer``).
+   Each held job is then settled as its own run would have been (``jobs.port.settle_held``):
+   finished, or due at its next rung. The first non-answer (no answer, a refusal) or guard
+   that defers ends the batch: that poll and the rest are given back, so no request goes
+   out on a breaker read from before a failure, and neither does one that could outlast
+   the hold.
 
 Each answer is recorded in the transaction that settles its charge, and that transaction
 writes the next charge's request row in the answered request's slot of the ceiling
@@ -182,11 +183,9 @@ def _ask_each(
             given_back.extend(r.id for r in batch.rows[index:])
             break
         handed = None
-
         settle = partial(
             after_answer, row, status, failure_code, pay_token, retry_after=retry_after, past=False, policy=policy
         )
-
         try:
             if sent is None:  # a non-answer, recorded already
                 outcome = settle()

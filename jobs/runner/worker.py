@@ -55,6 +55,7 @@ from jobs.runner.invoke import Ran, run_job
 from jobs.runner.listener import connect_params, listen
 from jobs.runner.report import Report
 from jobs.runner.settling import DB_ERRORS, Completer, Settler
+from jobs.runner.warmup import warm_up
 from jobs.storage import leases, parking
 from jobs.storage.leases import ClaimedJob
 from vpay import faultpoints, metrics
@@ -260,7 +261,7 @@ class Worker:
     def boot(self) -> None:
         """Reap dead workers' leases, unpark what is due, seed the singletons, serve metrics.
         Failures here are logged; only the queue being unreadable would stop a worker, and
-        the loop retries that."""
+        the loop retries that. Then what the apps registered is built (``warmup``)."""
         try:
             self.reap()
         except DB_ERRORS:
@@ -283,6 +284,7 @@ class Worker:
             logger.exception("seeding the singleton jobs failed", extra={"alert": True})
         finally:
             connection.close()
+        warm_up()
         if self.metrics_port is not None:
             from prometheus_client import start_http_server
 
