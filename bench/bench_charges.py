@@ -105,13 +105,14 @@ def reset() -> None:
 
 def _start_worker(concurrency: int) -> subprocess.Popen:
     WORKER_LOG.parent.mkdir(parents=True, exist_ok=True)
-    worker = subprocess.Popen(
-        [sys.executable, "manage.py", "runworker", "--concurrency", str(concurrency)],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        stdout=subprocess.DEVNULL,
-        stderr=WORKER_LOG.open("wb"),
-    )
+    with WORKER_LOG.open("wb") as log:  # the child keeps its own descriptor
+        worker = subprocess.Popen(
+            [sys.executable, "manage.py", "runworker", "--concurrency", str(concurrency)],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
     print(f"worker pid {worker.pid} (--concurrency {concurrency}), its log {WORKER_LOG}", file=sys.stderr, flush=True)
     return worker
 
@@ -146,7 +147,7 @@ def _new_intents(charges: int):
 
 # Per settled charge: confirm → event (both instants PostgreSQL's), and the event's instant.
 _SETTLED = """
-SELECT extract(epoch FROM e.created_at - c.created_at)::float8, c.created_at, e.created_at
+SELECT extract(epoch FROM e.created_at - c.created_at)::float8, c.created_at, e.created_at, c.id
   FROM charges c JOIN events e
     ON e.type = 'payment_intent.succeeded' AND e.data->>'id' = c.intent_id
  WHERE c.intent_id = ANY(%s)
@@ -173,6 +174,20 @@ def _wait_settled(ids: list[str]) -> tuple[list[tuple], int]:
             [ids],
         ).fetchone()[0]
     return rows, events_per_intent
+
+
+def _report_tail(rows: list[tuple]) -> None:
+    """A run whose last settlements came long after the rest (a poll held or retried, not
+    the worker's pace) says so, with the charge to look at before the next run empties
+    the tables."""
+    by_time = sorted(rows, key=lambda r: r[2])
+    tail = (by_time[-1][2] - by_time[int(len(by_time) * 0.99) - 1][2]).total_seconds()
+    if tail > 5.0:
+        print(
+            f"  the last charge settled {tail:.1f} s after the 99th percentile: {by_time[-1][3]}"
+            f" (its rows stay in {DB} until the next run)",
+            file=sys.stderr,
+        )
 
 
 def _pct(sorted_values: list[float], q: float) -> float:
@@ -264,6 +279,7 @@ def run_worker_alone(concurrency: int, charges: int, rail_pid: int) -> dict:
     cpu1, machine1 = cpu_roles.cpu_by_role(roots, DB), cpu_roles.machine_cpu()
     _stop(worker)
     span = (max(r[2] for r in rows) - min(r[2] for r in rows)).total_seconds()
+    _report_tail(rows)
     return {
         "mode": "worker_alone",
         "concurrency": concurrency,

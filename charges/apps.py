@@ -11,7 +11,7 @@ class ChargesConfig(AppConfig):
         from charges import checks  # noqa: F401
         from charges.ceilings import rail_ceilings
         from charges.retention import old_provider_requests
-        from charges.services import polling, refund_polling, void_failed  # noqa: F401
+        from charges.services import backstop_scan, polling, refund_polling, void_failed  # noqa: F401
         from charges.services.checkout_expiry import expire_checkout_sessions
         from customers.retention import register_in_use
         from jobs.maintenance.housekeeping import register_sweep_step

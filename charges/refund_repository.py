@@ -182,7 +182,7 @@ def forget_not_found(refund_id: str) -> None:
         cursor.execute(_FORGET_NOT_FOUND, [refund_id])
 
 
-# --- the backstop (charges.services.polling.scan_live_charges) ---------------------------
+# --- the backstop (charges.services.backstop_scan.scan_live_charges) ---------------------------
 
 
 def live_page(after: str, limit: int) -> list[tuple[str, str]]:

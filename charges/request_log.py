@@ -215,13 +215,14 @@ def hand_over_slot(
     charge_id: str,
     rail: str,
     path: str,
-    bound_seconds: float,
+    within_seconds: float,
 ) -> int | None:
     """Answer the status read ``request_id`` and write the next one's row (for ``charge_id``)
     in its slot of the rail's ceiling: the id of the new row, or None where the answered
-    request no longer held a slot (the answer is recorded; the next row is the ceiling's to
-    admit). Only inside the caller's transaction, which settles the answered charge and
-    commits the new row before its request goes out (``charges.services.poll_batch``)."""
+    request was sent ``within_seconds`` ago or longer (the answer is recorded; the next row
+    is the ceiling's to admit). Only inside the caller's transaction, which settles the
+    answered charge and commits the new row before its request goes out
+    (``charges.services.status_answers``)."""
     if not connection.in_atomic_block:
         raise RuntimeError("a slot passes on inside the transaction that records its answer")
     rows = fetch_prepared(
@@ -235,29 +236,29 @@ def hand_over_slot(
             "operation": str(RequestOperation.STATUS),
             "rail": rail,
             "path": path[:300],
-            "bound": bound_seconds,
+            "within": within_seconds,
         },
     )
     return rows[0][0] if rows else None
 
 
 # A status read's slot of the ceiling passes to the next one: its answer and the next
-# request's row in one statement, in the transaction that settles the answered charge. One
-# request in flight is answered as another is sent, so the rail's count of requests in flight
-# is what it was and no lock is taken (_LOCK_RAIL's serializes only what could raise it):
-# whoever counts sees one of the two, never both, never neither. Only while the answered
-# request still held a slot, sent within the bound: one older counts for nobody, so its
-# successor would add one, and is left to the ceiling (no row inserted; the answer is
-# recorded all the same). The new row is sent at the statement's instant, its predecessor's
-# answer's, not at the settlement's start. The update reads provider_requests_pkey; the insert
-# reads no index.
+# request's row in one statement (charges.services.status_answers says why). The count in
+# flight does not move, so no lock: before the commit a counter sees the answered request
+# unanswered and not the new row, after it the new row and the answer; never both. Never
+# neither either, as long as the answered request still counts when the new row becomes
+# visible: it counts until its bound (the rail timeout plus IN_FLIGHT_MARGIN_SECONDS), and
+# it is handed over only while younger than the rail timeout (within), so the commit has
+# the margin to spare. An older one's successor is left to the ceiling (no row inserted;
+# the answer is recorded all the same). The new row is sent at the statement's instant, not
+# at the settlement's start. The update reads provider_requests_pkey; the insert no index.
 _HAND_OVER_SLOT = """
 WITH answered AS (
     UPDATE provider_requests
        SET answered_at = statement_timestamp(), status_code = %(status_code)s::int,
            rail_status = %(rail_status)s::text, error = '', response_excerpt = %(excerpt)s::text
      WHERE id = %(id)s::bigint AND answered_at IS NULL
-    RETURNING rail, sent_at > statement_timestamp() - make_interval(secs => %(bound)s::float8) AS held
+    RETURNING rail, sent_at > statement_timestamp() - make_interval(secs => %(within)s::float8) AS held
 )
 INSERT INTO provider_requests (charge_id, operation, rail, method, path, sent_at)
 SELECT %(charge_id)s::text, %(operation)s::text, rail, 'GET', %(path)s::text, statement_timestamp()

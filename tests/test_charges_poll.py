@@ -14,7 +14,7 @@ from django.db import connection
 from charges.models import Charge, PaymentIntent
 from charges.rails import get_rail
 from charges.rails.adapter import adapter_for
-from charges.services import polling
+from charges.services import backstop_scan, polling
 from jobs.adapters.postgres import enqueue
 from jobs.kinds import JobKind
 from jobs.models import DeadLetter
@@ -139,7 +139,7 @@ def test_a_404_about_a_submitting_charge_is_recorded_as_evidence(merchant):
 
 
 def test_the_backstop_restores_lost_polls_page_by_page_and_leaves_live_ones_alone(merchant, monkeypatch):
-    monkeypatch.setattr(polling, "SCAN_PAGE", 2)
+    monkeypatch.setattr(backstop_scan, "SCAN_PAGE", 2)
     lost = [live_charge(merchant, status="submitted", amount=6000 + i, job=False) for i in range(5)]
     kept = live_charge(merchant, status="unresolved", amount=6100)
     sql("UPDATE jobs SET run_at = now() + interval '1 hour' WHERE dedupe_key = %s", [f"charge:poll:{kept.id}"])
@@ -229,8 +229,8 @@ def scan_only() -> None:
 
 def test_the_backstop_carries_its_place_across_passes_and_reaches_every_live_charge(merchant, monkeypatch):
     # Passes of two pages of two: seven lost polls take two passes, the second one at once.
-    monkeypatch.setattr(polling, "SCAN_PAGE", 2)
-    monkeypatch.setattr(polling, "SCAN_MAX_PAGES", 2)
+    monkeypatch.setattr(backstop_scan, "SCAN_PAGE", 2)
+    monkeypatch.setattr(backstop_scan, "SCAN_MAX_PAGES", 2)
     lost = sorted(
         (live_charge(merchant, status="submitted", amount=6300 + i, job=False) for i in range(7)), key=lambda c: c.id
     )

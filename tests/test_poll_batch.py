@@ -252,42 +252,6 @@ def test_a_carried_settlement_that_fails_records_its_answer_alone_and_the_batch_
     assert rows[after][1] != rows[after - 1][2]  # not handed over: through the ceiling
 
 
-def test_a_slot_is_handed_over_only_inside_a_transaction_and_only_while_it_is_held(merchant, settings):
-    from django.db import transaction
-
-    from charges import request_log
-    from charges.models import RequestOperation
-    from charges.states import RailStatus
-
-    first, second = submitted(merchant, 2)
-    sent = request_log.record_sent(
-        first, RequestOperation.STATUS, rail="sandbox_push", method="GET", path="/x", idempotency_key=None
-    )
-    answer = {
-        "status_code": 200,
-        "rail_status": RailStatus.PENDING,
-        "excerpt": "",
-        "charge_id": second,
-        "rail": "sandbox_push",
-        "path": "/charges/x",
-        "bound_seconds": 25.0,
-    }
-    with pytest.raises(RuntimeError):
-        request_log.hand_over_slot(sent, **answer)
-    with transaction.atomic():
-        handed = request_log.hand_over_slot(sent, **answer)
-    assert handed is not None
-    assert sql(
-        "SELECT charge_id, operation, method, answered_at IS NULL FROM provider_requests WHERE id = %s", [handed]
-    ) == [(second, "status", "GET", True)]
-    # Sent longer ago than the bound, the request held no slot: answered, and nobody's slot passes on.
-    sql("UPDATE provider_requests SET sent_at = now() - interval '26 seconds' WHERE id = %s", [handed])
-    with transaction.atomic():
-        assert request_log.hand_over_slot(handed, **{**answer, "charge_id": first}) is None
-    assert scalar("SELECT count(*) FROM provider_requests WHERE answered_at IS NULL") == 0
-    assert scalar("SELECT count(*) FROM provider_requests") == 2
-
-
 def test_a_lone_polls_settlement_that_fails_leaves_its_answer_recorded_and_the_job_to_retry(
     merchant, settings, monkeypatch
 ):

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from charges import refund_repository
-from charges.services.polling import _restore_refund_polls
+from charges.services.backstop_scan import _restore_refund_polls
 from jobs.runner.worker import Worker
 from tests.charges_support import FAST_POLICY, apply_policy, scalar, sql, use_rails
 from tests.factories.jobs import DeadLetterFactory

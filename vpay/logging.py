@@ -50,7 +50,12 @@ _SECRET_PATTERNS = [
 # Whether any of the patterns could match, in one pass: most strings redacted (a rail answer's
 # ids, statuses and currencies) match none, and seven substitutions over each cost a worker
 # settling charges 5 % of its time (bench/CHARGES.md). Each pattern is wrapped as a group with
-# its own flags, so the alternation finds a match exactly where one of them would.
+# its own flags, so the alternation finds a match exactly where one of them would (a pattern
+# with another flag, or a backreference, would need more than this: refused here).
+assert all(
+    p.flags & ~(re.IGNORECASE | re.UNICODE) == 0 and not re.search(r"\\[1-9]|\(\?P=", p.pattern)
+    for p, _ in _SECRET_PATTERNS
+), "_ANY_SECRET only carries IGNORECASE"
 _ANY_SECRET = re.compile(
     "|".join(
         f"(?i:{pattern.pattern.removeprefix('(?i)')})" if pattern.flags & re.IGNORECASE else f"(?:{pattern.pattern})"
@@ -103,7 +108,9 @@ def _settings_secrets() -> list[str]:
 # registered, or a setting changed (Django's setting_changed: override_settings, pytest-django's
 # settings fixture), counted in _generation. Read from the settings on every call, they cost a
 # worker settling charges 2 % of its time (a rail answer's excerpt redacts each of its strings;
-# bench/CHARGES.md). Nothing is kept while the settings are not configured yet.
+# bench/CHARGES.md). Nothing is kept while the settings are not configured yet. A setting
+# changed in place without the signal (a test's monkeypatch of a DATABASES entry) is not
+# seen until something else changes: change settings through override_settings.
 _generation = 0
 _known: tuple[int, list[str]] = (-1, [])
 

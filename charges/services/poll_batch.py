@@ -23,10 +23,8 @@ charge, a read of the rail's breaker. Now a poll of a ``submitted`` charge takes
    out on a breaker read from before a failure, and neither does one that could outlast
    the hold.
 
-Each answer is recorded in the transaction that settles its charge, and that transaction
-writes the next charge's request row in the answered request's slot of the ceiling
-(``status_answers``; the carrier's own answer hands its slot to the first): one commit per
-carried charge, and no wait for the rail's lock after the carrier's.
+Each answer hands its slot of the ceiling to the next charge's request in the transaction
+that settles it (``status_answers``; the carrier's own answer to the first).
 
 One after another, not at once: a batch holds one slot of the rail's ceiling
 (``VPAY_RAIL_MAX_IN_FLIGHT``, 8 across the fleet) at a time, as the lone poll did, so a few
@@ -192,7 +190,7 @@ def _ask_each(
             else:
                 following = next_to_ask(batch, index + 1, started)
                 outcome, handed = status_answers.settle_with_answer(
-                    sent[0], sent[1], batch.rail, settle, next_charge_id=following
+                    sent[0], sent[1], batch.rail, settle, next_charge_id=following, hand_over_by=ask_deadline(started)
                 )
         except Exception:
             logger.exception("a carried poll failed; its job runs on its own", extra={"charge_id": row.id})
@@ -225,7 +223,13 @@ def next_to_ask(batch: Batch | None, index: int, started: float) -> str | None:
 
 def in_time(started: float) -> bool:
     """Whether one more request, sent now, ends within the batch's hold with a margin."""
-    return time.monotonic() - started + settings.VPAY_RAIL_TIMEOUT_SECONDS + ASK_MARGIN_SECONDS <= _hold_seconds()
+    return time.monotonic() <= ask_deadline(started)
+
+
+def ask_deadline(started: float) -> float:
+    """The last ``time.monotonic()`` at which a request of the batch begun at ``started`` may
+    be sent: it then ends within the hold, ``ASK_MARGIN_SECONDS`` to spare."""
+    return started + _hold_seconds() - settings.VPAY_RAIL_TIMEOUT_SECONDS - ASK_MARGIN_SECONDS
 
 
 def give_back_all(batch: Batch) -> None:

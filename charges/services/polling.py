@@ -1,4 +1,5 @@
-"""The charge worker: ``poll_charge``, ``resubmit_charge`` and the backstop scan.
+"""The charge worker: ``poll_charge`` and ``resubmit_charge`` (the backstop scan that gives
+every live charge a poll: ``backstop_scan``).
 
 All three call the network, so none is fenced: each is idempotent by construction — every
 write is a compare-and-swap that matches nothing on a re-run, and a resubmission reuses
@@ -11,10 +12,9 @@ import logging
 import time
 from functools import partial
 
-from django.conf import settings
 from django.db import transaction
 
-from charges import refund_repository, repository
+from charges import repository
 from charges.ladder import past_the_horizon, poll_delay
 from charges.policy import RecoveryPolicy, from_settings
 from charges.rails import get_rail
@@ -36,7 +36,6 @@ from charges.states import CHARGE_CAPTURE_PHASE, CHARGE_TERMINAL, ChargeStatus, 
 from jobs import port as queue
 from jobs import registry
 from jobs.kinds import JobKind
-from jobs.port import JobRequest
 from jobs.primitives.schema import PayloadSchema
 from jobs.runner.context import JobContext
 from jobs.runner.outcome import Outcome
@@ -50,8 +49,6 @@ CHARGE_PAYLOAD = PayloadSchema(required={"charge_id": "str"})
 # the batch's hold (twice the timeout + 10 s from its start: charges.services.poll_batch). The timeout
 # sits above both.
 RAIL_JOB_TIMEOUT_SECONDS = 90.0
-SCAN_PAGE = 500
-SCAN_MAX_PAGES = 200  # 100k live charges a pass; the next pass continues where it stopped
 
 
 # Cancelling a poll settles nothing: the charge stays in flight at the rail, the backstop
@@ -180,9 +177,7 @@ def _ask_the_rail(
         # error would park the job. Only rail errors: a database error propagates as itself.
         return _escalate(row, policy, f"rail refused our credentials: {error_chain(exc, 200)}")
     else:
-        # The answer is recorded in the transaction that settles it; with a batch to ask
-        # about next, that transaction also writes the first carried request's row, in this
-        # request's slot of the rail's ceiling (charges.services.status_answers).
+        # Recorded with its settlement, the slot handed to the batch's first (status_answers).
         outcome, handed = status_answers.settle_with_answer(
             request_id,
             answer,
@@ -198,6 +193,7 @@ def _ask_the_rail(
                 policy=policy,
             ),
             next_charge_id=poll_batch.next_to_ask(batch, 0, started),
+            hand_over_by=poll_batch.ask_deadline(started),
         )
         if batch is not None:
             batch.handed = handed
@@ -352,77 +348,3 @@ def resubmit_charge(ctx: JobContext) -> Outcome:
         if repository.mark_submitted(row.id, pay_token=answer.pay_token, redirect_url=None):
             queue.pull_forward(repository.poll_dedupe_key(row.id))
     return Outcome.done()
-
-
-def _backstop_period() -> float:
-    return float(settings.VPAY_CHARGE_BACKSTOP_SECONDS)
-
-
-@registry.register(
-    JobKind.SCAN_LIVE_CHARGES,
-    schema=PayloadSchema(),
-    timeout_seconds=300.0,
-    singleton=registry.Singleton(),
-)
-def scan_live_charges(ctx: JobContext) -> Outcome:
-    """Backstop: every live charge has a poll job (and, at the end of each pass, every live
-    refund: ``_restore_refund_polls``). A page of live charges at a time, each
-    page one ``INSERT … ON CONFLICT DO NOTHING`` on the poll jobs' dedupe keys, so a charge
-    whose job is live (waiting or leased) costs nothing and one whose job was lost (an
-    operator's cancel, a letter discarded) gets a new one, due now. A charge whose poll is
-    a dead letter awaiting review is the human's (``repository.live_page``).
-
-    A pass scans at most ``SCAN_MAX_PAGES`` pages. Where it got to is the job's checkpoint
-    (the last id of each page, stored with the page's heartbeat), and the next run (due at
-    once, or the retry after a crash) continues from there; only the end of the table
-    clears it, so the next pass starts from the beginning after the backstop period. Ids
-    are random, so restarting at the first id every time would leave the same tail of live
-    charges unscanned for as long as more than a pass's worth were live."""
-    after, restored, pages = ctx.cursor or "", 0, 0
-    while True:
-        page = repository.live_page(after, SCAN_PAGE)
-        if page:
-            restored += queue.enqueue_many(
-                JobRequest(
-                    JobKind.POLL_CHARGE,
-                    {"charge_id": charge_id},
-                    dedupe_key=repository.poll_dedupe_key(charge_id),
-                    tenant=merchant_id,
-                )
-                for charge_id, merchant_id in page
-            )
-            after, pages = page[-1][0], pages + 1
-        if len(page) < SCAN_PAGE:
-            restored += _restore_refund_polls()  # refunds are few: all of them, once a pass
-            ctx.checkpoint(None)  # the end of the table: the next pass starts over
-            outcome = Outcome.reschedule_in(_backstop_period())
-            break
-        ctx.checkpoint(after)
-        if pages >= SCAN_MAX_PAGES:
-            outcome = Outcome.reschedule_in(0, f"{pages} pages scanned; continuing after the last")
-            break
-    if restored:
-        logger.warning(
-            "backstop re-enqueued polls for live charges and refunds that had none", extra={"count": restored}
-        )
-    return outcome
-
-
-def _restore_refund_polls() -> int:
-    """Every live refund has its poll (which is also what sends it): the same
-    ``ON CONFLICT DO NOTHING`` on the poll's dedupe key, a page at a time."""
-    restored, after = 0, ""
-    while page := refund_repository.live_page(after, SCAN_PAGE):
-        restored += queue.enqueue_many(
-            JobRequest(
-                JobKind.POLL_REFUND,
-                {"refund_id": refund_id},
-                dedupe_key=refund_repository.poll_dedupe_key(refund_id),
-                tenant=merchant_id,
-            )
-            for refund_id, merchant_id in page
-        )
-        after = page[-1][0]
-        if len(page) < SCAN_PAGE:
-            break
-    return restored

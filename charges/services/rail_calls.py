@@ -154,8 +154,9 @@ def status_unrecorded(
     """:func:`status`, its answer returned unrecorded with its request row's id: the caller
     records it in the transaction that settles the charge (``status_answers``), which frees
     the slot or hands it over. ``request_id``: the row written already, by the slot's hand-over
-    from the previous answer (the ceiling not asked again). A failure is recorded here (and
-    the slot freed), then raised."""
+    from the previous answer (the ceiling not asked again). A rail's failure (``RailError``)
+    is recorded here (and the slot freed), then raised; any other error leaves the row
+    unanswered, as for every request."""
     return _call(
         charge_id,
         rail,

@@ -97,8 +97,9 @@ def failed(ticket: breakers.Ticket, error: str) -> None:
 
 
 def _quietly(fn, *args) -> None:
-    # The breaker is bookkeeping around a call whose answer is already in hand (and recorded
-    # in provider_requests): a database error here must not cost the caller that answer.
+    # The breaker is bookkeeping around a call whose answer is already in hand (recorded in
+    # provider_requests, or about to be with its settlement): a database error here must not
+    # cost the caller that answer.
     try:
         fn(*args)
     except DatabaseError:

@@ -19,6 +19,8 @@ the answer and its record always did: the poll's job runs again and asks again.
 from __future__ import annotations
 
 import logging
+import math
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -29,7 +31,8 @@ from charges import request_log
 from charges.rails import RailConfig
 from charges.rails.adapter import RailAnswer
 from charges.services import rail_slots
-from charges.services.rail_calls import IN_FLIGHT_MARGIN_SECONDS, record_submit_answer, status_path
+from charges.services.rail_calls import record_submit_answer, status_path
+from vpay.errors import error_chain
 
 logger = logging.getLogger(__name__)
 
@@ -43,15 +46,19 @@ def settle_with_answer(
     settle: Callable[[], T],
     *,
     next_charge_id: str | None = None,
+    hand_over_by: float = math.inf,
 ) -> tuple[T, int | None]:
-    """``settle()`` (the poll's settlement table) and the answer's record, one transaction;
-    with ``next_charge_id``, the slot handed over to that charge's status read. Returns what
-    ``settle`` returned and the next read's request row (committed), or None."""
+    """``settle()`` (the poll's settlement table) and the answer's record, one transaction
+    (durable: the next request's row must be committed before it is sent); with
+    ``next_charge_id``, the slot handed over to that charge's status read if the settlement
+    ended by ``hand_over_by`` (``time.monotonic()``: the batch's hold, which a settlement
+    waiting on locks could otherwise outlast). Returns what ``settle`` returned and the next
+    read's request row (committed), or None."""
     handed: int | None = None
     try:
-        with transaction.atomic():
+        with transaction.atomic(durable=True):
             settled = settle()
-            if next_charge_id is None:
+            if next_charge_id is None or time.monotonic() > hand_over_by:
                 record_submit_answer(request_id, answer)
             else:
                 handed = request_log.hand_over_slot(
@@ -62,9 +69,13 @@ def settle_with_answer(
                     charge_id=next_charge_id,
                     rail=rail.code,
                     path=status_path(next_charge_id),
-                    bound_seconds=settings.VPAY_RAIL_TIMEOUT_SECONDS + IN_FLIGHT_MARGIN_SECONDS,
+                    within_seconds=settings.VPAY_RAIL_TIMEOUT_SECONDS,
                 )
-    except Exception:
+    except Exception as exc:
+        if handed is not None:
+            # The commit may have happened (an on-commit callback raised, or the connection
+            # dropped with the COMMIT in flight): the row handed over will not be sent.
+            _not_sent(handed, exc)
         _record_alone(request_id, answer)
         rail_slots.slot_freed(rail.code)
         raise
@@ -78,3 +89,16 @@ def _record_alone(request_id: int, answer: RailAnswer) -> None:
         record_submit_answer(request_id, answer)
     except Exception:
         logger.warning("could not record a rail's answer; its slot frees at the bound", exc_info=True)
+
+
+def _not_sent(request_id: int, exc: Exception) -> None:
+    """A row handed over whose request will not go out, closed (it matches nothing if the
+    transaction that wrote it rolled back): no slot held, no request claimed."""
+    try:
+        request_log.record_answer(
+            request_id,
+            status_code=None,
+            error=f"not sent: the transaction that wrote it failed ({error_chain(exc, 300)})",
+        )
+    except Exception:
+        logger.warning("could not close a request row that was not sent; its slot frees at the bound", exc_info=True)

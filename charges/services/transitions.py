@@ -9,7 +9,9 @@ with ``savepoint=False``: a poll runs them inside the transaction that records t
 (``status_answers``), where a savepoint would cost two round trips per charge (the two were
 18 % of the worker's sampled time over a settlement backlog) to undo what that transaction undoes
 anyway, since any error inside it rolls it back whole. On their own, the block is the
-transaction, and the flag changes nothing.
+transaction, and the flag changes nothing. So a caller that runs one inside its own
+transaction must let an error out of it, never catch it and carry on: the transaction is
+doomed (Django refuses any further statement in it).
 """
 
 from __future__ import annotations
