@@ -194,3 +194,21 @@ def test_every_alert_the_code_raises_has_a_rule_that_pages_on_it():
             assert COVERED_BY_A_GAUGE[source] in names, source
             continue
         assert any(re.fullmatch(pattern, source) for pattern in matchers), f"no alert rule pages on {source!r}"
+
+
+def test_every_alert_category_is_exported_at_zero_before_its_first_alert():
+    """increase() sees nothing of a counter series until it has two samples: a category first
+    exported with its first alert would not page on that alert (a late success may be the
+    only one). Each category a rule or the code names is in vpay.metrics.ALERT_CATEGORIES,
+    which every process exports at 0 from its start."""
+    from prometheus_client import generate_latest
+
+    from vpay.metrics import ALERT_CATEGORIES
+
+    assert _raised_sources() <= set(ALERT_CATEGORIES)
+    for rule in rules():
+        for category in re.findall(r'category="([^"]*)"', rule["expr"]):
+            assert category in ALERT_CATEGORIES, (rule["alert"], category)
+    exported = generate_latest().decode()
+    for category in ALERT_CATEGORIES:
+        assert f'vpay_alert_events_total{{category="{category}",severity="page"}} 0.0' in exported, category

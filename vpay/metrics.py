@@ -6,9 +6,41 @@ and severity for errors. Gauges that describe the queue are computed in SQL.
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from vpay.errors import Category, Severity
+
 JOBS = Counter("vpay_jobs_total", "Claimed jobs by kind and disposition", ["kind", "disposition"])
 ERROR_EVENTS = Counter("vpay_error_events_total", "Job failures by category and severity", ["category", "severity"])
 ALERT_EVENTS = Counter("vpay_alert_events_total", "Log lines that carried alert=true", ["category", "severity"])
+# Every category an alert is counted under, exported at 0 from each process's start: a rule's
+# increase() over a series that first appears with its first increment sees no increase, so
+# the first alert of a category in each process would never page (a late success, say, which
+# may be the only one). The alerts' sources, then the job failures' categories
+# (jobs.operator.alerts counts an alert under its error_category where it has one);
+# tests/test_alert_rules.py keeps this list and the code's sources in step.
+ALERT_CATEGORIES = (
+    "charges.capture_lapsed",
+    "charges.capture_refused",
+    "charges.capture_unresolved",
+    "charges.confirm",
+    "charges.late_success",
+    "charges.rail_configuration",
+    "charges.refund_unresolved",
+    "charges.unresolved",
+    "charges.void_refused",
+    "charges.void_unresolved",
+    "jobs.sweep_step_failing",
+    "webhooks.body_changed",
+    "webhooks.delivery_exhausted",
+    "webhooks.delivery_refused",
+    "webhooks.endpoint_disabled",
+    "webhooks.endpoint_failing",
+    "webhooks.event_abandoned",
+    "webhooks.event_stuck",
+    *(category.value for category in Category),
+)
+for _category in ALERT_CATEGORIES:
+    for _severity in Severity:
+        ALERT_EVENTS.labels(category=_category, severity=_severity.value)
 DUPLICATES_SKIPPED = Counter("vpay_jobs_duplicates_skipped_total", "Duplicate job_ids skipped by the fence", ["kind"])
 CLAIM_FAILURES = Counter("vpay_jobs_claim_failures_total", "Claims that failed (database unreachable or erroring)")
 SETTLE_FAILURES = Counter(
@@ -60,7 +92,9 @@ FENCED_LIVE_JOBS_TTL_LEFT = Gauge(
     "Shortest time to expiry of those jobs' fence rows (the full TTL when there are none)",
 )
 TABLE_BYTES = Gauge("vpay_table_bytes", "On-disk size of a vpay table, with its indexes and TOAST", ["table"])
-TABLE_ROWS = Gauge("vpay_table_rows_estimate", "The planner's row estimate of a vpay table (pg_class.reltuples)", ["table"])
+TABLE_ROWS = Gauge(
+    "vpay_table_rows_estimate", "The planner's row estimate of a vpay table (pg_class.reltuples)", ["table"]
+)
 ALERT_LOG_LINES = Counter(
     "vpay_alert_log_lines_total", "Log records that carried alert=true, by logger and level", ["logger", "level"]
 )
