@@ -62,6 +62,7 @@ OUT = target.OUT
 DB = target.name(os.environ.get("VPAY_BENCH_DB", "bench_charges"))
 DATABASE_URL = target.url(DB)
 WORKER_LOG = OUT / f"{DB}_worker.log"
+STALL_LOG = OUT / f"{DB}_worker_stalled.log"
 
 
 if str(ROOT) not in sys.path:
@@ -176,6 +177,16 @@ def _wait_settled(ids: list[str]) -> tuple[list[tuple], int]:
     return rows, events_per_intent
 
 
+# The late charge's rail requests, seconds after the run's first settlement: when it was
+# asked, and what the rail said (the evidence a stalled run leaves, read before the next run
+# empties the tables).
+_LATE_REQUESTS = """
+SELECT operation, round(extract(epoch FROM sent_at - %s)::numeric, 3) AS sent_s,
+       round(extract(epoch FROM answered_at - sent_at)::numeric, 3) AS answered_after_s, status_code, rail_status, error
+  FROM provider_requests WHERE charge_id = %s ORDER BY id
+"""
+
+
 def _report_tail(rows: list[tuple]) -> None:
     """A run whose last settlements came long after the rest (a poll held or retried, not
     the worker's pace) says so, with the charge to look at before the next run empties
@@ -183,11 +194,16 @@ def _report_tail(rows: list[tuple]) -> None:
     by_time = sorted(rows, key=lambda r: r[2])
     tail = (by_time[-1][2] - by_time[int(len(by_time) * 0.99) - 1][2]).total_seconds()
     if tail > 5.0:
+        late = by_time[-1][3]
         print(
-            f"  the last charge settled {tail:.1f} s after the 99th percentile: {by_time[-1][3]}"
-            f" (its rows stay in {DB} until the next run)",
+            f"  the last charge settled {tail:.1f} s after the 99th percentile: {late}"
+            f" (its rows stay in {DB} until the next run; the worker's log is copied to {STALL_LOG})",
             file=sys.stderr,
         )
+        STALL_LOG.write_bytes(WORKER_LOG.read_bytes())
+        with psycopg.connect(DATABASE_URL, autocommit=True) as conn:
+            for row in conn.execute(_LATE_REQUESTS, [by_time[0][2], late]).fetchall():
+                print(f"    its request: {row}", file=sys.stderr)
 
 
 def _pct(sorted_values: list[float], q: float) -> float:

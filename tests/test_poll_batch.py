@@ -268,3 +268,21 @@ def test_a_lone_polls_settlement_that_fails_leaves_its_answer_recorded_and_the_j
     assert statuses() == {"submitted": 1}
     assert sql("SELECT status_code, rail_status FROM provider_requests") == [(200, "succeeded")]
     assert scalar("SELECT attempts FROM jobs WHERE payload->>'charge_id' = %s", [charge_id]) == 1
+
+
+def test_a_batch_on_a_slow_rail_stops_carrying_after_its_time_and_gives_the_rest_back(
+    merchant, sandbox_rail, monkeypatch
+):
+    """Its requests are serial: past BATCH_SECONDS it sends no more, and the polls it held
+    go back to their own jobs (due now), for other executors to run beside it."""
+    from charges.services import poll_batch
+
+    monkeypatch.setattr(poll_batch, "BATCH_SECONDS", 0.3)
+    ids = submitted(merchant, 6)
+    for charge_id in ids:
+        sandbox_rail.scenario(reference=charge_id, poll_delay=0.15)
+    assert Worker().run_once() == 1
+    asked = scalar("SELECT count(*) FROM provider_requests WHERE operation = 'status'")
+    assert 2 <= asked <= 4, asked  # the carrier's, then carried ones while within 0.3 s
+    assert statuses() == {"succeeded": asked, "submitted": 6 - asked}
+    assert scalar("SELECT count(*) FROM jobs WHERE run_at <= now() AND locked_at IS NULL") == 6 - asked
