@@ -40,7 +40,6 @@ Results: printed as a Markdown table and appended to bench/out/charges.jsonl.
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import os
 import platform
@@ -55,14 +54,13 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-from bench import cpu_roles, target  # noqa: E402
+from bench import cpu_roles, target, worker_evidence  # noqa: E402
 
 OUT = target.OUT
 # VPAY_BENCH_DB (another name) keeps parallel checkouts apart, as VPAY_BENCH_DB_PREFIX does.
 DB = target.name(os.environ.get("VPAY_BENCH_DB", "bench_charges"))
 DATABASE_URL = target.url(DB)
 WORKER_LOG = OUT / f"{DB}_worker.log"
-STALL_LOG = OUT / f"{DB}_worker_stalled.log"
 
 
 if str(ROOT) not in sys.path:
@@ -118,20 +116,6 @@ def _start_worker(concurrency: int) -> subprocess.Popen:
     return worker
 
 
-def _log_summary() -> None:
-    """The worker's warnings and errors, by message: a run slower than its neighbours says why."""
-    counts: collections.Counter[str] = collections.Counter()
-    for line in WORKER_LOG.read_text(errors="replace").splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if record.get("level") in ("warning", "error", "critical"):
-            counts[f"{record['level']}: {record.get('message', '')}"] += 1
-    for message, n in counts.most_common(10):
-        print(f"  worker log: {n} x {message}", file=sys.stderr)
-
-
 def _new_intents(charges: int):
     from charges.models import PaymentIntent
     from merchants.services import create_merchant
@@ -177,35 +161,6 @@ def _wait_settled(ids: list[str]) -> tuple[list[tuple], int]:
     return rows, events_per_intent
 
 
-# The late charge's rail requests, seconds after the run's first settlement: when it was
-# asked, and what the rail said (the evidence a stalled run leaves, read before the next run
-# empties the tables).
-_LATE_REQUESTS = """
-SELECT operation, round(extract(epoch FROM sent_at - %s)::numeric, 3) AS sent_s,
-       round(extract(epoch FROM answered_at - sent_at)::numeric, 3) AS answered_after_s, status_code, rail_status, error
-  FROM provider_requests WHERE charge_id = %s ORDER BY id
-"""
-
-
-def _report_tail(rows: list[tuple]) -> None:
-    """A run whose last settlements came long after the rest (a poll held or retried, not
-    the worker's pace) says so, with the charge to look at before the next run empties
-    the tables."""
-    by_time = sorted(rows, key=lambda r: r[2])
-    tail = (by_time[-1][2] - by_time[int(len(by_time) * 0.99) - 1][2]).total_seconds()
-    if tail > 5.0:
-        late = by_time[-1][3]
-        print(
-            f"  the last charge settled {tail:.1f} s after the 99th percentile: {late}"
-            f" (its rows stay in {DB} until the next run; the worker's log is copied to {STALL_LOG})",
-            file=sys.stderr,
-        )
-        STALL_LOG.write_bytes(WORKER_LOG.read_bytes())
-        with psycopg.connect(DATABASE_URL, autocommit=True) as conn:
-            for row in conn.execute(_LATE_REQUESTS, [by_time[0][2], late]).fetchall():
-                print(f"    its request: {row}", file=sys.stderr)
-
-
 def _pct(sorted_values: list[float], q: float) -> float:
     return round(sorted_values[max(0, int(len(sorted_values) * q) - 1)] * 1000, 1)
 
@@ -213,7 +168,7 @@ def _pct(sorted_values: list[float], q: float) -> float:
 def _stop(worker: subprocess.Popen) -> None:
     worker.terminate()
     worker.wait(timeout=60)
-    _log_summary()
+    worker_evidence.log_summary(WORKER_LOG)
 
 
 def run_end_to_end(concurrency: int, charges: int, confirmers: int) -> dict:
@@ -295,7 +250,7 @@ def run_worker_alone(concurrency: int, charges: int, rail_pid: int) -> dict:
     cpu1, machine1 = cpu_roles.cpu_by_role(roots, DB), cpu_roles.machine_cpu()
     _stop(worker)
     span = (max(r[2] for r in rows) - min(r[2] for r in rows)).total_seconds()
-    _report_tail(rows)
+    worker_evidence.report_tail(rows, DATABASE_URL, WORKER_LOG)
     return {
         "mode": "worker_alone",
         "concurrency": concurrency,

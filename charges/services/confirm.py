@@ -172,7 +172,7 @@ def confirm_intent(merchant: Merchant, intent_id: str) -> PaymentIntent:
         return _reload(intent.id)
 
     with transaction.atomic():
-        rail_calls.record_submit_answer(request_id, answer)
+        rail_calls.record_answer(request_id, answer)
         redirect_url = answer.redirect_url if rail.flow == RailFlow.REDIRECT else None
         moved = repository.mark_submitted(charge.id, pay_token=answer.pay_token, redirect_url=redirect_url)
         # The commit is the gate on the redirect: the URL reaches the payer only once the

@@ -344,7 +344,7 @@ def resubmit_charge(ctx: JobContext) -> Outcome:
         return Outcome.done()  # nothing sent (breaker open, ceiling): the poll comes back to it, as above
     # RailConfigurationError propagates: paged and dead-lettered.
     with transaction.atomic():
-        rail_calls.record_submit_answer(request_id, answer)
+        rail_calls.record_answer(request_id, answer)
         if repository.mark_submitted(row.id, pay_token=answer.pay_token, redirect_url=None):
             queue.pull_forward(repository.poll_dedupe_key(row.id))
     return Outcome.done()

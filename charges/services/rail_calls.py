@@ -48,7 +48,7 @@ __all__ = [
     "RailDeferred",
     "ResendRefused",
     "capture",
-    "record_submit_answer",
+    "record_answer",
     "refund_status",
     "refund_submit",
     "status",
@@ -82,7 +82,7 @@ def submit(
     capture: bool = True,
 ) -> tuple[int, RailAnswer]:
     """POST the charge (``capture=False``: an authorization). Returns the request row's id and
-    the answer, which the caller records (``record_submit_answer``) in the transaction that
+    the answer, which the caller records (``record_answer``) in the transaction that
     acts on it; a failure is recorded here, then re-raised.
 
     ``ticket``: the breaker's, when the caller asked it already (the confirm, before it
@@ -100,44 +100,24 @@ def submit(
         ticket=ticket,
         ceiling=ceiling,
         share=share,
-        record_answer=False,
+        record=False,
     )
     return request_id, answer
 
 
-def record_submit_answer(request_id: int, answer: RailAnswer) -> None:
+def record_answer(request_id: int, answer: RailAnswer) -> None:
     request_log.record_answer(
         request_id, status_code=answer.http_status, rail_status=answer.status, excerpt=answer.body_excerpt
     )
 
 
-def status(
-    charge_id: str,
-    rail: RailConfig,
-    *,
-    pay_token: str | None,
-    share: int | None = None,
-    ticket: Ticket | None = None,
-    carried: bool = False,
-) -> RailAnswer:
-    """GET the charge's status (404 is an answer: ``RailStatus.NOT_FOUND``), recorded.
-    ``ticket``: the rail breaker's, when the caller already holds one; ``carried``: a
-    request of a poll's carried batch, made on the executor whose own request the share
-    counted, and not counted again (``charges.services.poll_batch``)."""
-    _, answer, _ = _call(
-        charge_id,
-        rail,
-        RequestOperation.STATUS,
-        "GET",
-        status_path(charge_id),
-        None,
-        lambda: adapter_for(rail).status(reference=charge_id, pay_token=pay_token),
-        ticket=ticket,
-        ceiling=True,
-        share=share,
-        record_answer=True,
-        counted=not carried,
-    )
+def status(charge_id: str, rail: RailConfig, *, pay_token: str | None, share: int | None = None) -> RailAnswer:
+    """GET the charge's status (404 is an answer: ``RailStatus.NOT_FOUND``), recorded on its
+    own: for a caller that acts on it in a transaction of its own (a capture's or a void's
+    poll). A poll records it with its settlement (:func:`status_unrecorded`)."""
+    request_id, answer = status_unrecorded(charge_id, rail, pay_token=pay_token, share=share)
+    record_answer(request_id, answer)
+    rail_slots.slot_freed(rail.code)  # answered: the slot is free in provider_requests too
     return answer
 
 
@@ -151,7 +131,7 @@ def status_unrecorded(
     carried: bool = False,
     request_id: int | None = None,
 ) -> tuple[int, RailAnswer]:
-    """:func:`status`, its answer returned unrecorded with its request row's id: the caller
+    """GET the charge's status, its answer returned unrecorded with its request row's id: the caller
     records it in the transaction that settles the charge (``status_answers``), which frees
     the slot or hands it over. ``request_id``: the row written already, by the slot's hand-over
     from the previous answer (the ceiling not asked again). A rail's failure (``RailError``)
@@ -168,7 +148,7 @@ def status_unrecorded(
         ticket=ticket,
         ceiling=True,
         share=share,
-        record_answer=False,
+        record=False,
         counted=not carried,
         request_id=request_id,
     )[:2]
@@ -199,7 +179,7 @@ def capture(
         ticket=None,
         ceiling=True,
         share=share,
-        record_answer=True,
+        record=True,
     )
     return answer, resend
 
@@ -218,7 +198,7 @@ def void(charge_id: str, rail: RailConfig, *, share: int | None = None) -> tuple
         ticket=None,
         ceiling=True,
         share=share,
-        record_answer=True,
+        record=True,
     )
     return answer, resend
 
@@ -227,7 +207,7 @@ def refund_submit(
     refund_id: str, charge_id: str, rail: RailConfig, *, amount: int, currency: str, share: int | None = None
 ) -> tuple[int, RailAnswer, bool]:
     """POST the refund (its id is the reference and the Idempotency-Key). Like :func:`submit`,
-    the answer is the caller's to record (``record_submit_answer``); a failure is recorded
+    the answer is the caller's to record (``record_answer``); a failure is recorded
     here, and a refusal of a resend raises :class:`ResendRefused`. The third value says
     whether it was a resend, decided by the statement that recorded it."""
     return _call(
@@ -243,7 +223,7 @@ def refund_submit(
         ticket=None,
         ceiling=True,
         share=share,
-        record_answer=False,
+        record=False,
         refund_id=refund_id,
     )
 
@@ -261,7 +241,7 @@ def refund_status(refund_id: str, charge_id: str, rail: RailConfig, *, share: in
         ticket=None,
         ceiling=True,
         share=share,
-        record_answer=True,
+        record=True,
         refund_id=refund_id,
     )
     return answer
@@ -279,7 +259,7 @@ def _call(
     ticket: Ticket | None,
     ceiling: bool,
     share: int | None,
-    record_answer: bool,
+    record: bool,
     refund_id: str | None = None,
     counted: bool = True,
     request_id: int | None = None,
@@ -321,10 +301,10 @@ def _call(
             rail_slots.slot_freed(rail.code)  # the failure is recorded: the slot is free everywhere
     faultpoints.reached("rail.answered", str(operation))
     RAIL_REQUESTS.labels(rail=rail.code, operation=str(operation), result=str(answer.http_status)).inc()
-    if record_answer:
-        record_submit_answer(request_id, answer)
+    if record:
+        record_answer(request_id, answer)
     rail_gate.answered(ticket)
-    if record_answer:
+    if record:
         rail_slots.slot_freed(rail.code)  # answered: the slot is free in provider_requests too
     return request_id, answer, resend
 

@@ -85,7 +85,7 @@ def poll_refund(ctx: JobContext) -> Outcome:
             request_id, answer, resend = rail_calls.refund_submit(
                 row.id, row.charge_id, rail, amount=row.amount, currency=row.currency, share=share
             )
-            rail_calls.record_submit_answer(request_id, answer)
+            rail_calls.record_answer(request_id, answer)
         else:
             answer, resend = rail_calls.refund_status(row.id, row.charge_id, rail, share=share), False
         status, failure_code = answer.status, answer.failure_code

@@ -31,7 +31,7 @@ from charges import request_log
 from charges.rails import RailConfig
 from charges.rails.adapter import RailAnswer
 from charges.services import rail_slots
-from charges.services.rail_calls import record_submit_answer, status_path
+from charges.services.rail_calls import record_answer, status_path
 from vpay.errors import error_chain
 
 logger = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ def settle_with_answer(
         with transaction.atomic(durable=True):
             settled = settle()
             if next_charge_id is None or time.monotonic() > hand_over_by:
-                record_submit_answer(request_id, answer)
+                record_answer(request_id, answer)
             else:
                 handed = request_log.hand_over_slot(
                     request_id,
@@ -86,7 +86,7 @@ def settle_with_answer(
 
 def _record_alone(request_id: int, answer: RailAnswer) -> None:
     try:
-        record_submit_answer(request_id, answer)
+        record_answer(request_id, answer)
     except Exception:
         logger.warning("could not record a rail's answer; its slot frees at the bound", exc_info=True)
 
