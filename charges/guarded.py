@@ -1,6 +1,6 @@
-"""The two statements every money object of ``charges`` shares (charges, refunds, and the
+"""The statements every money object of ``charges`` shares (charges, refunds, and the
 capture phase of a charge): the guarded status write, and the backstop's page of live rows
-whose poll is not awaiting a human."""
+whose poll is not awaiting a human and its count of the polls it really restored."""
 
 from __future__ import annotations
 
@@ -98,13 +98,18 @@ SELECT id, merchant_id FROM {table}
 """
 
 
+def _literals(statuses) -> str:
+    """The statuses as SQL literals, as the partial indexes' predicates spell them."""
+    return ", ".join(f"'{s}'" for s in sorted(str(s) for s in statuses))
+
+
 def live_page(table: str, live, *, prefix: str, kind: str, after: str, limit: int) -> list[tuple[str, str]]:
     """Rows of ``table`` (a constant of the caller's, never input) in a ``live`` status with
     ids after ``after`` whose poll (dedupe key ``prefix`` + id, job ``kind``) is not awaiting
     a human's review: (id, merchant id) pairs, by id."""
     with connection.cursor() as cursor:
         cursor.execute(
-            _LIVE_PAGE.format(table=table, live=", ".join(f"'{s}'" for s in sorted(str(s) for s in live))),
+            _LIVE_PAGE.format(table=table, live=_literals(live)),
             {
                 "after": after,
                 "limit": limit,
@@ -113,3 +118,30 @@ def live_page(table: str, live, *, prefix: str, kind: str, after: str, limit: in
             },
         )
         return cursor.fetchall()
+
+
+# Of the polls this transaction just inserted for ``ids`` (their jobs' created_at is the
+# transaction's start: the column's default), those whose row is still live: the backstop's
+# count of polls that were lost. A row settled between the page's read and the insert had its
+# poll finish in that window, so the insert found no conflict; its new poll finds it settled
+# and ends, and it is no loss to report. By the primary key of {table} and the jobs' unique
+# dedupe key (jobs_job_dedupe_key_unique).
+_RESTORED_LIVE = """
+SELECT count(*) FROM {table} t
+  JOIN jobs j ON j.dedupe_key = %(prefix)s::text || t.id
+ WHERE t.id = ANY(%(ids)s) AND t.status IN ({live})
+   AND j.kind = %(kind)s AND j.created_at = transaction_timestamp()
+"""
+
+
+def restored_live(table: str, live, *, prefix: str, kind: str, ids: list[str]) -> int:
+    """How many of ``ids`` (rows of ``table``, a constant of the caller's) are still live and
+    got their poll from this transaction: see ``_RESTORED_LIVE``."""
+    if not connection.in_atomic_block:
+        raise RuntimeError("restored_live() counts this transaction's inserts: it must run inside one")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _RESTORED_LIVE.format(table=table, live=_literals(live)),
+            {"prefix": prefix, "kind": kind, "ids": ids},
+        )
+        return cursor.fetchone()[0]

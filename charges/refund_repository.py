@@ -191,3 +191,10 @@ def live_page(after: str, limit: int) -> list[tuple[str, str]]:
     return guarded.live_page(
         "refunds", REFUND_LIVE, prefix=POLL_DEDUPE_PREFIX, kind=JobKind.POLL_REFUND.value, after=after, limit=limit
     )
+
+
+def restored_live(refund_ids: list[str]) -> int:
+    """Of ``refund_ids``, the live refunds whose poll this transaction inserted."""
+    return guarded.restored_live(
+        "refunds", REFUND_LIVE, prefix=POLL_DEDUPE_PREFIX, kind=JobKind.POLL_REFUND.value, ids=refund_ids
+    )

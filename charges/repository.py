@@ -312,3 +312,10 @@ def live_page(after: str, limit: int) -> list[tuple[str, str]]:
     return guarded.live_page(
         "charges", CHARGE_LIVE, prefix=POLL_DEDUPE_PREFIX, kind=JobKind.POLL_CHARGE.value, after=after, limit=limit
     )
+
+
+def restored_live(charge_ids: list[str]) -> int:
+    """Of ``charge_ids``, the live charges whose poll this transaction inserted."""
+    return guarded.restored_live(
+        "charges", CHARGE_LIVE, prefix=POLL_DEDUPE_PREFIX, kind=JobKind.POLL_CHARGE.value, ids=charge_ids
+    )

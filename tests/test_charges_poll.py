@@ -155,6 +155,32 @@ def test_the_backstop_restores_lost_polls_page_by_page_and_leaves_live_ones_alon
     assert scalar("SELECT extract(epoch FROM run_at - now()) > 500 FROM jobs WHERE kind = 'scan_live_charges'")
 
 
+def test_the_backstop_reports_only_the_polls_that_were_lost_not_a_charge_settled_behind_its_read(
+    merchant, monkeypatch, caplog
+):
+    """A charge settles, and its poll finishes, between the page's read and its insert: the
+    insert finds no conflict and gives it a poll (which will find it settled and end). That is
+    no lost poll, and the warning an operator reads counts only the live charge that had none."""
+    from charges import repository
+
+    lost = live_charge(merchant, status="submitted", amount=6400, job=False)
+    settling = live_charge(merchant, status="submitted", amount=6401, job=False)  # its poll just finished
+    read = repository.live_page
+
+    def read_then_settle(after, limit):
+        page = read(after, limit)
+        sql("UPDATE charges SET status = 'succeeded' WHERE id = %s", [settling.id])
+        return page
+
+    monkeypatch.setattr(repository, "live_page", read_then_settle)
+    enqueue(JobKind.SCAN_LIVE_CHARGES, {}, dedupe_key="singleton:scan_live_charges")
+    with caplog.at_level("WARNING", logger="charges.services.polling"):
+        assert Worker().run_once() == 1
+    assert polls() == {lost.id, settling.id}  # both inserted: the page said both were live
+    warned = [r for r in caplog.records if "backstop re-enqueued" in r.getMessage()]
+    assert [r.count for r in warned] == [1]
+
+
 def test_a_dead_order_check_that_loses_the_race_to_the_confirm_keeps_the_only_poll_job(merchant):
     """A redirect charge past the window, in submitting: the poll concludes FailDeadOrder.
     A real second connection holds the charge's row and, while the poll's guarded write

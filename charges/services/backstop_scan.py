@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 
 from django.conf import settings
+from django.db import transaction
 
 from charges import refund_repository, repository
 from jobs import port as queue
@@ -53,15 +54,7 @@ def scan_live_charges(ctx: JobContext) -> Outcome:
     while True:
         page = repository.live_page(after, SCAN_PAGE)
         if page:
-            restored += queue.enqueue_many(
-                JobRequest(
-                    JobKind.POLL_CHARGE,
-                    {"charge_id": charge_id},
-                    dedupe_key=repository.poll_dedupe_key(charge_id),
-                    tenant=merchant_id,
-                )
-                for charge_id, merchant_id in page
-            )
+            restored += _restore_page(page, JobKind.POLL_CHARGE, "charge_id", repository)
             after, pages = page[-1][0], pages + 1
         if len(page) < SCAN_PAGE:
             restored += _restore_refund_polls()  # refunds are few: all of them, once a pass
@@ -84,16 +77,21 @@ def _restore_refund_polls() -> int:
     ``ON CONFLICT DO NOTHING`` on the poll's dedupe key, a page at a time."""
     restored, after = 0, ""
     while page := refund_repository.live_page(after, SCAN_PAGE):
-        restored += queue.enqueue_many(
-            JobRequest(
-                JobKind.POLL_REFUND,
-                {"refund_id": refund_id},
-                dedupe_key=refund_repository.poll_dedupe_key(refund_id),
-                tenant=merchant_id,
-            )
-            for refund_id, merchant_id in page
-        )
+        restored += _restore_page(page, JobKind.POLL_REFUND, "refund_id", refund_repository)
         after = page[-1][0]
         if len(page) < SCAN_PAGE:
             break
     return restored
+
+
+def _restore_page(page: list[tuple[str, str]], kind: JobKind, field: str, repo) -> int:
+    """One page's ``INSERT … ON CONFLICT DO NOTHING`` of polls, and how many of them were
+    lost: inserted for a row still live after the insert. A row that settled after the page
+    was read had its poll finish meanwhile, so it gets a new one (which finds it settled and
+    ends); counting it would report a lost poll where none was."""
+    with transaction.atomic():
+        inserted = queue.enqueue_many(
+            JobRequest(kind, {field: row_id}, dedupe_key=repo.poll_dedupe_key(row_id), tenant=merchant_id)
+            for row_id, merchant_id in page
+        )
+        return repo.restored_live([row_id for row_id, _ in page]) if inserted else 0
