@@ -1,5 +1,6 @@
 """The maintenance thread: the reaper, hand-backs, the singletons, unparking jobs coming due,
-the gauges, and the watch on handlers past their timeout. (The worker heartbeat has a thread of its own: jobs.runner.worker.)
+the planner's statistics of tables that grew, the gauges, and the watch on handlers past
+their timeout. (The worker heartbeat has a thread of its own: jobs.runner.worker.)
 
 It runs on a connection of its own, so a worker whose executors are all busy still
 rescues other workers' leases. Each step's database failure is logged and the
@@ -13,7 +14,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from jobs.maintenance import liveness, reaper, unclaimable
+from jobs.maintenance import liveness, reaper, statistics, unclaimable
 from jobs.primitives import cancels
 from jobs.runner.invoke import job_fields
 from jobs.runner.settling import DB_ERRORS
@@ -71,6 +72,7 @@ class Maintenance:
             "gauges": now,
             "unpark": now,  # at once: a worker starting after none ran finds overdue parked jobs
             "unclaimable": now + unclaimable.PERIOD,
+            "statistics": now,  # at once: a worker starting into a backlog plans on its statistics
         }
         self.unclaimable = unclaimable.UnclaimableWatch(worker.queues, worker.kinds)
 
@@ -111,6 +113,9 @@ class Maintenance:
         if now >= self._due["unclaimable"]:
             self._due["unclaimable"] = now + unclaimable.PERIOD
             self._step("unclaimable", self.unclaimable.check)
+        if now >= self._due["statistics"]:
+            self._due["statistics"] = now + statistics.PERIOD
+            self._step("statistics", statistics.analyze_grown_tables)
         if worker.metrics_port is not None and now >= self._due["gauges"]:
             self._due["gauges"] = now + GAUGE_PERIOD
             self._step("gauges", refresh_gauges)
