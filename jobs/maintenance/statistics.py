@@ -18,7 +18,7 @@ their statistics say (at least ``MIN_ROWS``), and analyzes them, the most grown 
 at a time. A table that shrank is left alone: a plan for a bigger table probes keys, which
 stays right as it empties. One process analyzes at a time (an advisory lock; the others skip
 the turn), and a table that keeps its size is never analyzed here, so a steady load costs
-one read of the views every few seconds per worker.
+one read of the views a second per worker.
 
 ANALYZE needs the table's owner (or, from PostgreSQL 17, the MAINTAIN privilege): where the
 worker's role has neither, the server skips the table with a warning and autovacuum is left
@@ -33,7 +33,7 @@ from django.db import connection, transaction
 
 logger = logging.getLogger("jobs.runner.worker")
 
-PERIOD = 2.0
+PERIOD = 1.0
 GROWN_FACTOR = 2.0
 MIN_ROWS = 1000
 TABLES_A_TURN = 3
