@@ -7,7 +7,10 @@ The worker's claim is a recursive statement that PostgreSQL took longer to plan 
 ``BEGIN`` before its own. Sent as a libpq prepared statement in one pipeline with its
 transaction commands, each costs one round trip and is parsed once per connection; the
 server plans its first five calls for their parameters and then keeps a generic plan where
-that costs no more (``plan_cache_mode`` auto: seven generic plans after twelve claims). Why libpq and not psycopg's ``prepare=True``: psycopg answers every rollback
+that costs no more (``plan_cache_mode`` auto), or, asked for it (``generic``, the claim's
+case since a backlog made auto plan it at nearly every call), from the first. A kept plan
+is only as good as the statistics it was made on: ``jobs.maintenance.statistics`` refreshes
+those of a table that grew, which makes the plans on it again. Why libpq and not psycopg's ``prepare=True``: psycopg answers every rollback
 on a connection where it prepared anything with ``DEALLOCATE ALL``, which would also drop
 the statements :mod:`vpay.prepared` keeps there (see that module); here, as there, what is
 prepared is remembered per libpq connection, and psycopg prepares nothing.
