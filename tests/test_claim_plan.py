@@ -18,8 +18,10 @@ BACKLOG = 6000  # due jobs across three tenants
 
 
 def _literal(value) -> str:
-    if isinstance(value, list):
-        return "ARRAY[" + ",".join(f"'{v}'" for v in value) + "]::text[]" if value else "ARRAY[]::bigint[]"
+    if isinstance(value, list):  # names (text), or job ids (skip: bigint)
+        if all(isinstance(v, int) for v in value):
+            return "ARRAY[" + ",".join(str(v) for v in value) + "]::bigint[]"
+        return "ARRAY[" + ",".join(f"'{v}'" for v in value) + "]::text[]"
     if value is None:
         return "NULL"
     return f"'{value}'" if isinstance(value, str) else str(value)

@@ -94,4 +94,6 @@ def _restore_page(page: list[tuple[str, str]], kind: JobKind, field: str, repo) 
             JobRequest(kind, {field: row_id}, dedupe_key=repo.poll_dedupe_key(row_id), tenant=merchant_id)
             for row_id, merchant_id in page
         )
-        return repo.restored_live([row_id for row_id, _ in page]) if inserted else 0
+        if not inserted or not queue.adapter().durable:
+            return inserted  # the in-process queue's jobs are not rows of jobs to count
+        return repo.restored_live([row_id for row_id, _ in page])
