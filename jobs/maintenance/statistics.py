@@ -8,9 +8,10 @@ was ever analyzed, scans the whole table where it should probe a key: measured o
 of 6,000 deliveries, the hold of a batch's jobs read every job for each batch (3.5 ms where a
 probe takes a tenth of one), the attempts' read scanned every delivery for eight, and the
 database's CPU a delivery was 0.96-1.01 ms against 0.73-0.88 with statistics kept current
-(alternating runs, bench/WEBHOOKS.md). Autovacuum corrects the statistics, and ANALYZE invalidates the plans
-built on them, but only at its next pass over the database (``autovacuum_naptime``, a minute
-by default, when it is on at all): a burst drains inside that minute.
+(alternating runs, bench/WEBHOOKS.md). Autovacuum corrects the statistics, and ANALYZE
+invalidates the plans built on them, but only at its next pass over the database
+(``autovacuum_naptime``, a minute by default, when it is on at all): a burst drains inside
+that minute.
 
 So each worker's maintenance thread asks every ``PERIOD`` seconds, in one read of the
 statistics views, which of the database's tables now hold ``GROWN_FACTOR`` times the rows
