@@ -69,8 +69,6 @@ class QueueAdapter(Protocol):
 
     def pull_forward(self, dedupe_key: str, floor: timedelta | float = 0) -> bool: ...
 
-    def release_running_name(self, dedupe_key: str) -> bool: ...
-
     def pull_forward_waiting(
         self, dedupe_keys: list[str], limit: int = 1, floor: timedelta | float = 0, *, deferred_only: bool = False
     ) -> list[str]: ...
@@ -98,9 +96,6 @@ class PostgresQueue:
 
     def pull_forward(self, dedupe_key: str, floor: timedelta | float = 0) -> bool:
         return queue.pull_forward(dedupe_key, floor)
-
-    def release_running_name(self, dedupe_key: str) -> bool:
-        return queue.release_running_name(dedupe_key)
 
     def pull_forward_waiting(
         self, dedupe_keys: list[str], limit: int = 1, floor: timedelta | float = 0, *, deferred_only: bool = False
@@ -193,12 +188,6 @@ def enqueue_many(requests: Iterable[JobRequest]) -> int:
 def pull_forward(dedupe_key: str, floor: timedelta | float = 0) -> bool:
     """Make the waiting job named ``dedupe_key`` due now, if due more than ``floor`` from now."""
     return adapter().pull_forward(dedupe_key, floor)
-
-
-def release_running_name(dedupe_key: str) -> bool:
-    """The running job named ``dedupe_key`` gives up its name, so the next enqueue of the name
-    makes a new job (see :func:`jobs.adapters.postgres.release_running_name`)."""
-    return adapter().release_running_name(dedupe_key)
 
 
 def pull_forward_waiting(

@@ -163,14 +163,6 @@ class InProcessQueue:
                 return True
             return self._move_waiting(job, floor)
 
-    def release_running_name(self, dedupe_key: str) -> bool:
-        with self._cv:
-            job = self._live.get(dedupe_key)
-            if job is None or not job.running:
-                return False
-            del self._live[dedupe_key]  # it runs on; its settle leaves the name's new job alone (_apply)
-            return True
-
     def hold_waiting(self, dedupe_keys: list[str], hold: timedelta | float) -> Held:
         return Held([], "")  # every job here runs on its own, at commit: nothing is held for another
 
@@ -322,8 +314,7 @@ class InProcessQueue:
         """Under the lock: what a settle write would do to the row, done to the job in memory."""
         d = settle.disposition
         if d in (Disposition.FINISHED, Disposition.LOST, Disposition.DEAD_LETTERED, Disposition.CANCELLED):
-            if self._live.get(job.name) is job:  # not a new job of the name (release_running_name)
-                del self._live[job.name]
+            self._live.pop(job.name, None)
             if d is Disposition.DEAD_LETTERED:
                 cause = settle.cause.value if settle.cause else ""
                 self.dead_letters.append((job.name, cause, settle.error))

@@ -136,15 +136,6 @@ def pull_forward(dedupe_key: str, floor: timedelta | float = 0) -> bool:
     return pull_forward_sql.pull_forward(dedupe_key, _seconds(floor, "floor"))
 
 
-def release_running_name(dedupe_key: str) -> bool:
-    """The running (leased) job named ``dedupe_key`` gives up its name; returns whether one
-    did. Its run goes on and settles as before; a job enqueued under the name afterwards is a
-    new one. For work reopened while the run that closed it may still be finishing: that
-    run's finish deletes its job, and an enqueue that found the name taken would leave the
-    reopened work with none. Call it in the reopening transaction, before the enqueue."""
-    return pull_forward_sql.release_running_name(dedupe_key)
-
-
 def pull_forward_waiting(
     dedupe_keys: list[str], limit: int = 1, floor: timedelta | float = 0, *, deferred_only: bool = False
 ) -> list[str]:

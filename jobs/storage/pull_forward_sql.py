@@ -1,14 +1,11 @@
 """The SQL that pulls a named job forward: a waiting one made due now, a running one woken
-(``jobs.adapters.postgres.pull_forward``); the first of several waiting names moved, for a freed
-webhook slot (``jobs.adapters.postgres.pull_forward_waiting``); and a running job's name
-released for a new job (``jobs.adapters.postgres.release_running_name``)."""
+(``jobs.adapters.postgres.pull_forward``); and the first of several waiting names moved, for a freed
+webhook slot (``jobs.adapters.postgres.pull_forward_waiting``)."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-
-from django.db import connection
 
 from jobs.storage.repository import NOTIFY_CHANNEL
 from vpay.prepared import execute_prepared
@@ -75,16 +72,3 @@ def pull_forward_waiting(dedupe_keys: list[str], limit: int, floor_seconds: floa
         _PULL_FORWARD_WAITING, [text_array(dedupe_keys), float(floor_seconds), bool(deferred_only), int(limit)]
     )
     return json.loads(row[0]) if row else []
-
-
-# The leased job named %s gives up its name (jobs_job_dedupe_key_unique): its run goes on under
-# its lease and settles by id and token as before, and a job enqueued under the name
-# afterwards is a new one. A row a settle is writing is waited for: a finished run's delete
-# then leaves nothing to release.
-_RELEASE_RUNNING_NAME = "UPDATE jobs SET dedupe_key = NULL WHERE dedupe_key = %s AND locked_at IS NOT NULL"
-
-
-def release_running_name(dedupe_key: str) -> bool:
-    with connection.cursor() as cursor:
-        cursor.execute(_RELEASE_RUNNING_NAME, [dedupe_key])
-        return cursor.rowcount > 0

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from django.db import transaction
 
 from jobs.kinds import JobKind
-from jobs.port import enqueue, release_running_name
+from jobs.port import enqueue
 from vpay.admin_log import log_change
 from webhooks import repository
 from webhooks.models import DeliveryState, WebhookDelivery
@@ -32,10 +32,6 @@ def resend_delivery(delivery_id: int, *, actor=None, states: Iterable[str] = TER
         merchant_id = repository.reopen_delivery(delivery_id, [str(s) for s in states])
         if merchant_id is None:
             return False
-        # The run that closed the delivery may still be finishing: its finish deletes its job,
-        # and an enqueue that found the name taken would leave the reopened delivery with no
-        # job until the backstop scan's next pass (a minute).
-        release_running_name(dedupe_key(delivery_id))
         enqueue(
             JobKind.WEBHOOK_DELIVER,
             {"delivery_id": delivery_id},
