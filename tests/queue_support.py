@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from django.db import connection
 
 from jobs import registry
+from jobs.kinds import JobKind
 from jobs.runner.context import JobContext
 from jobs.storage import leases
 from jobs.storage.leases import ClaimedJob
@@ -140,3 +141,18 @@ def failing_row(table: str, operation: str, row_id: str, message: str):
     finally:
         with connection.cursor() as cursor:
             cursor.execute(f"DROP TRIGGER test_failing_row ON {table}; DROP FUNCTION test_failing_row()")
+
+
+# n due task jobs named prefix:1..n, in one statement; tenants: spread over t0..t(k-1), or none ('').
+_INSERT_DUE_JOBS = (
+    "INSERT INTO jobs (job_id, kind, queue, payload, priority, run_at, max_attempts, dedupe_key, tenant)"
+    " SELECT gen_random_uuid(), %(kind)s, 'default', '{}', 0, now(), 5, %(prefix)s || ':' || g,"
+    "        CASE WHEN %(tenants)s::int > 0 THEN 't' || (g %% %(tenants)s::int) ELSE '' END"
+    "   FROM generate_series(1, %(n)s) g"
+)
+
+
+def insert_due_jobs(conn, n: int, *, prefix: str, tenants: int = 0) -> None:
+    """``n`` due task jobs written through ``conn`` (a psycopg connection of the caller's: a
+    backlog committed apart from the test's own connection)."""
+    conn.execute(_INSERT_DUE_JOBS, {"n": n, "prefix": prefix, "tenants": tenants, "kind": JobKind.TASK.value})

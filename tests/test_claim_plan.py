@@ -11,6 +11,7 @@ import pytest
 from jobs.kinds import JobKind
 from jobs.storage.leases import CLAIM
 from tests.conftest import database_url
+from tests.queue_support import insert_due_jobs
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the backlog is analyzed, as autovacuum would
 
@@ -45,12 +46,7 @@ def generic_plan(conn: psycopg.Connection, params: dict) -> str:
 
 def test_the_claim_s_generic_plan_over_a_backlog_updates_its_rows_by_primary_key():
     with psycopg.connect(database_url(), autocommit=True) as conn:
-        conn.execute(
-            "INSERT INTO jobs (job_id, kind, queue, payload, priority, run_at, max_attempts, dedupe_key, tenant)"
-            " SELECT gen_random_uuid(), %s, 'default', '{}', 0, now(), 5, 'backlog:' || g, 't' || (g %% 3)"
-            "   FROM generate_series(1, %s) g",
-            [JobKind.TASK.value, BACKLOG],
-        )
+        insert_due_jobs(conn, BACKLOG, prefix="backlog", tenants=3)
         conn.execute("ANALYZE jobs")
         plan = generic_plan(
             conn,

@@ -13,10 +13,9 @@ import time
 import psycopg
 import pytest
 
-from jobs.kinds import JobKind
 from jobs.maintenance import statistics
 from tests.conftest import database_url
-from tests.queue_support import execute, scalar
+from tests.queue_support import execute, insert_due_jobs, scalar
 
 pytestmark = pytest.mark.django_db(transaction=True)  # ANALYZE and the statistics see commits
 
@@ -38,12 +37,7 @@ def fill_jobs(n: int) -> None:
     """``n`` jobs committed from a connection of their own, which reports its counts to the
     statistics as it closes (a backend may otherwise hold them for seconds)."""
     with psycopg.connect(database_url(), autocommit=True) as conn:
-        conn.execute(
-            "INSERT INTO jobs (job_id, kind, queue, payload, priority, run_at, max_attempts, dedupe_key)"
-            " SELECT gen_random_uuid(), %s, 'default', '{}', 0, now(), 5, 'grown:' || g"
-            "   FROM generate_series(1, %s) g",
-            [JobKind.TASK.value, n],
-        )
+        insert_due_jobs(conn, n, prefix="grown")
 
 
 def wait_for_live_rows(table: str, n: int) -> None:
