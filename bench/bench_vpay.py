@@ -488,6 +488,7 @@ def explain(n: int) -> dict:
             {
                 "ids": [i for i, _ in held],
                 "tokens": [t for _, t in held],
+                "once": [i for i, _ in held],
                 "ttl": 3600.0,
                 "fence_ids": [i for i, _ in held],
                 "fence_kinds": [j.kind for j in res.jobs],

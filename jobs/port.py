@@ -17,7 +17,10 @@ The contract both keep (tests/test_queue_port.py runs it on each):
 * delivered at least once: a handler may run again after a failure (retried on its kind's
   policy), so its effect must be idempotent by the job's name or subject;
 * ``pull_forward(name)`` makes the waiting job of that name due now, and wakes it if it is
-  running (a plain reschedule it answers then runs it again at once);
+  running (a plain reschedule or a finish it answers then runs it again at once; not a
+  failure's retry, a deferral, a cancel, nor the finish of a fenced kind, whose job id is
+  spent); ``enqueue_or_wake(kind, payload, dedupe_key=…)`` is that wake, or an enqueue when no
+  job has the name;
   ``pull_forward_waiting(names, limit)`` moves the first ``limit`` of several names that
   are waiting (with ``deferred_only``, that are waiting because their last run deferred);
 * ``hold_waiting(names, hold)`` takes those of several waiting, due jobs it can off the queue
@@ -42,7 +45,16 @@ from jobs.adapters import postgres as queue
 from jobs.adapters.postgres import EnqueueError, Held, JobRequest
 from jobs.kinds import JobKind
 
-__all__ = ["EnqueueError", "JobRequest", "adapter", "enqueue", "enqueue_many", "pull_forward", "use"]
+__all__ = [
+    "EnqueueError",
+    "JobRequest",
+    "adapter",
+    "enqueue",
+    "enqueue_many",
+    "enqueue_or_wake",
+    "pull_forward",
+    "use",
+]
 
 ADAPTERS = ("postgres", "inprocess")
 
@@ -178,6 +190,16 @@ def enqueue(
         correlation_id=correlation_id,
         max_attempts=max_attempts,
     )
+
+
+def enqueue_or_wake(kind: JobKind | str, payload: Mapping, *, dedupe_key: str, tenant: str | None = None) -> None:
+    """The job named ``dedupe_key`` runs from now on, whatever its state: a waiting one due now,
+    a held one taken back from its holder, a running one woken (it runs again after it settles,
+    even when it finishes), and, with none, a new one enqueued. The wake goes first: its row
+    lock makes a finish that comes meanwhile wait and see it, where an enqueue first would
+    find the name taken and add nothing, and the finish would then delete the only job."""
+    if not adapter().pull_forward(dedupe_key):
+        adapter().enqueue(kind, payload, dedupe_key=dedupe_key, tenant=tenant)
 
 
 def enqueue_many(requests: Iterable[JobRequest]) -> int:

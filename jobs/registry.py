@@ -116,6 +116,13 @@ def get(kind: str) -> KindSpec | None:
     return _REGISTRY.get(kind)
 
 
+def is_fenced(kind: str) -> bool:
+    """Whether ``kind`` is fenced by the loop: its job_id is processed once, so a finished job
+    of it is never run again under that id (not even when woken while it ran)."""
+    spec = _REGISTRY.get(kind)
+    return spec is not None and spec.fenced
+
+
 def retry_policy(spec: KindSpec) -> RetryPolicy:
     return spec.retry() if callable(spec.retry) else spec.retry
 

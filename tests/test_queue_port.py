@@ -161,9 +161,10 @@ def test_pull_forward_waiting_moves_the_first_names_in_order_that_can_move(harne
     assert port.pull_forward_waiting(["port:missing", "port:f", odd, "port:e"], 2) == ["port:f", odd]
 
 
-def waking_handler(monkeypatch, answer, floor: float = 0):
-    """The task kind, unfenced, run by a handler that pulls its own job forward while it runs
-    and gives ``answer`` on its first run, done on the next; its runs, and what each pull said."""
+def waking_handler(monkeypatch, answer, floor: float = 0, fenced: bool = False):
+    """The task kind (unfenced unless asked), run by a handler that pulls its own job forward
+    while it runs and gives ``answer`` on its first run, done on the next; its runs, and what
+    each pull said."""
     runs: list[bool] = []
 
     def handler(ctx):
@@ -174,7 +175,7 @@ def waking_handler(monkeypatch, answer, floor: float = 0):
         return answer
 
     spec = registry.get("task")
-    monkeypatch.setitem(registry._REGISTRY, "task", dataclasses.replace(spec, handler=handler, fenced=False))
+    monkeypatch.setitem(registry._REGISTRY, "task", dataclasses.replace(spec, handler=handler, fenced=fenced))
     port.enqueue("task", task("noop"), dedupe_key="port:woken")
     return runs
 
@@ -185,6 +186,20 @@ def test_a_job_woken_while_it_runs_runs_again_at_once_though_it_asked_for_an_hou
     runs = waking_handler(monkeypatch, Outcome.reschedule_in(3600))
     harness.run_jobs()
     assert runs == [True, True]
+
+
+def test_a_job_woken_while_it_runs_runs_again_after_it_finishes(harness, monkeypatch):
+    # What a resent webhook delivery relies on when the run that ended it still holds its job.
+    runs = waking_handler(monkeypatch, Outcome.done())
+    harness.run_jobs()
+    assert runs == [True, True]
+
+
+def test_a_fenced_job_woken_while_it_runs_is_not_run_again_after_it_finishes(harness, monkeypatch):
+    # Its job_id is processed once: a run again under it would be refused as a duplicate.
+    runs = waking_handler(monkeypatch, Outcome.done(), fenced=True)
+    harness.run_jobs(timeout=2.0)
+    assert runs == [True]
 
 
 def test_a_wake_never_cuts_short_a_deferral(harness, monkeypatch):

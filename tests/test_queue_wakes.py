@@ -10,7 +10,7 @@ from django.db import connection
 from jobs.adapters import postgres as queue
 from jobs.kinds import JobKind
 from jobs.maintenance.thread import reap
-from jobs.storage import leases
+from jobs.storage import leases, repository
 from tests.conftest import database_url
 from tests.queue_support import claim, expire_lease, task_payload
 
@@ -38,3 +38,12 @@ def test_a_rescue_wakes_the_idle_workers_of_its_queue():
     expire_lease(job_id)
     connection.close()
     assert wakes_during(lambda: reap()) == ["batch"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_job_woken_while_it_ran_and_due_again_at_its_finish_wakes_the_idle_workers_of_its_queue():
+    queue.enqueue(JobKind.TASK, task_payload(), queue="batch", dedupe_key="woken:wakes")
+    (job,) = claim("worker-a", queues=["batch"]).jobs
+    assert queue.pull_forward("woken:wakes")
+    connection.close()
+    assert wakes_during(lambda: repository.finish_many([(job.id, job.lease_token)])) == ["batch"]

@@ -1,19 +1,22 @@
-"""A delivery resent while the run that exhausted it is still finishing its job: the known
-gap written in docs/ops-console.md ("Resend…"), shown here against the real database.
+"""A delivery resent while the run that ended it still has its job, against the real database.
 
 The run records the delivery exhausted (a commit of its own) and then finishes its job (the
-completer's delete, by id and lease token). A resend between the two finds the job's name
-taken, so its enqueue adds nothing, and the finish deletes the only job: the reopened delivery
-waits for the backstop scan's next pass. Marked ``xfail(strict=True)``: the fix (a job woken
-while it ran is run again by its finish, and the resend wakes it) turns this into a pass, which
-fails the suite until the mark is removed."""
+completer's delete, by id and lease token); a delivery carried in another's batch has its job
+held until the batch settles it (``settle_held``, by name and hold). A resend between the two
+finds the job's name taken, so its enqueue adds nothing. It wakes the job instead
+(``pull_forward``): a leased one's finish then runs it again (jobs.storage.repository's
+_FINISH_MANY), and a held one, moved, is no longer the batch's to settle. Without the wake the
+reopened delivery waited for the backstop scan's next pass, a minute."""
 
 from __future__ import annotations
 
+import threading
 import uuid
 
 import pytest
+from django.db import connection, transaction
 
+from jobs import port
 from jobs.storage import repository as jobs_repository
 from tests.factories.webhooks import DeliveryFactory
 from tests.queue_support import execute, one, rows
@@ -36,7 +39,6 @@ def the_run_that_exhausted_it(delivery_id: int) -> tuple[int, uuid.UUID]:
     return job_id, token
 
 
-@pytest.mark.xfail(strict=True, reason="known gap: docs/ops-console.md, 'Resend…'")
 def test_a_delivery_resent_before_the_exhausting_run_finishes_its_job_has_a_job_due_after_that_finish():
     delivery = DeliveryFactory()
     job_id, token = the_run_that_exhausted_it(delivery.pk)
@@ -57,6 +59,46 @@ def test_a_delivery_resent_after_the_exhausting_run_finished_has_its_job_due_at_
 
     assert resend_delivery(delivery.pk, reason="the receiver is fixed")
 
+    assert rows(
+        "SELECT locked_at IS NULL, run_at <= now() FROM jobs WHERE dedupe_key = %s", [dedupe_key(delivery.pk)]
+    ) == [(True, True)]
+
+
+def test_a_delivery_resent_while_a_batch_holds_its_job_keeps_the_job_the_batch_then_settles():
+    delivery = DeliveryFactory()
+    name = dedupe_key(delivery.pk)
+    held = port.hold_waiting([name], 60)  # a carrier took it into its batch
+    assert held.names == [name]
+    execute("UPDATE webhook_deliveries SET state = 'exhausted', completed_at = now() WHERE id = %s", [delivery.pk])
+
+    assert resend_delivery(delivery.pk, reason="the receiver is fixed")
+    assert port.settle_held([(name, None)], held) == 0  # the batch's settle: moved since, not its own
+
+    assert rows("SELECT locked_at IS NULL, run_at <= now() FROM jobs WHERE dedupe_key = %s", [name]) == [(True, True)]
+
+
+def test_a_resend_that_commits_while_the_finish_waits_for_the_job_row_is_seen_by_that_finish():
+    """The finish decides on the row it deletes: one blocked behind the resend's lock reads the
+    wake once the resend commits (READ COMMITTED's recheck), not its statement's older view."""
+    delivery = DeliveryFactory()
+    job_id, token = the_run_that_exhausted_it(delivery.pk)
+    finished: list = []
+
+    def the_old_runs_finish():
+        try:
+            finished.append(jobs_repository.finish_many([(job_id, token)]))
+        finally:
+            connection.close()
+
+    with transaction.atomic():
+        assert resend_delivery(delivery.pk, reason="the receiver is fixed")  # its row lock held to the commit
+        finish = threading.Thread(target=the_old_runs_finish)
+        finish.start()
+        finish.join(timeout=0.5)
+        assert finish.is_alive(), "the finish should wait for the resend's row lock"
+    finish.join(timeout=10)
+
+    assert finished == [{job_id}]
     assert rows(
         "SELECT locked_at IS NULL, run_at <= now() FROM jobs WHERE dedupe_key = %s", [dedupe_key(delivery.pk)]
     ) == [(True, True)]

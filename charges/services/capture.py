@@ -82,8 +82,11 @@ def wake_poll(charge_id: str, merchant_id: str) -> None:
     """The authorized charge's poll, due now: it waits for the authorization's expiry, or was
     lost (an operator's cancel) and is enqueued again. In the caller's transaction, so the
     job is due exactly when the operation it performs is committed."""
-    key = repository.poll_dedupe_key(charge_id)
-    if queue.enqueue(JobKind.POLL_CHARGE, {"charge_id": charge_id}, dedupe_key=key, tenant=merchant_id) is None:
-        # Waiting (parked until the authorization's expiry): due now. Running: woken, so its
-        # reschedule runs it again at once (jobs.port.pull_forward).
-        queue.pull_forward(key)
+    # Waiting (parked until the authorization's expiry): due now. Running: woken, so it runs
+    # again once it settles. Gone: enqueued again.
+    queue.enqueue_or_wake(
+        JobKind.POLL_CHARGE,
+        {"charge_id": charge_id},
+        dedupe_key=repository.poll_dedupe_key(charge_id),
+        tenant=merchant_id,
+    )

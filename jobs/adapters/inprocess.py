@@ -86,7 +86,7 @@ class _Job:
     deferrals: int = 0
     seq: int = 0  # the heap entry that is current; older entries are stale
     running: bool = False
-    woken: bool = False  # pulled forward while it ran: a plain reschedule runs it at once
+    woken: bool = False  # pulled forward while it ran: a plain reschedule or a finish runs it at once
 
 
 class _AtCommit:
@@ -313,6 +313,12 @@ class InProcessQueue:
     def _apply(self, job: _Job, settle: Settle) -> None:
         """Under the lock: what a settle write would do to the row, done to the job in memory."""
         d = settle.disposition
+        if d is Disposition.FINISHED and job.woken and not registry.is_fenced(job.kind):
+            # Woken while it ran: its name runs again at once (as _FINISH_MANY inserts it again).
+            job.attempts = job.deferrals = 0
+            job.due = time.monotonic()
+            self._push(job)
+            return
         if d in (Disposition.FINISHED, Disposition.LOST, Disposition.DEAD_LETTERED, Disposition.CANCELLED):
             self._live.pop(job.name, None)
             if d is Disposition.DEAD_LETTERED:

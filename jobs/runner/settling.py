@@ -23,6 +23,7 @@ import uuid
 import psycopg
 from django.db import DatabaseError, InterfaceError, connection
 
+from jobs import registry
 from jobs.kinds import JobKind
 from jobs.models import DeadLetterCause
 from jobs.primitives import cancels, fence
@@ -58,6 +59,7 @@ class Settler:
             return
         overtaken: list = []
         duplicates: set[int] = set()
+        woken: set[int] = set()
         by_id = {j.id: j for j in jobs}
         try:
             matched = repository.finish_many(
@@ -66,6 +68,8 @@ class Settler:
                 fences={pk: (by_id[pk].kind, subject) for pk, subject in (fences or {}).items() if pk in by_id},
                 ttl_seconds=fence.ttl_seconds(),
                 duplicates=duplicates,
+                once=[j.id for j in jobs if registry.is_fenced(j.kind)],
+                woken=woken,
             )
         except DB_ERRORS as exc:
             for job in jobs:
@@ -75,6 +79,8 @@ class Settler:
             cancels.note_overtaken(by_id[job_pk], requested_by, reason)
         for job_pk in duplicates:
             note_duplicate(by_id[job_pk])
+        for job_pk in woken:
+            logger.info("job woken while it ran: due again at once", extra=job_fields(by_id[job_pk]))
         for job in jobs:
             if job.id in matched:
                 self.count(job, Disposition.FINISHED)

@@ -158,12 +158,30 @@ def copy_jobs(rows: Iterable[tuple]) -> int:
 # the job_id committed first) is left alone and the job is reported as a duplicate; its
 # delete stands, as the fenced path's duplicate is finished too. Fence rows by primary key
 # (ON CONFLICT on processed_jobs_pkey).
-_FINISH_MANY = """
+#
+# A job woken while it ran (run_at after locked_at: jobs.storage.pull_forward_sql) asked for
+# another run after this one had started (a resent webhook delivery, new events for the
+# drain): its name gets a new job, due now, with its identity and no attempt spent, and a
+# NOTIFY. Not for a cancel request (the cancel wins) nor for a kind whose job_id is spent
+# once (`once`: the fenced kinds; a run again would be refused as a duplicate). Decided on
+# the row the DELETE removes: a wake that commits while this statement waits for the row is
+# seen (READ COMMITTED rechecks the newest version and RETURNING reads it), and one that
+# comes after finds no row, so the waker's own insert of the name stands. The new row takes
+# the name and job_id of the row deleted in the same statement: no unique conflict.
+_FINISH_MANY = f"""
 WITH finished AS (
     DELETE FROM jobs j
      USING unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS s(id, token)
      WHERE j.id = s.id AND j.lease_token = s.token
-    RETURNING j.id, j.job_id, j.cancel_requested_at IS NOT NULL AS requested, j.cancel_requested_by, j.cancel_reason
+    RETURNING j.id, j.job_id, j.cancel_requested_at IS NOT NULL AS requested, j.cancel_requested_by, j.cancel_reason,
+              j.run_at > j.locked_at AND j.cancel_requested_at IS NULL AND j.id <> ALL(%(once)s::bigint[]) AS woken,
+              j.kind, j.queue, j.payload, j.priority, j.max_attempts, j.dedupe_key, j.correlation_id, j.tenant
+),
+again AS (
+    INSERT INTO jobs (job_id, kind, queue, payload, priority, max_attempts, dedupe_key, correlation_id, tenant)
+    SELECT job_id, kind, queue, payload, priority, max_attempts, dedupe_key, correlation_id, tenant
+      FROM finished WHERE woken
+    RETURNING pg_notify('{NOTIFY_CHANNEL}', queue)
 ),
 fenced AS (
     INSERT INTO processed_jobs (job_id, kind, subject, processed_at, expires_at)
@@ -175,7 +193,7 @@ fenced AS (
     RETURNING job_id
 )
 SELECT d.id, d.requested, d.cancel_requested_by, d.cancel_reason,
-       d.job_id IN (SELECT job_id FROM fenced)
+       d.job_id IN (SELECT job_id FROM fenced), d.woken AND (SELECT count(*) FROM again) > 0
   FROM finished d
 """
 
@@ -187,6 +205,8 @@ def finish_many(
     fences: dict[int, tuple[str, str]] | None = None,
     ttl_seconds: float = 0.0,
     duplicates: set[int] | None = None,
+    once: Iterable[int] = (),
+    woken: set[int] | None = None,
 ) -> set[int]:
     """Delete finished jobs still held under these leases; returns the ids that matched.
     ``overtaken`` receives (id, requested_by, reason) of each deleted job that carried a
@@ -194,7 +214,10 @@ def finish_many(
 
     ``fences``: job pk -> (kind, subject) of the fenced jobs among them whose handler wrote
     nothing; each gets its fence row (kept ``ttl_seconds``) in the same statement, if its
-    delete matched. ``duplicates`` receives the pks whose fence row already existed."""
+    delete matched. ``duplicates`` receives the pks whose fence row already existed.
+
+    A job woken while it ran is run again (a new job of its name, due now), unless its pk is
+    in ``once`` (the fenced kinds: their job_id is spent); ``woken`` receives those pks."""
     if not leases:
         return set()
     fences = fences or {}
@@ -203,6 +226,7 @@ def finish_many(
         {
             "ids": [i for i, _ in leases],
             "tokens": [t for _, t in leases],
+            "once": list(once),
             "ttl": ttl_seconds,
             "fence_ids": list(fences),
             "fence_kinds": [kind for kind, _ in fences.values()],
@@ -215,6 +239,8 @@ def finish_many(
         overtaken.extend((r[0], r[2], r[3]) for r in rows if r[1])
     if duplicates is not None:
         duplicates.update(r[0] for r in rows if r[0] in fences and not r[4])
+    if woken is not None:
+        woken.update(r[0] for r in rows if r[5])
     return {r[0] for r in rows}
 
 
