@@ -255,7 +255,6 @@ def test_a_payment_through_the_api_runs_its_hot_statements_prepared(rails):
         request_log._RECORD_ANSWER,
         repository._READ_FOR_POLL,
         settlement_writes._SETTLE,
-        repository._FOR_EVENT,
     ):
         assert prepared_here(statement) == 1, statement
     wake = prepared._statement(pull_forward_sql._PULL_FORWARD)[0].decode()

@@ -8,7 +8,7 @@ import logging
 
 from django.db import transaction
 
-from charges import capture_repository, repository, settlement_writes
+from charges import capture_repository, settlement_writes
 from charges.capture_repository import PhaseRow
 from charges.metrics import CHARGES_SETTLED
 from charges.models import Charge
@@ -28,16 +28,17 @@ def captured(row: ChargeRow, amount: int) -> bool:
     ``succeeded`` (``amount_received``, what refunds are bounded by); ``charge.captured``,
     ``payment_intent.succeeded``; the checkout session is paid."""
     with transaction.atomic():
-        if not settlement_writes.settle_charge_and_intent(
+        settled = settlement_writes.settle_charge_and_intent(
             row.id,
             ChargeStatus.SUCCEEDED,
             IntentStatus.SUCCEEDED,
             settleable=[ChargeStatus.CAPTURING],
             open_intent=[IntentStatus.PROCESSING],
             amount_captured=amount,
-        ):
+        )
+        if settled is None:
             return False
-        intent, session = repository.for_event(row.intent_id)
+        intent, session = settled
         emit(intent.merchant_id, EventType.CHARGE_CAPTURED, render_charge(intent.charge, for_event=True))
         emit(intent.merchant_id, EventType.PAYMENT_INTENT_SUCCEEDED, render_intent(intent, for_event=True))
         if session is not None:

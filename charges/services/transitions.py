@@ -54,9 +54,10 @@ def succeed(row: ChargeRow) -> bool:
             # A charge whose submit answer was lost: the rail answering about it is the
             # evidence it was submitted, so it passes through submitted (docs/architecture.md §8).
             repository.mark_submitted(row.id, pay_token=None, redirect_url=None)
-        if not settlement_writes.settle_charge_and_intent(row.id, ChargeStatus.SUCCEEDED, IntentStatus.SUCCEEDED):
+        settled = settlement_writes.settle_charge_and_intent(row.id, ChargeStatus.SUCCEEDED, IntentStatus.SUCCEEDED)
+        if settled is None:
             return False
-        intent, session = repository.for_event(row.intent_id)
+        intent, session = settled
         emit(intent.merchant_id, EventType.PAYMENT_INTENT_SUCCEEDED, render_intent(intent, for_event=True))
         if session is not None:
             session = settlement_writes.complete_session(row.intent_id)
@@ -98,11 +99,12 @@ def fail(row: ChargeRow, failure_code: str | None) -> bool:
     with transaction.atomic(savepoint=False):
         if row.status == ChargeStatus.SUBMITTING:
             repository.mark_submitted(row.id, pay_token=None, redirect_url=None)
-        if not settlement_writes.settle_charge_and_intent(
+        settled = settlement_writes.settle_charge_and_intent(
             row.id, ChargeStatus.FAILED, IntentStatus.FAILED, failure_code or "declined"
-        ):
+        )
+        if settled is None:
             return False
-        _emit_failed(row.intent_id)
+        _emit_failed(settled[0])
     CHARGES_SETTLED.labels(rail=row.rail, outcome="failed").inc()
     logger.info("charge failed", extra={"charge_id": row.id, "failure_code": failure_code})
     return True
@@ -149,11 +151,10 @@ def enqueue_void(charge_id: str, merchant_id: str | None) -> None:
 
 def _fail_intent(intent_id: str) -> None:
     repository.intent_to(intent_id, IntentStatus.FAILED, _OPEN_INTENT)
-    _emit_failed(intent_id)
+    _emit_failed(intent_for_event(intent_id))
 
 
-def _emit_failed(intent_id: str) -> None:
-    intent = intent_for_event(intent_id)
+def _emit_failed(intent: PaymentIntent) -> None:
     emit(intent.merchant_id, EventType.PAYMENT_INTENT_PAYMENT_FAILED, render_intent(intent, for_event=True))
 
 
