@@ -81,6 +81,8 @@ class QueueAdapter(Protocol):
 
     def pull_forward(self, dedupe_key: str, floor: timedelta | float = 0) -> bool: ...
 
+    def run_again(self, dedupe_key: str) -> bool: ...
+
     def pull_forward_waiting(
         self, dedupe_keys: list[str], limit: int = 1, floor: timedelta | float = 0, *, deferred_only: bool = False
     ) -> list[str]: ...
@@ -108,6 +110,9 @@ class PostgresQueue:
 
     def pull_forward(self, dedupe_key: str, floor: timedelta | float = 0) -> bool:
         return queue.pull_forward(dedupe_key, floor)
+
+    def run_again(self, dedupe_key: str) -> bool:
+        return queue.run_again(dedupe_key)
 
     def pull_forward_waiting(
         self, dedupe_keys: list[str], limit: int = 1, floor: timedelta | float = 0, *, deferred_only: bool = False
@@ -193,12 +198,14 @@ def enqueue(
 
 
 def enqueue_or_wake(kind: JobKind | str, payload: Mapping, *, dedupe_key: str, tenant: str | None = None) -> None:
-    """The job named ``dedupe_key`` runs from now on, whatever its state: a waiting one due now,
-    a held one taken back from its holder, a running one woken (it runs again after it settles,
-    even when it finishes), and, with none, a new one enqueued. The wake goes first: its row
-    lock makes a finish that comes meanwhile wait and see it, where an enqueue first would
-    find the name taken and add nothing, and the finish would then delete the only job."""
-    if not adapter().pull_forward(dedupe_key):
+    """The job named ``dedupe_key`` runs after the caller's commit: a waiting one due now (one
+    held by a carrier's batch taken back from it), a running one woken (it runs again once it
+    settles, even when it finishes), and, with none, a new one enqueued. The wake goes first:
+    its row lock makes a finish that comes meanwhile wait and see it, where an enqueue first
+    would find the name taken and add nothing, and the finish would then delete the only job.
+    Not kept: a wake whose running job then ends cancelled (a cancel request) or dead-lettered;
+    the backstop scans find the work it was for."""
+    if not adapter().run_again(dedupe_key):
         adapter().enqueue(kind, payload, dedupe_key=dedupe_key, tenant=tenant)
 
 

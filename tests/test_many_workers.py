@@ -62,7 +62,13 @@ def test_four_workers_drain_a_large_backlog_through_a_sigkill_each_job_once(effe
     total = 3000
     backlog("large-", total, 0.005)
     workers = [start_worker("--concurrency", "4", "--heartbeat", "0.5") for _ in range(4)]
-    wait_for(lambda: effect_count("large-") >= total // 3, timeout=120, message="a third of the backlog")
+    # The kill waits for each worker's first job too: under a loaded run one worker can boot
+    # after the others have done a third, and the one killed must have shown it took part.
+    wait_for(
+        lambda: effect_count("large-") >= total // 3 and len(runs_by_pid("large-")) == len(workers),
+        timeout=120,
+        message="a third of the backlog, with a job run by each worker",
+    )
     workers[0].kill()  # its leases are rescued by the others' reapers, about two beats later
     replacement = start_worker("--concurrency", "4", "--heartbeat", "0.5")
     wait_for(lambda: effect_count("large-") >= total, timeout=180, message="the backlog to drain")

@@ -188,6 +188,14 @@ def test_a_job_woken_while_it_runs_runs_again_at_once_though_it_asked_for_an_hou
     assert runs == [True, True]
 
 
+def test_enqueue_or_wake_enqueues_a_missing_name_and_makes_a_waiting_one_due(harness, effects):
+    port.enqueue("task", task("record", "port:later"), dedupe_key="port:later", delay=3600)
+    port.enqueue_or_wake("task", task("record", "port:later"), dedupe_key="port:later")
+    port.enqueue_or_wake("task", task("record", "port:new"), dedupe_key="port:new")
+    harness.run_jobs()
+    assert sorted(effects("port:")) == [("port:later", ""), ("port:new", "")]
+
+
 def test_a_job_woken_while_it_runs_runs_again_after_it_finishes(harness, monkeypatch):
     # What a resent webhook delivery relies on when the run that ended it still holds its job.
     runs = waking_handler(monkeypatch, Outcome.done())

@@ -163,6 +163,18 @@ class InProcessQueue:
                 return True
             return self._move_waiting(job, floor)
 
+    def run_again(self, dedupe_key: str) -> bool:
+        with self._cv:
+            job = self._live.get(dedupe_key)
+            if job is None or (job.running and job.woken):
+                return False
+            if job.running:
+                job.woken = True
+            elif job.due > time.monotonic():
+                job.due = time.monotonic()
+                self._push(job)
+            return True
+
     def hold_waiting(self, dedupe_keys: list[str], hold: timedelta | float) -> Held:
         return Held([], "")  # every job here runs on its own, at commit: nothing is held for another
 

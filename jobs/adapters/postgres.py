@@ -136,6 +136,13 @@ def pull_forward(dedupe_key: str, floor: timedelta | float = 0) -> bool:
     return pull_forward_sql.pull_forward(dedupe_key, _seconds(floor, "floor"))
 
 
+def run_again(dedupe_key: str) -> bool:
+    """Make the job with ``dedupe_key`` run after the caller's commit: a waiting one due now
+    (held by no claim until that commit), a running one woken (it runs again once it settles,
+    even when it finishes). False when there is none, or it was woken already."""
+    return pull_forward_sql.run_again(dedupe_key)
+
+
 def pull_forward_waiting(
     dedupe_keys: list[str], limit: int = 1, floor: timedelta | float = 0, *, deferred_only: bool = False
 ) -> list[str]:

@@ -1,6 +1,7 @@
 """The SQL that pulls a named job forward: a waiting one made due now, a running one woken
-(``jobs.adapters.postgres.pull_forward``); and the first of several waiting names moved, for a freed
-webhook slot (``jobs.adapters.postgres.pull_forward_waiting``)."""
+(``jobs.adapters.postgres.pull_forward``, and ``run_again`` for a caller that must not lose the
+run); and the first of several waiting names moved, for a freed webhook slot
+(``jobs.adapters.postgres.pull_forward_waiting``)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,31 @@ SELECT count(*), count(pg_notify('{NOTIFY_CHANNEL}', queue)) FILTER (WHERE waiti
 
 def pull_forward(dedupe_key: str, floor_seconds: float) -> bool:
     row = execute_prepared(_PULL_FORWARD, [dedupe_key, float(floor_seconds), float(floor_seconds)])
+    return row is not None and int(row[0]) > 0
+
+
+# The named job made to run after the caller's commit, whatever it is doing
+# (jobs_job_dedupe_key_unique): a waiting one due now, even one due already (its run_at moved to
+# now: a held job's carrier then finds it moved and leaves it, jobs.storage.held_sql), its row
+# locked to the caller's commit so no claim (SKIP LOCKED) takes it before the caller's writes
+# can be read; a leased one woken, as _PULL_FORWARD wakes it, unless it is woken already. A
+# write every call, for callers that are rare and must not lose the run (a resend, a re-enabled
+# endpoint, a capture's poll), unlike the fan-out's wakes. NOTIFY for a waiting one, delivered
+# at the caller's commit. No row: none of the name, or one woken already, which runs again
+# anyway (the caller's enqueue then adds nothing).
+_RUN_AGAIN = f"""
+WITH moved AS (
+    UPDATE jobs SET run_at = CASE WHEN locked_at IS NULL THEN now()
+                                  ELSE greatest(now(), locked_at + interval '1 microsecond') END
+     WHERE dedupe_key = %s AND (locked_at IS NULL OR run_at <= locked_at)
+    RETURNING queue, locked_at IS NULL AS waiting
+)
+SELECT count(*), count(pg_notify('{NOTIFY_CHANNEL}', queue)) FILTER (WHERE waiting) FROM moved
+"""
+
+
+def run_again(dedupe_key: str) -> bool:
+    row = execute_prepared(_RUN_AGAIN, [dedupe_key])
     return row is not None and int(row[0]) > 0
 
 

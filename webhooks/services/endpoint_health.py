@@ -29,7 +29,7 @@ from jobs.kinds import JobKind
 from jobs.maintenance.housekeeping import StepResult
 from jobs.maintenance.paging import sweep_in_pages
 from jobs.operator.alerts import Severity, admin_change_path, raise_alert
-from jobs.port import JobRequest, enqueue_many, pull_forward
+from jobs.port import JobRequest, enqueue_many, enqueue_or_wake
 from jobs.runner.context import JobContext
 from vpay.admin_log import log_change
 from vpay.errors import InvalidInput
@@ -159,9 +159,14 @@ def endpoint_disable(*, endpoint_id: str, reason: str, actor: str, user_id: int 
     return True
 
 
-def _pull_forward_each(delivery_ids: list[int]) -> None:
+def _run_each_again(merchant_id: str, delivery_ids: list[int]) -> None:
     for delivery_id in delivery_ids:
-        pull_forward(dedupe_key(delivery_id))
+        enqueue_or_wake(
+            JobKind.WEBHOOK_DELIVER,
+            {"delivery_id": delivery_id},
+            dedupe_key=dedupe_key(delivery_id),
+            tenant=merchant_id,
+        )
 
 
 def endpoint_enable(*, endpoint_id: str, actor: str, reason: str = "", user_id: int | None = None) -> int | None:
@@ -185,10 +190,11 @@ def endpoint_enable(*, endpoint_id: str, actor: str, reason: str = "", user_id: 
             for delivery_id in resumed
         )
         if created < len(resumed):
-            # Some still had a job waiting for a later rung: due now, like the delivery. After
-            # the commit, one row lock at a time: a pull-forward waits for a leased job's row,
-            # and holding the first while waiting for the next could deadlock with a worker's
-            # heartbeat, which locks all of its leases in one statement.
-            transaction.on_commit(lambda: _pull_forward_each(resumed))
+            # Some names were taken: a job waiting for a later rung (due now, like the delivery),
+            # or the job of a run that found the endpoint disabled and is finishing (woken, it runs
+            # again; gone meanwhile, enqueued again). After the commit, one row lock at a time: a
+            # wake waits for a leased job's row, and holding the first while waiting for the next
+            # could deadlock with a worker's heartbeat, which locks all of its leases in one statement.
+            transaction.on_commit(lambda: _run_each_again(merchant_id, resumed))
     logger.info("webhook endpoint enabled", extra={"endpoint_id": endpoint_id, "by": actor, "resumed": len(resumed)})
     return len(resumed)
