@@ -83,6 +83,32 @@ def test_an_executor_that_found_a_claim_running_is_woken_when_it_ends_even_empty
 
 
 @pytest.mark.django_db
+def test_idle_executors_whose_claims_come_up_empty_do_not_wake_each_other_in_turn():
+    """Each empty claim wakes the executors that waited for it, and each of those claims once;
+    the one that woke them must not take that wake as work of its own, or two idle executors
+    wake each other without end."""
+    worker = Worker(concurrency=4, idle_sleep=5.0)
+    dispatcher = worker.dispatcher
+    claims: list[float] = []
+
+    def claim(asked, alone, kinds=None):
+        claims.append(time.monotonic())
+        time.sleep(0.002)
+        return []
+
+    dispatcher.claim = claim
+    executors = [threading.Thread(target=dispatcher.next_job, daemon=True) for _ in range(4)]
+    for executor in executors:
+        executor.start()
+    time.sleep(0.5)
+    worker._stopping.set()
+    dispatcher.wake()
+    for executor in executors:
+        executor.join(5)
+    assert len(claims) <= 8, f"{len(claims)} empty claims in half a second of an idle worker"
+
+
+@pytest.mark.django_db
 def test_an_empty_claim_for_the_unpaced_kinds_is_not_repeated_at_every_wake_only_after_a_pause_or_a_notify():
     """With deliveries in every executor they may hold, the kept executor's claim for the
     other kinds steps over the deliveries' backlog; empty, it waits UNPACED_RECHECK_SECONDS

@@ -146,6 +146,13 @@ class Dispatcher:
                     waiters, self._lock_waiters = self._lock_waiters, 0
                 if waiters:
                     self.wake(waiters)
+                    # That wake is the waiters' turn, not new work for this executor: they claim
+                    # next (and see whatever a NOTIFY announced meanwhile). Waiting on the older
+                    # generation, an empty claim's executor came straight back to the lock,
+                    # found a woken waiter claiming and waited for it in turn, which woke it
+                    # again: idle executors claimed back to back, hundreds a second at idle.
+                    with w._cv:
+                        generation = self._generation
             if quiet > 0:
                 self._wait_for_work(generation, min(quiet, w.idle_sleep))
                 continue
