@@ -80,6 +80,19 @@ def test_one_run_sends_a_batch_each_attempt_with_its_own_row_and_lease_and_the_c
     assert states() == {"succeeded": 11} and deliver_jobs() == 0
 
 
+@pytest.mark.parametrize(("due", "batches"), [(1, 0), (2, 1)])
+def test_a_delivery_its_begin_found_alone_looks_for_no_batch(receiver, monkeypatch, due, batches):
+    """At idle the begin counts the endpoint's due deliveries: with none but its own, the
+    carrier goes alone and no transaction looks for others to carry beside it."""
+    looked: list[int] = []
+    carry = carrying.carry
+    monkeypatch.setattr(carrying, "carry", lambda lease, **kw: looked.append(lease.delivery_id) or carry(lease, **kw))
+    backlog(receiver, due)
+    assert Worker().run_once()
+    assert len(looked) == batches
+    assert states() == {"succeeded": due}
+
+
 def test_after_a_full_batch_answered_with_successes_the_carrier_carries_the_next_ones(receiver):
     backlog(receiver, 30)
     assert Worker().run_once()

@@ -169,22 +169,27 @@ def delivery_row_from(row: tuple) -> DeliveryRow:
     )
 
 
-def in_flight_for_endpoint(endpoint_id: str) -> tuple[int, float | None]:
+def in_flight_for_endpoint(endpoint_id: str, beginning: int = 0) -> tuple[int, float | None, bool]:
     """Attempts holding a live lease on this endpoint, counted under the endpoint's row lock
     so two workers cannot both take the last slot, and the seconds until the earliest of
-    those leases expires (the latest a slot can stay taken; None: no live lease). MUST run
-    in a transaction."""
-    # The lock (primary key), then the count (the partial index webhook_deliveries_in_flight),
-    # as two statements, both prepared: a statement reads one snapshot, taken when it starts,
-    # so a count in the lock's own statement would not see the attempt committed by the
-    # worker whose lock it waited for (tests/test_webhook_fast_path.py).
+    those leases expires (the latest a slot can stay taken; None: no live lease); and whether
+    more of its deliveries are due than the ``beginning`` its caller is about to begin (due
+    ``pending`` ones, theirs among them: a batch could carry the others). MUST run in a
+    transaction."""
+    # The lock (primary key), then the count (the partial index webhook_deliveries_in_flight)
+    # and the due ones (webhook_deliveries_ep_due, at most one past ``beginning``), as two
+    # statements, both prepared: a statement reads one snapshot, taken when it starts, so a
+    # count in the lock's own statement would not see the attempt committed by the worker
+    # whose lock it waited for (tests/test_webhook_fast_path.py).
     execute_prepared("SELECT 1 FROM webhook_endpoints WHERE id = %s::text FOR NO KEY UPDATE", [endpoint_id])
-    count, earliest = execute_prepared_row(
-        "SELECT count(*), EXTRACT(EPOCH FROM min(lease_expires_at) - now())::float8 FROM webhook_deliveries"
-        " WHERE endpoint_id = %s::text AND state = 'delivering' AND lease_expires_at > now()",
-        [endpoint_id],
+    count, earliest, due = execute_prepared_row(
+        "SELECT count(*), EXTRACT(EPOCH FROM min(lease_expires_at) - now())::float8,"
+        " (SELECT count(*) FROM (SELECT FROM webhook_deliveries p WHERE p.endpoint_id = %s::text"
+        " AND p.state = 'pending' AND p.next_attempt_at <= now() LIMIT %s::int) due)"
+        " FROM webhook_deliveries WHERE endpoint_id = %s::text AND state = 'delivering' AND lease_expires_at > now()",
+        [endpoint_id, beginning + 1, endpoint_id],
     )
-    return int(count), _float(earliest)
+    return int(count), _float(earliest), int(due) > beginning
 
 
 def waiting_deliveries(endpoint_id: str, limit: int) -> list[int]:

@@ -94,7 +94,7 @@ def deliver(ctx: JobContext) -> Outcome:
         # only on a closed breaker's ticket, never past an open one (a job out of deferrals
         # goes alone) nor beside a half-open one's probe.
         own = carrying.start_send(begun.lease, loaded, ctx.worker_concurrency)
-        if ticket is not None and not ticket.probe:
+        if ticket is not None and not ticket.probe and begun.others_due:
             batch = carrying.start_batch(begun.lease, ctx.worker_concurrency)
         attempted = own.result()
         faultpoints.reached("webhook.answered", str(attempted.attempt_state))

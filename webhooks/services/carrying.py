@@ -67,7 +67,7 @@ def carry(lease: attempt_sql.Lease, *, alone: bool = False) -> tuple[list[attemp
         return [], None
     lease_seconds = settings.VPAY_WEBHOOK_LEASE_SECONDS
     with transaction.atomic():
-        in_flight, _ = attempt_batch_sql.in_flight_for_endpoints([lease.endpoint_id])[lease.endpoint_id]
+        in_flight, _, _ = attempt_batch_sql.in_flight_for_endpoints([lease.endpoint_id])[lease.endpoint_id]
         room = min(room, settings.VPAY_WEBHOOK_MAX_IN_FLIGHT - in_flight)
         if room < 1:
             return [], None

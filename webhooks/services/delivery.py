@@ -91,6 +91,10 @@ class BeginResult:
     lease: attempt_sql.Lease | None = None
     wait: float = 0.0
     endpoint_id: str | None = None
+    # CLAIMED: whether the endpoint may have other due deliveries a batch could carry (False
+    # only when the begin counted none: at idle, the carrier's own attempt goes alone and no
+    # transaction looks for a batch).
+    others_due: bool = True
 
 
 def release(begun: BeginResult) -> None:
@@ -207,7 +211,7 @@ def _claim_under_the_cap(
             held = share is not None and SHARES.acquire(row.endpoint_id, share)
             merchant_held = held and share is not None and SHARES.acquire(merchant_key, share + 1)
             keys = (row.endpoint_id, merchant_key)[: int(held) + int(merchant_held)]
-            count, earliest = in_flight[row.endpoint_id]
+            count, earliest, _ = in_flight[row.endpoint_id]
             if (share is not None and not merchant_held) or count + taken.get(row.endpoint_id, 0) >= (
                 settings.VPAY_WEBHOOK_MAX_IN_FLIGHT
             ):
@@ -233,7 +237,9 @@ def _claim_under_the_cap(
         lease = leases[delivery_id]
         if keys:
             SHARES.bind(lease.token, *keys)
-        results[_index(requests, delivery_id)] = BeginResult(Begin.CLAIMED, lease=lease, endpoint_id=lease.endpoint_id)
+        results[_index(requests, delivery_id)] = BeginResult(
+            Begin.CLAIMED, lease=lease, endpoint_id=lease.endpoint_id, others_due=in_flight[lease.endpoint_id][2]
+        )
 
 
 def _index(requests: Sequence[tuple[int, int | None]], delivery_id: int) -> int:
