@@ -26,7 +26,9 @@ _OPEN_INTENT = sorted({IntentStatus.PROCESSING, IntentStatus.REQUIRES_ACTION})
 # reads the charge's RETURNING, so it waits for it: row locks are taken charge first,
 # intent second, the order the two separate statements took before. Its rows are what the
 # settlement's event renders, as the rows stand after the writes: the charge's and the
-# intent's from their RETURNING (the intent as it is when this statement did not move it), and
+# intent's from their RETURNING (the intent as it is when this statement did not move it: read
+# FOR SHARE, so a write committed while the intent's update waited for the row, which made
+# that update match nothing, is read as committed, not as of the statement's start), and
 # the intent's checkout session, which the statement does not write; none when the charge did
 # not move. It used to be read back by a statement of its own (repository.for_event), a round
 # trip and a plan more a settled charge. Prepared (vpay.pipelined.fetch_prepared, which sends
@@ -56,8 +58,8 @@ SELECT {columns_of(PaymentIntent, "i")}, {columns_of(Charge, "c")}, {columns_of(
   CROSS JOIN LATERAL (
       SELECT * FROM intent
       UNION ALL
-      SELECT {columns_of(PaymentIntent, "p")} FROM payment_intents p
-       WHERE p.id = c.intent_id AND NOT EXISTS (SELECT FROM intent)
+      SELECT * FROM (SELECT {columns_of(PaymentIntent, "p")} FROM payment_intents p
+                      WHERE p.id = c.intent_id AND NOT EXISTS (SELECT FROM intent) FOR SHARE) stood
   ) i
   LEFT JOIN checkout_sessions s ON s.intent_id = c.intent_id
 """

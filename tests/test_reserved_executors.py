@@ -109,6 +109,63 @@ def test_idle_executors_whose_claims_come_up_empty_do_not_wake_each_other_in_tur
 
 
 @pytest.mark.django_db
+def test_a_hand_over_by_the_claim_an_empty_claim_woke_is_not_lost_to_that_executor():
+    """E's claim comes up empty and wakes W and Y, which waited for it; W's claim takes three
+    jobs and hands two over. E, slowed between its wake and its wait (a GIL switch), must still
+    take the third at once, not at its idle poll."""
+    from types import SimpleNamespace
+
+    worker = Worker(concurrency=3, idle_sleep=3.0)
+    dispatcher = worker.dispatcher
+    claims: list[str] = []
+    guard = threading.Lock()
+
+    def claim(asked, alone, kinds=None):
+        with guard:
+            claims.append(threading.current_thread().name)
+            n = len(claims)
+        if n == 1:  # E's: empty, and slow enough that W and Y find the lock taken
+            deadline = time.monotonic() + 2
+            while dispatcher._lock_waiters < 2 and time.monotonic() < deadline:
+                time.sleep(0.001)
+            return []
+        if n == 2:  # the woken waiter's: three jobs (a NOTIFY's)
+            jobs = [SimpleNamespace(id=i, suspect=False, kind="task") for i in (1, 2, 3)]
+            worker.register(jobs)
+            return jobs
+        return []
+
+    wake = dispatcher.wake
+
+    def slow_after_es_wake(executors=None):
+        generation = wake(executors)
+        if threading.current_thread().name == "E" and claims == ["E"]:
+            time.sleep(0.2)
+        return generation
+
+    dispatcher.claim, dispatcher.wake = claim, slow_after_es_wake
+    got: dict[str, tuple] = {}
+
+    def run(name):
+        began = time.monotonic()
+        job = dispatcher.next_job()
+        got[name] = (getattr(job, "id", None), time.monotonic() - began)
+
+    e = threading.Thread(target=run, args=("E",), name="E", daemon=True)
+    e.start()
+    while not claims:
+        time.sleep(0.001)
+    others = [threading.Thread(target=run, args=(n,), name=n, daemon=True) for n in ("W", "Y")]
+    for thread in others:
+        thread.start()
+    for thread in (e, *others):
+        thread.join(5)
+    worker._stopping.set()
+    wake()
+    assert got["E"][0] is not None and got["E"][1] < 1.0, got
+
+
+@pytest.mark.django_db
 def test_an_empty_claim_for_the_unpaced_kinds_is_not_repeated_at_every_wake_only_after_a_pause_or_a_notify():
     """With deliveries in every executor they may hold, the kept executor's claim for the
     other kinds steps over the deliveries' backlog; empty, it waits UNPACED_RECHECK_SECONDS

@@ -4,8 +4,11 @@ renders: the same intent, charge and checkout session a read after the writes re
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 
 from charges import repository, settlement_writes
 from charges.models import Charge, CheckoutSession, PaymentIntent
@@ -69,3 +72,28 @@ def test_a_charge_that_did_not_move_returns_nothing():
     charge = a_submitted_charge()
     Charge.objects.filter(pk=charge.pk).update(status="failed")
     assert settle(charge)[0] is None
+
+
+def test_an_intent_moved_while_the_statement_waited_for_it_is_returned_as_it_now_stands():
+    """Another transaction moves the intent out of the open states while the settlement's
+    update of it waits for the row: the update matches nothing, and the intent returned is the
+    one committed, not the one the statement's snapshot saw."""
+    charge = a_submitted_charge()
+    locked = threading.Event()
+
+    def an_operator_cancels_it():
+        try:
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute("UPDATE payment_intents SET status = 'canceled' WHERE id = %s", [charge.intent_id])
+                locked.set()
+                time.sleep(0.5)  # the settlement's statement waits for this row meanwhile
+        finally:
+            connection.close()
+
+    other = threading.Thread(target=an_operator_cancels_it)
+    other.start()
+    assert locked.wait(5)
+    settled, read_back = settle(charge)
+    other.join(5)
+    assert settled is not None and settled[0].status == "canceled"
+    same(settled, read_back)

@@ -98,3 +98,17 @@ def test_the_completer_runs_again_a_woken_job_of_an_unfenced_kind_not_one_of_a_f
     Settler(Report()).finish(jobs, fences={fenced.id: "tests.tasks.noop"})
 
     assert rows("SELECT dedupe_key, locked_at IS NULL FROM jobs ORDER BY id") == [("woken:poll", True)]
+
+
+def test_a_wake_of_a_job_already_due_keeps_its_place_among_its_tenants_due_jobs():
+    """enqueue_or_wake on an overdue job moves its run_at (a carrier's stale hold then leaves it)
+    by a microsecond, earlier: not to now, behind every job that came due since."""
+    for name in ("woken:old", "woken:b", "woken:c"):
+        port.enqueue("task", task_payload(), dedupe_key=name, tenant="m1")
+    for name, minutes in (("woken:old", 10), ("woken:b", 5), ("woken:c", 4)):
+        execute("UPDATE jobs SET run_at = now() - make_interval(mins => %s) WHERE dedupe_key = %s", [minutes, name])
+
+    port.enqueue_or_wake("task", task_payload(), dedupe_key="woken:old", tenant="m1")
+
+    names = dict(rows("SELECT id, dedupe_key FROM jobs"))
+    assert [names[claim().jobs[0].id] for _ in range(3)] == ["woken:old", "woken:b", "woken:c"]

@@ -145,14 +145,14 @@ class Dispatcher:
                 with w._cv:
                     waiters, self._lock_waiters = self._lock_waiters, 0
                 if waiters:
-                    self.wake(waiters)
+                    generation = self.wake(waiters)
                     # That wake is the waiters' turn, not new work for this executor: they claim
                     # next (and see whatever a NOTIFY announced meanwhile). Waiting on the older
                     # generation, an empty claim's executor came straight back to the lock,
                     # found a woken waiter claiming and waited for it in turn, which woke it
                     # again: idle executors claimed back to back, hundreds a second at idle.
-                    with w._cv:
-                        generation = self._generation
+                    # The generation of that wake itself, taken under its lock: any later wake
+                    # (a hand-over by the claim it woke) still ends this executor's wait.
             if quiet > 0:
                 self._wait_for_work(generation, min(quiet, w.idle_sleep))
                 continue
@@ -305,8 +305,8 @@ class Dispatcher:
         self._unpaced_quiet_until = 0.0
         self.wake(1)
 
-    def wake(self, executors: int | None = None) -> None:
-        """A new generation; ``executors``: how many idle executors it is for (all when None).
+    def wake(self, executors: int | None = None) -> int:
+        """A new generation, returned; ``executors``: how many idle executors it is for (all when None).
         One per job handed over, not all: waking every idle executor per claim had each of
         them take the GIL only to find the hand-over queue empty (a tenth of the worker's
         time in a no-op drain, bench/RESULTS.md). One left asleep still sees the new
@@ -318,6 +318,7 @@ class Dispatcher:
                 w._cv.notify_all()
             elif executors > 0:
                 w._cv.notify(executors)
+            return self._generation
 
     def _wait_for_work(self, generation: int, timeout: float) -> None:
         """Wait for a wake newer than ``generation`` (taken before the claim, so a NOTIFY

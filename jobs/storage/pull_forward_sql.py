@@ -40,8 +40,9 @@ def pull_forward(dedupe_key: str, floor_seconds: float) -> bool:
 
 
 # The named job made to run after the caller's commit, whatever it is doing
-# (jobs_job_dedupe_key_unique): a waiting one due now, even one due already (its run_at moved to
-# now: a held job's carrier then finds it moved and leaves it, jobs.storage.held_sql), its row
+# (jobs_job_dedupe_key_unique): a waiting one due now, even one due already (its run_at moved a
+# microsecond earlier, so it keeps its place among its tenant's due jobs, and a held job's
+# carrier, whose hold ran out, finds it moved and leaves it, jobs.storage.held_sql), its row
 # locked to the caller's commit so no claim (SKIP LOCKED) takes it before the caller's writes
 # can be read; a leased one woken, as _PULL_FORWARD wakes it, unless it is woken already. A
 # write every call, for callers that are rare and must not lose the run (a resend, a re-enabled
@@ -50,8 +51,9 @@ def pull_forward(dedupe_key: str, floor_seconds: float) -> bool:
 # anyway (the caller's enqueue then adds nothing).
 _RUN_AGAIN = f"""
 WITH moved AS (
-    UPDATE jobs SET run_at = CASE WHEN locked_at IS NULL THEN now()
-                                  ELSE greatest(now(), locked_at + interval '1 microsecond') END
+    UPDATE jobs SET run_at = CASE WHEN locked_at IS NOT NULL THEN greatest(now(), locked_at + interval '1 microsecond')
+                                  WHEN run_at <= now() THEN run_at - interval '1 microsecond'
+                                  ELSE now() END
      WHERE dedupe_key = %s AND (locked_at IS NULL OR run_at <= locked_at)
     RETURNING queue, locked_at IS NULL AS waiting
 )

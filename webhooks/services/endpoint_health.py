@@ -192,9 +192,8 @@ def endpoint_enable(*, endpoint_id: str, actor: str, reason: str = "", user_id: 
         if created < len(resumed):
             # Some names were taken: a job waiting for a later rung (due now, like the delivery),
             # or the job of a run that found the endpoint disabled and is finishing (woken, it runs
-            # again; gone meanwhile, enqueued again). After the commit, one row lock at a time: a
-            # wake waits for a leased job's row, and holding the first while waiting for the next
-            # could deadlock with a worker's heartbeat, which locks all of its leases in one statement.
+            # again; gone meanwhile, enqueued again). After the commit, one name per statement: a
+            # wake may wait for a finishing job's row, and holds no other row while it does.
             transaction.on_commit(lambda: _run_each_again(merchant_id, resumed))
     logger.info("webhook endpoint enabled", extra={"endpoint_id": endpoint_id, "by": actor, "resumed": len(resumed)})
     return len(resumed)
