@@ -81,6 +81,22 @@ def test_the_workers_share_of_one_endpoint_is_counted_across_the_batch(receiver,
     assert delivery.SHARES.held(ep) == 0
 
 
+def test_a_begin_says_whether_the_endpoint_has_due_deliveries_beside_the_ones_it_claimed(receiver, settings):
+    """What a carrier decides on: none beside a lone delivery; beside one claimed, a sibling the
+    worker's share turned away in the same begin (a batch takes no share, so it can carry it)."""
+    settings.VPAY_WEBHOOK_MAX_IN_FLIGHT = 8
+    [lone] = deliveries(receiver, "/lone", 1)
+    (alone,) = delivery.begin_attempts([(lone.pk, None)])
+    assert (alone.kind, alone.others_due) == (delivery.Begin.CLAIMED, False)
+
+    ds = deliveries(receiver, "/shared", 2)
+    claimed, turned_away = delivery.begin_attempts([(d.pk, 1) for d in ds])
+    assert (claimed.kind, turned_away.kind) == (delivery.Begin.CLAIMED, delivery.Begin.AT_CAP)
+    assert claimed.others_due
+    for b in (claimed, turned_away):
+        delivery.release(b)
+
+
 def test_a_delivery_asked_for_twice_in_one_batch_is_begun_once(receiver):
     [d] = deliveries(receiver, "/twice", 1)
     first, second = delivery.begin_attempts([(d.pk, None), (d.pk, None)])

@@ -158,8 +158,8 @@ def test_an_attempt_reads_and_writes_the_same_whether_its_statements_run_prepare
     )
     assert isinstance(row.due_in, float) and row.lease_left is None and len(row.payload_sha256) == 64
     with transaction.atomic():
-        assert attempt_sql.in_flight_for_endpoint(d.endpoint_id) == (0, None, True)  # it is due, none begun
-        assert attempt_sql.in_flight_for_endpoint(d.endpoint_id, 1) == (0, None, False)  # it alone, begun
+        assert attempt_sql.in_flight_for_endpoint(d.endpoint_id) == (0, None, 1)  # it is due (counted up to 1)
+        assert attempt_sql.in_flight_for_endpoint(d.endpoint_id, 3) == (0, None, 1)
     assert attempt_sql.waiting_deliveries(d.endpoint_id, 3) == [d.pk]  # the next rung is due at once here
 
 

@@ -99,12 +99,12 @@ def lock_deliveries(delivery_ids: Sequence[int]) -> dict[int, DeliveryRow]:
     return rows
 
 
-def in_flight_for_endpoints(endpoint_ids: Sequence[str]) -> dict[str, tuple[int, float | None, bool]]:
+def in_flight_for_endpoints(endpoint_ids: Sequence[str]) -> dict[str, tuple[int, float | None, int | None]]:
     """Per endpoint: the attempts holding a live lease, counted under the endpoint's row lock
     so two workers cannot both take the last slot, the seconds until the earliest of those
-    leases expires (the latest a slot can stay taken; None: no live lease), and whether more
-    of its deliveries may be due than ``endpoint_ids`` names it (asked for one endpoint, the
-    idle case; several: True, unknown). MUST run in a transaction."""
+    leases expires (the latest a slot can stay taken; None: no live lease), and its due
+    deliveries, counted up to one more than ``endpoint_ids`` names it (asked for one endpoint,
+    the idle case; for several: None, not counted). MUST run in a transaction."""
     if len(set(endpoint_ids)) == 1:
         return {endpoint_ids[0]: attempt_sql.in_flight_for_endpoint(endpoint_ids[0], len(endpoint_ids))}
     ordered = sorted(set(endpoint_ids))
@@ -122,7 +122,7 @@ def in_flight_for_endpoints(endpoint_ids: Sequence[str]) -> dict[str, tuple[int,
             [ordered],
         )
     }
-    return {endpoint: (*counted.get(endpoint, (0, None)), True) for endpoint in ordered}
+    return {endpoint: (*counted.get(endpoint, (0, None)), None) for endpoint in ordered}
 
 
 # ``pending → delivering`` with a fresh lease each, and their attempt rows written from what

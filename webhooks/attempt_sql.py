@@ -169,12 +169,12 @@ def delivery_row_from(row: tuple) -> DeliveryRow:
     )
 
 
-def in_flight_for_endpoint(endpoint_id: str, beginning: int = 0) -> tuple[int, float | None, bool]:
+def in_flight_for_endpoint(endpoint_id: str, beginning: int = 0) -> tuple[int, float | None, int]:
     """Attempts holding a live lease on this endpoint, counted under the endpoint's row lock
     so two workers cannot both take the last slot, and the seconds until the earliest of
-    those leases expires (the latest a slot can stay taken; None: no live lease); and whether
-    more of its deliveries are due than the ``beginning`` its caller is about to begin (due
-    ``pending`` ones, theirs among them: a batch could carry the others). MUST run in a
+    those leases expires (the latest a slot can stay taken; None: no live lease); and its due
+    ``pending`` deliveries, counted up to one more than the ``beginning`` its caller is
+    about to begin (theirs among them: a batch could carry the others). MUST run in a
     transaction."""
     # The lock (primary key), then the count (the partial index webhook_deliveries_in_flight)
     # and the due ones (webhook_deliveries_ep_due, at most one past ``beginning``), as two
@@ -189,7 +189,7 @@ def in_flight_for_endpoint(endpoint_id: str, beginning: int = 0) -> tuple[int, f
         " FROM webhook_deliveries WHERE endpoint_id = %s::text AND state = 'delivering' AND lease_expires_at > now()",
         [endpoint_id, beginning + 1, endpoint_id],
     )
-    return int(count), _float(earliest), int(due) > beginning
+    return int(count), _float(earliest), int(due)
 
 
 def waiting_deliveries(endpoint_id: str, limit: int) -> list[int]:

@@ -237,8 +237,14 @@ def _claim_under_the_cap(
         lease = leases[delivery_id]
         if keys:
             SHARES.bind(lease.token, *keys)
+        # Others due: more than this transaction begins for the endpoint (one turned away by the
+        # worker's share is due too, and a batch may carry it: carrying takes no share).
+        due = in_flight[lease.endpoint_id][2]
         results[_index(requests, delivery_id)] = BeginResult(
-            Begin.CLAIMED, lease=lease, endpoint_id=lease.endpoint_id, others_due=in_flight[lease.endpoint_id][2]
+            Begin.CLAIMED,
+            lease=lease,
+            endpoint_id=lease.endpoint_id,
+            others_due=due is None or due > taken[lease.endpoint_id],
         )
 
 
