@@ -98,3 +98,33 @@ def test_a_burst_worker_runs_a_waiting_suspect_before_it_exits():
     worker.heartbeat()
     job = worker.dispatcher.next_job()
     assert job is not None and job.suspect and worker._solo
+
+
+@pytest.mark.django_db
+def test_a_burst_worker_runs_the_suspects_a_rescue_made_between_its_two_looks():
+    """Its first look finds no suspect (the dead worker still holds the job); the rescue commits
+    (the job free, a suspect, its holder gone); then its look for late holders finds none. It
+    must look for suspects again before it exits, or it leaves the rescued job behind (the
+    repeated SIGKILL rehearsal, tests/test_worker_process.py, did once)."""
+    job_id = queue.enqueue(JobKind.TASK, task_payload(), tenant="s")
+    worker = Worker(worker_id="burst", concurrency=2, burst=True)
+    worker._heartbeating = True
+    worker.heartbeat()
+
+    def the_rescue_lands_now():
+        execute("UPDATE jobs SET crashes = 1 WHERE job_id = %s", [job_id])  # as the reaper frees it
+        return False  # and so no holder is late any more
+
+    claims = worker.dispatcher.claim
+
+    def the_job_held_by_a_dead_worker_at_first(asked, alone, kinds=None):
+        if not the_job_held_by_a_dead_worker_at_first.seen:
+            the_job_held_by_a_dead_worker_at_first.seen = True
+            return []
+        return claims(asked, alone, kinds)
+
+    the_job_held_by_a_dead_worker_at_first.seen = False
+    worker.dispatcher.claim = the_job_held_by_a_dead_worker_at_first
+    worker.dispatcher._late_holders_waiting = the_rescue_lands_now
+    job = worker.dispatcher.next_job()
+    assert job is not None and job.suspect, "the burst exited with a rescued suspect waiting"

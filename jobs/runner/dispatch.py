@@ -181,6 +181,11 @@ class Dispatcher:
                     # after its own start) may yet rescue them for this burst to run.
                     self._wait_for_work(generation, w.idle_sleep)
                     continue
+                if self._idle_with_suspects():
+                    # A rescue committed between the two looks: its jobs were still held at the
+                    # first and are suspects now, their holder gone. Left, they waited for a
+                    # worker that was not coming (a repeated-SIGKILL rehearsal lost seven so).
+                    continue
                 w._stopping.set()
                 self.wake()
                 return None
