@@ -161,17 +161,17 @@ def test_pull_forward_waiting_moves_the_first_names_in_order_that_can_move(harne
     assert port.pull_forward_waiting(["port:missing", "port:f", odd, "port:e"], 2) == ["port:f", odd]
 
 
-def waking_handler(monkeypatch, answer, floor: float = 0, fenced: bool = False):
+def waking_handler(monkeypatch, answer, floor: float = 0, fenced: bool = False, wake=None):
     """The task kind (unfenced unless asked), run by a handler that pulls its own job forward
-    while it runs and gives ``answer`` on its first run, done on the next; its runs, and what
-    each pull said."""
+    (or calls ``wake``) while it runs and gives ``answer`` on its first run, done on the next;
+    its runs, and what each pull said."""
     runs: list[bool] = []
 
     def handler(ctx):
         if runs:
             runs.append(True)
             return Outcome.done()
-        runs.append(port.pull_forward("port:woken", floor))
+        runs.append(wake() if wake else port.pull_forward("port:woken", floor))
         return answer
 
     spec = registry.get("task")
@@ -203,11 +203,20 @@ def test_a_job_woken_while_it_runs_runs_again_after_it_finishes(harness, monkeyp
     assert runs == [True, True]
 
 
-def test_a_fenced_job_woken_while_it_runs_is_not_run_again_after_it_finishes(harness, monkeypatch):
+def test_a_running_job_enqueue_or_wake_finds_runs_again_after_it_finishes(harness, monkeypatch):
+    # The resend's wake of a job still running (each adapter's run_again), not only pull_forward.
+    runs = waking_handler(monkeypatch, Outcome.done(), wake=lambda: port.adapter().run_again("port:woken"))
+    harness.run_jobs()
+    assert runs == [True, True]
+
+
+def test_a_fenced_job_woken_while_it_runs_is_not_run_again_after_it_finishes(harness, monkeypatch, caplog):
     # Its job_id is processed once: a run again under it would be refused as a duplicate.
     runs = waking_handler(monkeypatch, Outcome.done(), fenced=True)
-    harness.run_jobs(timeout=2.0)
+    with caplog.at_level("INFO", logger="jobs.runner.worker"):
+        harness.run_jobs(timeout=2.0)
     assert runs == [True]
+    assert "duplicate job skipped by the fence" not in caplog.messages  # not even run to be refused
 
 
 def test_a_wake_never_cuts_short_a_deferral(harness, monkeypatch):

@@ -42,6 +42,19 @@ def the_run_that_exhausted_it(delivery_id: int) -> tuple[int, uuid.UUID]:
     return job_id, token
 
 
+def finishing_on_its_own_connection(job_id: int, token: uuid.UUID, finished: list):
+    """The old run's finish (the completer's delete) as a thread's target, on a connection of
+    its own; ``finished`` receives what it matched."""
+
+    def the_old_runs_finish():
+        try:
+            finished.append(jobs_repository.finish_many([(job_id, token)]))
+        finally:
+            connection.close()
+
+    return the_old_runs_finish
+
+
 def test_a_delivery_resent_before_the_exhausting_run_finishes_its_job_has_a_job_due_after_that_finish():
     delivery = DeliveryFactory()
     job_id, token = the_run_that_exhausted_it(delivery.pk)
@@ -86,12 +99,7 @@ def test_a_resend_that_commits_while_the_finish_waits_for_the_job_row_is_seen_by
     delivery = DeliveryFactory()
     job_id, token = the_run_that_exhausted_it(delivery.pk)
     finished: list = []
-
-    def the_old_runs_finish():
-        try:
-            finished.append(jobs_repository.finish_many([(job_id, token)]))
-        finally:
-            connection.close()
+    the_old_runs_finish = finishing_on_its_own_connection(job_id, token, finished)
 
     with transaction.atomic():
         assert resend_delivery(delivery.pk, reason="the receiver is fixed")  # its row lock held to the commit
@@ -148,12 +156,7 @@ def test_the_wake_goes_before_the_enqueue_so_a_finish_between_them_waits_and_see
     job_id, token = the_run_that_exhausted_it(delivery.pk)
     adapter = port.adapter()
     finished: list = []
-
-    def the_old_runs_finish():
-        try:
-            finished.append(jobs_repository.finish_many([(job_id, token)]))
-        finally:
-            connection.close()
+    the_old_runs_finish = finishing_on_its_own_connection(job_id, token, finished)
 
     def then_the_finish(step):
         def first_step_then_the_finish(*args, **kwargs):

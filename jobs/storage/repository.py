@@ -159,15 +159,12 @@ def copy_jobs(rows: Iterable[tuple]) -> int:
 # delete stands, as the fenced path's duplicate is finished too. Fence rows by primary key
 # (ON CONFLICT on processed_jobs_pkey).
 #
-# A job woken while it ran (run_at after locked_at: jobs.storage.pull_forward_sql) asked for
-# another run after this one had started (a resent webhook delivery, new events for the
-# drain): its name gets a new job, due now, with its identity and no attempt spent, and a
-# NOTIFY. Not for a cancel request (the cancel wins) nor for a kind whose job_id is spent
-# once (`once`: the fenced kinds; a run again would be refused as a duplicate). Decided on
-# the row the DELETE removes: a wake that commits while this statement waits for the row is
-# seen (READ COMMITTED rechecks the newest version and RETURNING reads it), and one that
-# comes after finds no row, so the waker's own insert of the name stands. The new row takes
-# the name and job_id of the row deleted in the same statement: no unique conflict.
+# A job woken while it ran (run_at after locked_at: jobs.storage.pull_forward_sql) was asked
+# for a run after this one began (a resent delivery, a capture's poll): its name gets a new job
+# due now, its identity kept, no attempt spent, a NOTIFY. Not after a cancel request (it wins)
+# nor for `once` (the fenced kinds: their job_id is spent). Decided on the row the DELETE
+# removes, so a wake committed while it waits for the row is seen (READ COMMITTED's recheck;
+# RETURNING reads the newest version). Same name and job_id as the row deleted: no conflict.
 _FINISH_MANY = f"""
 WITH finished AS (
     DELETE FROM jobs j
@@ -214,10 +211,8 @@ def finish_many(
 
     ``fences``: job pk -> (kind, subject) of the fenced jobs among them whose handler wrote
     nothing; each gets its fence row (kept ``ttl_seconds``) in the same statement, if its
-    delete matched. ``duplicates`` receives the pks whose fence row already existed.
-
-    A job woken while it ran is run again (a new job of its name, due now), unless its pk is
-    in ``once`` (the fenced kinds: their job_id is spent); ``woken`` receives those pks."""
+    delete matched. ``duplicates`` receives the pks whose fence row already existed. A job
+    woken while it ran runs again unless its pk is in ``once``; ``woken`` receives those pks."""
     if not leases:
         return set()
     fences = fences or {}

@@ -91,9 +91,8 @@ class BeginResult:
     lease: attempt_sql.Lease | None = None
     wait: float = 0.0
     endpoint_id: str | None = None
-    # CLAIMED: whether the endpoint may have other due deliveries a batch could carry (False
-    # only when the begin counted none: at idle, the carrier's own attempt goes alone and no
-    # transaction looks for a batch).
+    # CLAIMED: whether a batch may find other due deliveries to carry (False only when the
+    # begin counted none beside those it claimed: at idle, the carrier then goes alone).
     others_due: bool = True
 
 
@@ -237,14 +236,11 @@ def _claim_under_the_cap(
         lease = leases[delivery_id]
         if keys:
             SHARES.bind(lease.token, *keys)
-        # Others due: more than this transaction begins for the endpoint (one turned away by the
-        # worker's share is due too, and a batch may carry it: carrying takes no share).
+        # Due beyond those claimed: one the worker's share turned away is carried (no share taken).
         due = in_flight[lease.endpoint_id][2]
+        others = due is None or due > taken[lease.endpoint_id]
         results[_index(requests, delivery_id)] = BeginResult(
-            Begin.CLAIMED,
-            lease=lease,
-            endpoint_id=lease.endpoint_id,
-            others_due=due is None or due > taken[lease.endpoint_id],
+            Begin.CLAIMED, lease, endpoint_id=lease.endpoint_id, others_due=others
         )
 
 
