@@ -87,7 +87,23 @@ def navigate_by(browser, element) -> None:
     from selenium.webdriver.support.ui import WebDriverWait
 
     element.click()
-    WebDriverWait(browser, 20).until(expected_conditions.staleness_of(element))
+    WebDriverWait(browser, 20).until(lambda _: _gone(expected_conditions.staleness_of(element), browser))
+
+
+# What chromedriver answers, instead of a stale element, for an element whose document is being
+# replaced while it looks (a full run failed on it once, mid-navigation): the old page is gone.
+_DOCUMENT_REPLACED = "does not belong to the document"
+
+
+def _gone(stale, browser) -> bool:
+    from selenium.common.exceptions import WebDriverException
+
+    try:
+        return stale(browser)
+    except WebDriverException as exc:
+        if _DOCUMENT_REPLACED in (exc.msg or ""):
+            return True
+        raise
 
 
 def text_of(browser) -> str:
