@@ -28,7 +28,7 @@ is asked for, not the most it can take).
 
 Usage (project root, the project's venv; needs Debian's nginx-light and pgbench):
   python bench/bench_api_e2e.py [--payments 1000] [--clients 16] [--concurrency 16] [--workers 2] [--rate R]
-      [--worker-root <another checkout, same schema: its worker, for an A/B>]
+      [--worker-root <another checkout, same schema: its worker, for an A/B>] [--logs <dir>]
 Results: printed, and appended to bench/out/api_e2e.jsonl.
 """
 
@@ -85,13 +85,18 @@ def fresh_database() -> None:
     subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, check=True)
 
 
-def start(command: list[str], cwd: Path = ROOT) -> subprocess.Popen:
+# --logs: the directory each process's output is written to (rail.log, web.log, worker.log).
+LOGS: Path | None = None
+
+
+def start(command: list[str], cwd: Path = ROOT, role: str = "") -> subprocess.Popen:
+    log = open(LOGS / f"{role}.log", "w") if LOGS and role else None  # noqa: SIM115 (closed with the run)
     return subprocess.Popen(
         command,
         cwd=cwd,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stdout=log or subprocess.DEVNULL,
+        stderr=subprocess.STDOUT if log else subprocess.DEVNULL,
     )
 
 
@@ -163,12 +168,14 @@ def run(
 ) -> dict:
     fresh_database()
     receiver = NginxReceiver()
-    rail = start([sys.executable, "-m", "sandbox.rail", "--port", str(RAIL_PORT)])
+    rail = start([sys.executable, "-m", "sandbox.rail", "--port", str(RAIL_PORT)], role="rail")
     web_port = free_port()
     gunicorn = str(Path(sys.executable).with_name("gunicorn"))
     web = start([gunicorn, "vpay.wsgi:application", "--bind", f"127.0.0.1:{web_port}", "--workers", str(workers),
-                 "--threads", "8", "--worker-class", "gthread", "--keep-alive", "30"])  # fmt: skip
-    worker = start([sys.executable, "manage.py", "runworker", "--concurrency", str(concurrency)], cwd=worker_root)
+                 "--threads", "8", "--worker-class", "gthread", "--keep-alive", "30"], role="web")  # fmt: skip
+    worker = start(
+        [sys.executable, "manage.py", "runworker", "--concurrency", str(concurrency)], cwd=worker_root, role="worker"
+    )
     try:
         key = setup(receiver)
         wait_http(f"http://127.0.0.1:{web_port}/v1/payment_intents")
@@ -291,9 +298,14 @@ def main() -> int:
     parser.add_argument(
         "--rate", type=float, help="open loop: start this many payments a second (default: closed loop)"
     )
+    parser.add_argument("--logs", type=Path, help="write the rail's, web's and worker's output here")
     args = parser.parse_args()
     if args.rate is not None and args.rate <= 0:
         parser.error("--rate must be positive")
+    global LOGS
+    if args.logs:
+        args.logs.mkdir(parents=True, exist_ok=True)
+        LOGS = args.logs
     result = run(
         args.payments,
         args.clients,

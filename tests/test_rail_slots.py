@@ -75,6 +75,9 @@ def test_a_poll_deferred_at_the_ceiling_runs_as_soon_as_a_request_of_this_proces
     held = request_log.record_sent(  # a request out and unanswered: it holds the one slot
         holder.id, RequestOperation.STATUS, rail="sandbox_push", method="GET", path="/x", idempotency_key=None
     )
+    # Out for two seconds: no longer a moving request, so the poll takes the long wait
+    # (tests/test_rail_slot_waits.py), which only the freed slot cuts short.
+    sql("UPDATE provider_requests SET sent_at = now() - interval '2 seconds' WHERE id = %s", [held])
     waiting = known_charge(merchant, sandbox_rail, amount=5000)
     poll_now(waiting.id)
     assert "has its ceiling (1) in flight" in job_of(waiting.id)[1]

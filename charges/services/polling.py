@@ -253,7 +253,7 @@ def _deferred(ctx: JobContext, row: ChargeRow, policy: RecoveryPolicy, exc: Rail
     if ctx.deferrals_left > 0:
         if exc.for_slot:
             rail_slots.wait_for_slot(row.rail, repository.poll_dedupe_key(row.id))
-        return Outcome.defer(exc.delay_seconds, str(exc))
+        return Outcome.defer(exc.delay_after(ctx.deferrals), str(exc))
     return Outcome.reschedule_in(
         max(poll_delay(row.polls, policy), exc.delay_seconds), f"{exc}; deferral ceiling reached: next rung"
     )

@@ -267,7 +267,10 @@ def _call(
     """``request_id``: the request row, written already (a status read's: never a resend)."""
     ticket = ticket or rail_gate.admit(rail.code)
     if counted and not SHARES.acquire(rail.code, share):
-        raise rail_gate.at_ceiling(rail.code, ticket, None, f"holds this worker's share ({share}) of threads")
+        # This worker's own requests hold the share: their ends wake it, or its short wait does.
+        raise rail_gate.at_ceiling(
+            rail.code, ticket, None, f"holds this worker's share ({share}) of threads", soon=True
+        )
     failed_recorded = False
     try:
         resend = False
@@ -331,16 +334,23 @@ def _record_sent(
     }
     if not ceiling:
         return request_log.record_sent(charge_id, operation, **fields), False
+    bound = settings.VPAY_RAIL_TIMEOUT_SECONDS + IN_FLIGHT_MARGIN_SECONDS
     request_id, earliest_left, earlier = request_log.record_sent_within_ceiling(
         charge_id,
         operation,
         **fields,
         ceiling=settings.VPAY_RAIL_MAX_IN_FLIGHT,
-        bound_seconds=settings.VPAY_RAIL_TIMEOUT_SECONDS + IN_FLIGHT_MARGIN_SECONDS,
+        bound_seconds=bound,
     )
     if request_id is None:
+        # The oldest request in flight went out bound - earliest_left ago.
+        moving = earliest_left is not None and bound - earliest_left < rail_gate.MOVING_AGE_SECONDS
         raise rail_gate.at_ceiling(
-            rail.code, ticket, earliest_left, f"has its ceiling ({settings.VPAY_RAIL_MAX_IN_FLIGHT}) in flight"
+            rail.code,
+            ticket,
+            earliest_left,
+            f"has its ceiling ({settings.VPAY_RAIL_MAX_IN_FLIGHT}) in flight",
+            soon=moving,
         )
     return request_id, earlier
 

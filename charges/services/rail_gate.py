@@ -40,17 +40,41 @@ PROBE_MARGIN_SECONDS = 5.0
 CEILING_MAX_WAIT_SECONDS = 5.0
 MIN_WAIT_SECONDS = 1.0
 JITTER = 0.25
+# Unless the slots are held by requests younger than MOVING_AGE (the rail is answering, so
+# one frees within moments) or by this worker's own (the share): then it comes back after
+# SOON_WAIT, doubled at each deferral in a row, up to the wait above. A freed slot wakes
+# only its own process's waiters (charges.services.rail_slots), so without this a poll
+# deferred behind the web's submits, which wake nobody, sat out the whole five seconds with
+# the rail idle (bench/CHARGES.md: the create → webhook p99).
+MOVING_AGE_SECONDS = 1.0
+SOON_WAIT_SECONDS = 0.1
 
 
 class RailDeferred(DeferError):
     """Nothing was sent: the rail's breaker is open, or the rail has its ceiling (or this
     worker its share) of requests in flight. Not a ``RailError``: the rail said nothing.
     ``for_slot``: held back for a slot (ceiling or share), not by the breaker: a freed slot
-    may wake the caller sooner (``charges.services.rail_slots``)."""
+    may wake the caller sooner (``charges.services.rail_slots``). ``soon``: that slot is
+    held by requests that should end within moments (:func:`slot_wait`)."""
 
-    def __init__(self, message: str = "deferred", *, delay_seconds: float = 30.0, for_slot: bool = False) -> None:
+    def __init__(
+        self, message: str = "deferred", *, delay_seconds: float = 30.0, for_slot: bool = False, soon: bool = False
+    ) -> None:
         super().__init__(message, delay_seconds=delay_seconds)
         self.for_slot = for_slot
+        self.soon = soon
+
+    def delay_after(self, deferrals: int) -> float:
+        """The wait for a caller deferred ``deferrals`` times in a row before this one."""
+        if not self.soon:
+            return self.delay_seconds
+        return min(slot_wait(deferrals), self.delay_seconds) * (1.0 + JITTER * random.random())
+
+
+def slot_wait(deferrals: int) -> float:
+    """A slot held by moving requests: SOON_WAIT, doubled at each deferral in a row, so a rail
+    whose slots stay full is asked less and less often (its long wait caps it)."""
+    return SOON_WAIT_SECONDS * 2.0 ** min(deferrals, 16)
 
 
 def breaker_name(rail_code: str) -> str:
@@ -74,11 +98,16 @@ def admit(rail_code: str) -> breakers.Ticket:
         raise RailDeferred(str(exc), delay_seconds=exc.delay_seconds) from None
 
 
-def at_ceiling(rail_code: str, ticket: breakers.Ticket, earliest_left: float | None, why: str) -> RailDeferred:
-    """Refused after the breaker admitted it: the probe (if it was one) hands its turn back."""
+def at_ceiling(
+    rail_code: str, ticket: breakers.Ticket, earliest_left: float | None, why: str, *, soon: bool = False
+) -> RailDeferred:
+    """Refused after the breaker admitted it: the probe (if it was one) hands its turn back.
+    ``soon``: the slots are held by requests that should end within moments."""
     _quietly(breakers.release, ticket)
     wait = min(max(earliest_left or 0.0, MIN_WAIT_SECONDS), CEILING_MAX_WAIT_SECONDS)
-    return RailDeferred(f"rail {rail_code} {why}", delay_seconds=wait * (1.0 + JITTER * random.random()), for_slot=True)
+    return RailDeferred(
+        f"rail {rail_code} {why}", delay_seconds=wait * (1.0 + JITTER * random.random()), for_slot=True, soon=soon
+    )
 
 
 def abandoned(ticket: breakers.Ticket) -> None:

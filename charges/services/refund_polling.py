@@ -153,7 +153,7 @@ def _deferred(ctx: JobContext, row: RefundRow, policy: RefundPolicy, exc: RailDe
     if ctx.deferrals_left > 0:
         if exc.for_slot:
             rail_slots.wait_for_slot(row.rail, refund_repository.poll_dedupe_key(row.id))
-        return Outcome.defer(exc.delay_seconds, str(exc))
+        return Outcome.defer(exc.delay_after(ctx.deferrals), str(exc))
     return Outcome.reschedule_in(
         max(policy.next_wait(row.polls, row.age), exc.delay_seconds), f"{exc}; deferral ceiling reached: next rung"
     )

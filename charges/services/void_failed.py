@@ -57,7 +57,7 @@ def void_charge(ctx: JobContext) -> Outcome:
         answer, _ = rail_calls.void(row.id, rail, share=worker_share(ctx.worker_concurrency))
     except RailDeferred as exc:
         if ctx.deferrals_left > 0:
-            return Outcome.defer(exc.delay_seconds, str(exc))
+            return Outcome.defer(exc.delay_after(ctx.deferrals), str(exc))
         raise RailUnavailable(f"{exc}; deferral ceiling reached") from exc
     # RailUnavailable (a refused resend included) and RailRejected propagate: the job's
     # retries, then a dead letter naming the charge. Nothing is written: the charge stays failed.

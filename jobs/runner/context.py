@@ -70,6 +70,11 @@ class JobContext:
         return self.job.attempts
 
     @property
+    def deferrals(self) -> int:
+        """Its deferrals in a row: since its last run that made progress (which resets them)."""
+        return self.job.deferrals
+
+    @property
     def deferrals_left(self) -> int:
         """Deferrals this job may still answer before the runner dead-letters it at its
         kind's deferral ceiling (``KindSpec.max_deferrals``). A kind whose unit must never
