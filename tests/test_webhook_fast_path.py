@@ -16,7 +16,7 @@ from django.db import connection, transaction
 from merchants.services import create_merchant
 from sandbox.receiver import fingerprint
 from tests.conftest import database_url, wait_for
-from webhooks import attempt_sql, sealing
+from webhooks import attempt_batch_sql, attempt_sql, sealing
 from webhooks.event_types import EventType
 from webhooks.events import emit
 from webhooks.models import AttemptState, DeliveryAttempt, Event, WebhookDelivery
@@ -85,11 +85,14 @@ def test_the_digest_an_attempt_is_held_to_is_read_under_the_lock_that_claimed_it
     assert DeliveryAttempt.objects.get(delivery=d).error == attempted.error
 
 
-def test_the_cap_count_sees_an_attempt_committed_while_it_waited_for_the_endpoint_lock(receiver):
+@pytest.mark.parametrize("endpoints_counted", [1, 2], ids=["one-endpoint", "a-batch-of-endpoints"])
+def test_the_cap_count_sees_an_attempt_committed_while_it_waited_for_the_endpoint_lock(receiver, endpoints_counted):
     # Another worker holds the endpoint's row lock and is starting an attempt; this count
     # waits for the lock. When it gets it, it must count that attempt: a count read on a
-    # snapshot taken before the wait would let both workers take the last slot.
+    # snapshot taken before the wait would let both workers take the last slot. The lock
+    # and the count go in one round trip (webhooks/attempt_sql.py, attempt_batch_sql.py).
     ep, _, d = one_delivery(receiver, "/hooks/cap")
+    other_ep = endpoints.create_endpoint(ep.merchant, url=receiver.url("/hooks/b"), enabled_events=["*"])[0]
     other = psycopg.connect(database_url(), autocommit=False)
     try:
         other.execute("SELECT 1 FROM webhook_endpoints WHERE id = %s FOR NO KEY UPDATE", [ep.pk])
@@ -103,7 +106,11 @@ def test_the_cap_count_sees_an_attempt_committed_while_it_waited_for_the_endpoin
         def count():
             try:
                 with transaction.atomic():
-                    counted["in_flight"] = attempt_sql.in_flight_for_endpoint(ep.pk)[0]
+                    if endpoints_counted == 1:
+                        counted["in_flight"] = attempt_sql.in_flight_for_endpoint(ep.pk)[0]
+                    else:
+                        both = attempt_batch_sql.in_flight_for_endpoints([ep.pk, other_ep.pk])
+                        counted["in_flight"] = both[ep.pk][0]
             finally:
                 connection.close()
 

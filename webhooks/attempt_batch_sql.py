@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from django.db import connection
+from psycopg import sql
 
 from vpay.pipelined import GENERIC_PLAN, PLAN_AS_DEFAULT, execute_pipelined
 from webhooks import attempt_sql
@@ -39,22 +40,22 @@ LOCK_TIMEOUT = b"SET LOCAL lock_timeout = '2s'"
 _NAMED: dict[str, str] = {}
 
 
-def _rows(sql: str, params: Sequence) -> list[tuple]:
-    """``sql`` (``%s`` placeholders) run with a generic plan (above); its rows."""
+def _rows(sql: str, params: Sequence, first: str = "") -> list[tuple]:
+    """``sql`` (``%s`` placeholders) run with a generic plan (above); its rows. ``first``: a
+    statement without parameters run just before it, in the same round trip where it may be."""
     named = _NAMED.get(sql)
     if named is None:
         named = _NAMED[sql] = _name_placeholders(sql)
     values = {f"p{i}": value for i, value in enumerate(params, start=1)}
+    before = (GENERIC_PLAN, LOCK_TIMEOUT, first.encode()) if first else (GENERIC_PLAN, LOCK_TIMEOUT)
     if connection.in_atomic_block:
-        rows = execute_pipelined(
-            named, values, before=(GENERIC_PLAN, LOCK_TIMEOUT), after=(PLAN_AS_DEFAULT,), in_transaction=True
-        )
+        rows = execute_pipelined(named, values, before=before, after=(PLAN_AS_DEFAULT,), in_transaction=True)
     else:
-        rows = execute_pipelined(
-            named, values, before=(b"BEGIN", GENERIC_PLAN, LOCK_TIMEOUT), after=(b"COMMIT",), in_transaction=False
-        )
+        rows = execute_pipelined(named, values, before=(b"BEGIN", *before), after=(b"COMMIT",), in_transaction=False)
     if rows is None:
         with connection.cursor() as cursor:
+            if first:
+                cursor.execute(first)
             cursor.execute(named, values)
             return cursor.fetchall() if cursor.description else []
     return rows
@@ -109,10 +110,9 @@ def in_flight_for_endpoints(endpoint_ids: Sequence[str]) -> dict[str, tuple[int,
         return {endpoint_ids[0]: attempt_sql.in_flight_for_endpoint(endpoint_ids[0], len(endpoint_ids))}
     ordered = sorted(set(endpoint_ids))
     # The locks (primary key, in id order), then the count (the partial index
-    # webhook_deliveries_in_flight), as two statements: a statement reads one snapshot, taken
-    # when it starts, so a count in the lock's own statement would not see the attempt
-    # committed by the worker whose lock it waited for (tests/test_webhook_fast_path.py).
-    _rows("SELECT 1 FROM webhook_endpoints WHERE id = ANY(%s::text[]) ORDER BY id FOR NO KEY UPDATE", [ordered])
+    # webhook_deliveries_in_flight), as two statements in one round trip, as for one endpoint
+    # (attempt_sql._LOCK_ENDPOINT): the count's snapshot is taken once the locks are granted.
+    lock = "SELECT 1 FROM webhook_endpoints WHERE id = ANY({ids}::text[]) ORDER BY id FOR NO KEY UPDATE"
     counted = {
         endpoint: (int(n), _float(earliest))
         for endpoint, n, earliest in _rows(
@@ -120,6 +120,7 @@ def in_flight_for_endpoints(endpoint_ids: Sequence[str]) -> dict[str, tuple[int,
             " FROM webhook_deliveries WHERE endpoint_id = ANY(%s::text[]) AND state = 'delivering'"
             " AND lease_expires_at > now() GROUP BY endpoint_id",
             [ordered],
+            first=lock.format(ids=sql.Literal(ordered).as_string(None)),
         )
     }
     return {endpoint: (*counted.get(endpoint, (0, None)), None) for endpoint in ordered}

@@ -16,8 +16,11 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from vpay.pipelined import fetch_prepared
-from vpay.prepared import execute_prepared, execute_prepared_row
+from django.db import connection, transaction
+from psycopg import sql
+
+from vpay.pipelined import execute_pipelined, fetch_prepared
+from vpay.prepared import execute_prepared
 from webhooks.models import Event
 from webhooks.repository import CANCELLED_ENDPOINT_DELETED, ERROR_MAX, EXCERPT_MAX, _bounded, _rowcount, _rows
 
@@ -169,6 +172,21 @@ def delivery_row_from(row: tuple) -> DeliveryRow:
     )
 
 
+# The endpoint's row lock, then, as a statement of its own so its snapshot is taken after the
+# lock is granted (tests/test_webhook_fast_path.py), its live leases (webhook_deliveries_in_flight)
+# and due deliveries (webhook_deliveries_ep_due, at most one past ``beginning``). One round
+# trip where it may be (vpay.pipelined): the lock is held to the commit, and the endpoint's
+# other deliveries queue behind every round trip it waits for. The lock names the endpoint as
+# a quoted literal: a pipeline carries one prepared statement with parameters, the count.
+_LOCK_ENDPOINT = "SELECT 1 FROM webhook_endpoints WHERE id = {endpoint}::text FOR NO KEY UPDATE"
+_IN_FLIGHT = (
+    "SELECT count(*), EXTRACT(EPOCH FROM min(lease_expires_at) - now())::float8,"
+    " (SELECT count(*) FROM (SELECT FROM webhook_deliveries p WHERE p.endpoint_id = %(endpoint)s::text"
+    " AND p.state = 'pending' AND p.next_attempt_at <= now() LIMIT %(due_limit)s::int) due)"
+    " FROM webhook_deliveries WHERE endpoint_id = %(endpoint)s::text AND state = 'delivering' AND lease_expires_at > now()"
+)
+
+
 def in_flight_for_endpoint(endpoint_id: str, beginning: int = 0) -> tuple[int, float | None, int]:
     """Attempts holding a live lease on this endpoint, counted under the endpoint's row lock
     so two workers cannot both take the last slot, and the seconds until the earliest of
@@ -176,19 +194,16 @@ def in_flight_for_endpoint(endpoint_id: str, beginning: int = 0) -> tuple[int, f
     ``pending`` deliveries, counted up to one more than the ``beginning`` its caller is
     about to begin (theirs among them: a batch could carry the others). MUST run in a
     transaction."""
-    # The lock (primary key), then the count (the partial index webhook_deliveries_in_flight)
-    # and the due ones (webhook_deliveries_ep_due, at most one past ``beginning``), as two
-    # statements, both prepared: a statement reads one snapshot, taken when it starts, so a
-    # count in the lock's own statement would not see the attempt committed by the worker
-    # whose lock it waited for (tests/test_webhook_fast_path.py).
-    execute_prepared("SELECT 1 FROM webhook_endpoints WHERE id = %s::text FOR NO KEY UPDATE", [endpoint_id])
-    count, earliest, due = execute_prepared_row(
-        "SELECT count(*), EXTRACT(EPOCH FROM min(lease_expires_at) - now())::float8,"
-        " (SELECT count(*) FROM (SELECT FROM webhook_deliveries p WHERE p.endpoint_id = %s::text"
-        " AND p.state = 'pending' AND p.next_attempt_at <= now() LIMIT %s::int) due)"
-        " FROM webhook_deliveries WHERE endpoint_id = %s::text AND state = 'delivering' AND lease_expires_at > now()",
-        [endpoint_id, beginning + 1, endpoint_id],
-    )
+    params: dict[str, str | int] = {"endpoint": endpoint_id, "due_limit": beginning + 1}
+    lock = _LOCK_ENDPOINT.format(endpoint=sql.Literal(endpoint_id).as_string(None))
+    with transaction.mark_for_rollback_on_error():
+        rows = execute_pipelined(_IN_FLIGHT, params, before=(lock.encode(),), in_transaction=True)
+        if rows is None:
+            with connection.cursor() as cursor:
+                cursor.execute(lock)
+                cursor.execute(_IN_FLIGHT, params)
+                rows = cursor.fetchall()
+    count, earliest, due = rows[0]
     return int(count), _float(earliest), int(due)
 
 
