@@ -11,6 +11,7 @@ from charges.models import EXCERPT_MAX, RequestOperation
 from charges.states import RailStatus
 from vpay.logging import redact
 from vpay.pipelined import GENERIC_PLAN, execute_pipelined, fetch_prepared
+from vpay.prepared import execute_prepared_row
 
 
 def record_sent(
@@ -27,15 +28,17 @@ def record_sent(
     request goes out: a crash during the call leaves a row with ``status_code`` NULL."""
     if connection.in_atomic_block:
         raise RuntimeError("a rail request must be recorded (committed) before it is sent")
-    with connection.cursor() as cursor:
-        cursor.execute(_RECORD_SENT, [charge_id, refund_id, str(operation), rail, method, path[:300], idempotency_key])
-        return cursor.fetchone()[0]
+    row = execute_prepared_row(
+        _RECORD_SENT, [charge_id, refund_id, str(operation), rail, method, path[:300], idempotency_key]
+    )
+    return int(row[0])
 
 
 # The request row, in autocommit (committed before the request goes out); its other columns
 # take their database defaults (sent_at is the statement's instant), as the ORM's create did.
 # Plain SQL: the confirm writes one per payment, and compiling the insert cost more of the
-# web process's CPU than the statement costs the database. No index read.
+# web process's CPU than the statement costs the database; prepared (vpay.prepared), as it
+# was planned at every call. No index read.
 _RECORD_SENT = """
 INSERT INTO provider_requests (charge_id, refund_id, operation, rail, method, path, idempotency_key)
 VALUES (%s, %s, %s, %s, %s, %s, %s)

@@ -82,7 +82,9 @@ def create_intent(merchant: Merchant, fields: dict) -> PaymentIntent:
     """A ``requires_confirmation`` intent and its ``payment_intent.created``; the customer's
     ``last_used_at`` moves (SQL clock)."""
     customer = validate_payment(merchant, fields)
-    with transaction.atomic():
+    # No savepoint inside the API's transaction (two round trips a payment): no caller goes on
+    # after a failed create; its transaction is marked for rollback instead.
+    with transaction.atomic(savepoint=False):
         # Touched first: the UPDATE takes the customer's row lock before the intent names it.
         # A delete that committed since validate_payment left no row (refused here, not a
         # foreign-key violation at commit); one that starts now waits for this commit.

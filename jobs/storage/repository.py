@@ -112,15 +112,13 @@ BULK_COLUMNS = (
 
 
 def insert_jobs(rows_json: str, *, may_conflict: bool) -> int:
-    """Insert many jobs in one statement; returns how many were new.
-
-    ``rows_json`` is a JSON array of rows, each a positional array in :data:`BULK_COLUMNS`
-    order (``payload`` an object, ``job_id`` null for a fresh one).
-    """
+    """Insert many jobs in one statement; returns how many were new. ``rows_json`` is a JSON
+    array of rows, each a positional array in :data:`BULK_COLUMNS` order (``payload`` an
+    object, ``job_id`` null for a fresh one)."""
     sql = _INSERT_MANY.format(on_conflict="ON CONFLICT DO NOTHING" if may_conflict else "")
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [rows_json])
-        return cursor.fetchone()[0]
+    # Prepared: the fan-out enqueues each page's deliver jobs with it, and it was planned at every call.
+    first = execute_prepared(sql, [rows_json])
+    return int(first[0]) if first else 0
 
 
 # The bulk fast path: rows that need no dedupe, no explicit job_id and no delay go in by
