@@ -90,14 +90,13 @@ LOGS: Path | None = None
 
 
 def start(command: list[str], cwd: Path = ROOT, role: str = "") -> subprocess.Popen:
-    log = open(LOGS / f"{role}.log", "w") if LOGS and role else None  # noqa: SIM115 (closed with the run)
-    return subprocess.Popen(
-        command,
-        cwd=cwd,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        stdout=log or subprocess.DEVNULL,
-        stderr=subprocess.STDOUT if log else subprocess.DEVNULL,
-    )
+    if not (LOGS and role):
+        out = subprocess.DEVNULL
+        return subprocess.Popen(command, cwd=cwd, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=out, stderr=out)
+    with open(LOGS / f"{role}.log", "w") as log:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen(
+            command, cwd=cwd, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=log, stderr=subprocess.STDOUT
+        )
 
 
 def wait_http(url: str) -> None:

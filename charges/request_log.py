@@ -26,7 +26,7 @@ def record_sent(
 ) -> int:
     """Write the request row. Called outside a transaction, so it is committed before the
     request goes out: a crash during the call leaves a row with ``status_code`` NULL."""
-    if connection.in_atomic_block:
+    if connection.in_atomic_block or not connection.get_autocommit():
         raise RuntimeError("a rail request must be recorded (committed) before it is sent")
     row = execute_prepared_row(
         _RECORD_SENT, [charge_id, refund_id, str(operation), rail, method, path[:300], idempotency_key]

@@ -85,14 +85,18 @@ def test_the_digest_an_attempt_is_held_to_is_read_under_the_lock_that_claimed_it
     assert DeliveryAttempt.objects.get(delivery=d).error == attempted.error
 
 
+@pytest.mark.parametrize("prepared", [True, False], ids=["pipelined", "django-cursor"])
 @pytest.mark.parametrize("endpoints_counted", [1, 2], ids=["one-endpoint", "a-batch-of-endpoints"])
-def test_the_cap_count_sees_an_attempt_committed_while_it_waited_for_the_endpoint_lock(receiver, endpoints_counted):
+def test_the_cap_count_sees_an_attempt_committed_while_it_waited_for_the_endpoint_lock(
+    receiver, settings, endpoints_counted, prepared
+):
     # Another worker holds the endpoint's row lock and is starting an attempt; this count
     # waits for the lock. When it gets it, it must count that attempt: a count read on a
     # snapshot taken before the wait would let both workers take the last slot. The lock
     # and the count go in one round trip (webhooks/attempt_sql.py, attempt_batch_sql.py).
     ep, _, d = one_delivery(receiver, "/hooks/cap")
     other_ep = endpoints.create_endpoint(ep.merchant, url=receiver.url("/hooks/b"), enabled_events=["*"])[0]
+    settings.VPAY_DB_PREPARED_STATEMENTS = prepared  # off: the lock and the count as two plain statements
     other = psycopg.connect(database_url(), autocommit=False)
     try:
         other.execute("SELECT 1 FROM webhook_endpoints WHERE id = %s FOR NO KEY UPDATE", [ep.pk])

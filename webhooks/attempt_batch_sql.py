@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from django.db import connection
+from django.db import connection, transaction
 from psycopg import sql
 
 from vpay.pipelined import GENERIC_PLAN, PLAN_AS_DEFAULT, execute_pipelined
@@ -49,7 +49,9 @@ def _rows(sql: str, params: Sequence, first: str = "") -> list[tuple]:
     values = {f"p{i}": value for i, value in enumerate(params, start=1)}
     before = (GENERIC_PLAN, LOCK_TIMEOUT, first.encode()) if first else (GENERIC_PLAN, LOCK_TIMEOUT)
     if connection.in_atomic_block:
-        rows = execute_pipelined(named, values, before=before, after=(PLAN_AS_DEFAULT,), in_transaction=True)
+        # As fetch_prepared does: a failure marks the transaction for rollback.
+        with transaction.mark_for_rollback_on_error():
+            rows = execute_pipelined(named, values, before=before, after=(PLAN_AS_DEFAULT,), in_transaction=True)
     else:
         rows = execute_pipelined(named, values, before=(b"BEGIN", *before), after=(b"COMMIT",), in_transaction=False)
     if rows is None:

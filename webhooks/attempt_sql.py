@@ -172,12 +172,12 @@ def delivery_row_from(row: tuple) -> DeliveryRow:
     )
 
 
-# The endpoint's row lock, then, as a statement of its own so its snapshot is taken after the
-# lock is granted (tests/test_webhook_fast_path.py), its live leases (webhook_deliveries_in_flight)
-# and due deliveries (webhook_deliveries_ep_due, at most one past ``beginning``). One round
-# trip where it may be (vpay.pipelined): the lock is held to the commit, and the endpoint's
-# other deliveries queue behind every round trip it waits for. The lock names the endpoint as
-# a quoted literal: a pipeline carries one prepared statement with parameters, the count.
+# The endpoint's row lock (primary key), then, as a statement of its own so its snapshot is
+# taken after the lock is granted (tests/test_webhook_fast_path.py), its live leases
+# (webhook_deliveries_in_flight) and due deliveries (webhook_deliveries_ep_due, at most one
+# past ``beginning``). One round trip where it may be (vpay.pipelined): the lock is held to the
+# commit, and the endpoint's other deliveries queue behind every round trip it waits for. The
+# lock names the endpoint as a quoted literal: vpay.pipelined sends one prepared statement.
 _LOCK_ENDPOINT = "SELECT 1 FROM webhook_endpoints WHERE id = {endpoint}::text FOR NO KEY UPDATE"
 _IN_FLIGHT = (
     "SELECT count(*), EXTRACT(EPOCH FROM min(lease_expires_at) - now())::float8,"

@@ -269,7 +269,11 @@ def _call(
     if counted and not SHARES.acquire(rail.code, share):
         # This worker's own requests hold the share: their ends wake it, or its short wait does.
         raise rail_gate.at_ceiling(
-            rail.code, ticket, None, f"holds this worker's share ({share}) of threads", soon=True
+            rail.code,
+            ticket,
+            None,
+            f"holds this worker's share ({share}) of threads",
+            soon=rail_slots.few_waiting(rail.code),
         )
     failed_recorded = False
     try:
@@ -345,6 +349,7 @@ def _record_sent(
     if request_id is None:
         # The oldest request in flight went out bound - earliest_left ago.
         moving = earliest_left is not None and bound - earliest_left < rail_gate.MOVING_AGE_SECONDS
+        moving = moving and rail_slots.few_waiting(rail.code)
         raise rail_gate.at_ceiling(
             rail.code,
             ticket,

@@ -41,11 +41,14 @@ CEILING_MAX_WAIT_SECONDS = 5.0
 MIN_WAIT_SECONDS = 1.0
 JITTER = 0.25
 # Unless the slots are held by requests younger than MOVING_AGE (the rail is answering, so
-# one frees within moments) or by this worker's own (the share): then it comes back after
-# SOON_WAIT, doubled at each deferral in a row, up to the wait above. A freed slot wakes
-# only its own process's waiters (charges.services.rail_slots), so without this a poll
+# one frees within moments) or by this worker's own (the share), and fewer of this process's
+# polls than the ceiling already wait (more would come back in waves to fight over it): then
+# it comes back after SOON_WAIT, doubled at each deferral since its last progress, spread
+# over half to one and a half times that, and never later than the wait above. A freed slot
+# wakes only its own process's waiters (charges.services.rail_slots), so without this a poll
 # deferred behind the web's submits, which wake nobody, sat out the whole five seconds with
-# the rail idle (bench/CHARGES.md: the create → webhook p99).
+# the rail idle (bench/CHARGES.md: the create → webhook p99). Due is not run: an idle worker
+# claims it at its next NOTIFY or idle poll (a second).
 MOVING_AGE_SECONDS = 1.0
 SOON_WAIT_SECONDS = 0.1
 
@@ -65,15 +68,16 @@ class RailDeferred(DeferError):
         self.soon = soon
 
     def delay_after(self, deferrals: int) -> float:
-        """The wait for a caller deferred ``deferrals`` times in a row before this one."""
+        """The wait for a caller deferred ``deferrals`` times since its last progress (the job's
+        count: the breaker's deferrals and the long waits count too, which only lengthens it)."""
         if not self.soon:
             return self.delay_seconds
-        return min(slot_wait(deferrals), self.delay_seconds) * (1.0 + JITTER * random.random())
+        return min(slot_wait(deferrals) * (0.5 + random.random()), self.delay_seconds)
 
 
 def slot_wait(deferrals: int) -> float:
-    """A slot held by moving requests: SOON_WAIT, doubled at each deferral in a row, so a rail
-    whose slots stay full is asked less and less often (its long wait caps it)."""
+    """A slot held by moving requests: SOON_WAIT, doubled at each deferral, so a rail whose
+    slots stay full is asked less and less often (its long wait caps it)."""
     return SOON_WAIT_SECONDS * 2.0 ** min(deferrals, 16)
 
 

@@ -24,6 +24,8 @@ import logging
 import threading
 from collections import OrderedDict
 
+from django.conf import settings
+
 from jobs.port import pull_forward_waiting
 
 logger = logging.getLogger(__name__)
@@ -67,6 +69,10 @@ class RailWaiters:
                     names[name] = None
                     names.move_to_end(name, last=False)
 
+    def count(self, rail_code: str) -> int:
+        with self._lock:
+            return len(self._waiting.get(rail_code, ()))
+
     def waiting(self, rail_code: str) -> list[str]:
         with self._lock:
             return list(self._waiting.get(rail_code, ()))
@@ -78,6 +84,11 @@ WAITERS = RailWaiters()
 def wait_for_slot(rail_code: str, job_name: str) -> None:
     """The poll named ``job_name`` is deferred for a slot of ``rail_code``: wake it when one frees."""
     WAITERS.add(rail_code, job_name)
+
+
+def few_waiting(rail_code: str) -> bool:
+    """Fewer of this process's polls wait for a slot of ``rail_code`` than its ceiling holds."""
+    return WAITERS.count(rail_code) < settings.VPAY_RAIL_MAX_IN_FLIGHT
 
 
 def slot_freed(rail_code: str) -> str | None:
