@@ -37,6 +37,7 @@ def test_startup_options_carry_the_timeouts_only_without_a_pooler(pooler):
     else:
         assert options == {
             "options": "-c statement_timeout=30000 -c idle_in_transaction_session_timeout=60000 -c jit=off"
+            " -c default_transaction_isolation=read\\ committed"  # libpq: a backslash escapes the space
         }
 
 

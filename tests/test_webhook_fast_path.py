@@ -85,10 +85,21 @@ def test_the_digest_an_attempt_is_held_to_is_read_under_the_lock_that_claimed_it
     assert DeliveryAttempt.objects.get(delivery=d).error == attempted.error
 
 
-@pytest.mark.parametrize("prepared", [True, False], ids=["pipelined", "django-cursor"])
-@pytest.mark.parametrize("endpoints_counted", [1, 2], ids=["one-endpoint", "a-batch-of-endpoints"])
+@pytest.mark.parametrize(
+    ("endpoints_counted", "prepared", "database_default"),
+    [
+        (1, True, ""),
+        (2, True, ""),
+        (1, False, ""),  # off: the lock and the count as two plain statements
+        (2, False, ""),
+        # Pinned by the connection's startup options (vpay/db_pooler.py): under REPEATABLE
+        # READ the count would read the snapshot its transaction took before the wait.
+        (1, True, "repeatable read"),
+    ],
+    ids=["one-endpoint", "a-batch-of-endpoints", "one-plain", "a-batch-plain", "database-default-repeatable-read"],
+)
 def test_the_cap_count_sees_an_attempt_committed_while_it_waited_for_the_endpoint_lock(
-    receiver, settings, endpoints_counted, prepared
+    receiver, settings, endpoints_counted, prepared, database_default
 ):
     # Another worker holds the endpoint's row lock and is starting an attempt; this count
     # waits for the lock. When it gets it, it must count that attempt: a count read on a
@@ -96,7 +107,9 @@ def test_the_cap_count_sees_an_attempt_committed_while_it_waited_for_the_endpoin
     # and the count go in one round trip (webhooks/attempt_sql.py, attempt_batch_sql.py).
     ep, _, d = one_delivery(receiver, "/hooks/cap")
     other_ep = endpoints.create_endpoint(ep.merchant, url=receiver.url("/hooks/b"), enabled_events=["*"])[0]
-    settings.VPAY_DB_PREPARED_STATEMENTS = prepared  # off: the lock and the count as two plain statements
+    settings.VPAY_DB_PREPARED_STATEMENTS = prepared
+    if database_default:
+        database_isolation(database_default)
     other = psycopg.connect(database_url(), autocommit=False)
     try:
         other.execute("SELECT 1 FROM webhook_endpoints WHERE id = %s FOR NO KEY UPDATE", [ep.pk])
@@ -126,6 +139,19 @@ def test_the_cap_count_sees_an_attempt_committed_while_it_waited_for_the_endpoin
         assert counted == {"in_flight": 1}
     finally:
         other.close()
+        if database_default:
+            database_isolation("")
+
+
+def database_isolation(level: str) -> None:
+    """The test database's default isolation for new sessions (empty: the server's again)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_database()")
+        name = cursor.fetchone()[0].replace('"', '""')
+        if level:
+            cursor.execute(f'ALTER DATABASE "{name}" SET default_transaction_isolation = %s', [level])
+        else:
+            cursor.execute(f'ALTER DATABASE "{name}" RESET default_transaction_isolation')
 
 
 def blocked_on_a_lock() -> bool:

@@ -34,14 +34,19 @@ def wake_source(*, pooler: str, direct_url: bool) -> WakeSource:
 
 
 def startup_options(*, pooler: str, statement_timeout_ms: int, idle_in_tx_timeout_ms: int) -> dict[str, str]:
-    """The libpq ``options`` a connection sends at startup: the timeouts and JIT off (vpay's
-    statements are short; a JIT compile costs a claim a second on a big table), or nothing
-    behind a pooler (the claim turns JIT off in its own transaction, ``jobs.storage.sql``)."""
+    """The libpq ``options`` a connection sends at startup: the timeouts, JIT off (vpay's
+    statements are short; a JIT compile costs a claim a second on a big table) and READ
+    COMMITTED whatever the role's or database's default (every cap and ceiling locks, then
+    counts in a statement of its own, whose snapshot must be taken after the lock: under
+    REPEATABLE READ it would be the transaction's first, and two workers could take the last
+    slot); or nothing behind a pooler (the claim turns JIT off in its own transaction,
+    ``jobs.storage.sql``; the isolation is the role's, docs/deploy.md)."""
     if pooler == "transaction":
         return {}
     return {
         "options": f"-c statement_timeout={statement_timeout_ms}"
         f" -c idle_in_transaction_session_timeout={idle_in_tx_timeout_ms} -c jit=off"
+        " -c default_transaction_isolation=read\\ committed"
     }
 
 
