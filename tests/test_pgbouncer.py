@@ -49,7 +49,7 @@ def pooler():
             cursor.execute(statement)
     yield bouncer
     with connection.cursor() as cursor:
-        for name in db_role.expected_timeouts():
+        for name in db_role.role_settings():
             cursor.execute(f'ALTER ROLE "{current["role"]}" IN DATABASE "{current["database"]}" RESET {name}')
     bouncer.stop()
 
@@ -234,6 +234,22 @@ def test_a_worker_behind_the_pooler_warns_when_the_role_has_no_timeouts(pooler, 
     alerts = [r for r in log_records(worker) if r.get("alert")]
     assert len(alerts) == 1 and "statement_timeout is 0, not 30000ms" in alerts[0]["message"], alerts
     assert "dbroletimeouts --apply" in alerts[0]["message"]
+
+
+def test_a_worker_behind_the_pooler_warns_when_the_role_is_not_read_committed(pooler, start_worker):
+    current = db_role.current_timeouts()
+    role = f'ROLE "{current["role"]}" IN DATABASE "{current["database"]}"'
+    with connection.cursor() as cursor:
+        cursor.execute(f"ALTER {role} SET default_transaction_isolation = 'repeatable read'")
+    try:
+        worker = start_worker("--burst", env=pooled_env(pooler, direct=True))
+        assert wait_exit(worker, timeout=30) == 0, worker.output()[-3000:]
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f"ALTER {role} SET default_transaction_isolation = 'read committed'")
+    alerts = [r for r in log_records(worker) if r.get("alert")]
+    assert len(alerts) == 1, alerts
+    assert "default_transaction_isolation is repeatable read, not read committed" in alerts[0]["message"]
 
 
 def test_management_commands_run_through_pgbouncer(pooler):

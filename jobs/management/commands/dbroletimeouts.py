@@ -18,7 +18,7 @@ class Command(BaseCommand):
     help = (
         "Print (or, with --apply, run) the ALTER ROLE ... IN DATABASE ... SET statements that give the "
         "database role vpay's statement and idle-in-transaction timeouts (VPAY_DB_STATEMENT_TIMEOUT_MS, "
-        "VPAY_DB_IDLE_IN_TX_TIMEOUT_MS); --check exits 1 when sessions do not run under them."
+        "VPAY_DB_IDLE_IN_TX_TIMEOUT_MS) and READ COMMITTED; --check exits 1 when sessions do not run under them."
     )
 
     def add_arguments(self, parser):

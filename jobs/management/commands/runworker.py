@@ -246,7 +246,7 @@ class Command(BaseCommand):
         if timeout_problems:
             # A statement without a timeout can hold locks forever; the worker still runs.
             logging.getLogger("jobs.runner.worker").warning(
-                "the database role's timeouts differ from the settings: "
+                "the database role's session defaults differ from the settings: "
                 + "; ".join(timeout_problems)
                 + " (run `python manage.py dbroletimeouts --apply`)",
                 extra={"alert": True},
