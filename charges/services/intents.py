@@ -116,7 +116,7 @@ def create_session(merchant: Merchant, fields: dict) -> CheckoutSession:
                 urls[name] = clean_return_url(fields[name])
             except ValueError as exc:
                 raise InvalidInput("parameter_invalid", f"{name}: {exc}", param=name) from None
-    with transaction.atomic():
+    with transaction.atomic(savepoint=False):  # as create_intent's
         intent = create_intent(merchant, {k: v for k, v in fields.items() if k not in ("success_url", "cancel_url")})
         session = CheckoutSession.objects.create(
             merchant=merchant,
