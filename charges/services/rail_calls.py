@@ -349,13 +349,12 @@ def _record_sent(
     if request_id is None:
         # The oldest request in flight went out bound - earliest_left ago.
         moving = earliest_left is not None and bound - earliest_left < rail_gate.MOVING_AGE_SECONDS
-        moving = moving and rail_slots.few_waiting(rail.code)
         raise rail_gate.at_ceiling(
             rail.code,
             ticket,
             earliest_left,
             f"has its ceiling ({settings.VPAY_RAIL_MAX_IN_FLIGHT}) in flight",
-            soon=moving,
+            soon=moving and rail_slots.few_waiting(rail.code),
         )
     return request_id, earlier
 
