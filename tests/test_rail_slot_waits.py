@@ -77,10 +77,18 @@ def test_a_poll_over_a_ceiling_held_by_a_moving_request_asks_again_within_moment
     due_in, reason = job_of(charge.id)
     assert requests_of(charge.id) == 0 and "has its ceiling (1) in flight" in reason
     assert 0 < due_in <= SOON
-    no_waiters.take("sandbox_push", 1)  # woken by nobody: it ran on its timer
     poll_now(charge.id)  # still held: the second deferral in a row waits twice as long
     due_in, _ = job_of(charge.id)
     assert SOON < due_in <= SOON * 2
+
+
+def test_a_poll_that_runs_no_longer_counts_as_waiting(merchant, sandbox_rail, no_waiters):  # noqa: F811
+    """Run on its timer, not woken: its name, left, would count against the short wait. (A
+    settled charge's poll: no request of its own frees a slot and passes the name over.)"""
+    charge = live_charge(merchant, status="succeeded")
+    no_waiters.add("sandbox_push", f"charge:poll:{charge.id}")
+    poll_now(charge.id)
+    assert requests_of(charge.id) == 0 and no_waiters.count("sandbox_push") == 0
 
 
 def test_with_as_many_of_its_polls_waiting_as_the_ceiling_a_poll_keeps_the_long_wait(

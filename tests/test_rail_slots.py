@@ -37,6 +37,19 @@ def test_waiters_remember_at_most_their_limit_forgetting_the_oldest():
     assert w.waiting("r") == ["b", "c"]  # "a" keeps its own timer
 
 
+def test_a_waiter_that_runs_is_forgotten_and_the_rest_keep_their_places():
+    w = RailWaiters()
+    for name in ("a", "b", "c"):
+        w.add("r", name)
+    w.discard("r", "b")
+    w.discard("r", "gone")
+    w.discard("other", "a")
+    assert w.waiting("r") == ["a", "c"] and w.count("r") == 2
+    w.discard("r", "a")
+    w.discard("r", "c")
+    assert w.count("r") == 0 and w.take("r", 1) == []
+
+
 def test_put_back_keeps_the_order_and_never_duplicates():
     w = RailWaiters()
     w.add("r", "z")

@@ -85,6 +85,7 @@ def poll_charge(ctx: JobContext) -> Outcome:
     if row is None:
         logger.warning("poll for a charge that does not exist", extra={"charge_id": ctx.payload["charge_id"]})
         return Outcome.done()
+    rail_slots.running(row.rail, repository.poll_dedupe_key(row.id))
     if row.status in CHARGE_TERMINAL:
         return Outcome.done()
     if row.status == ChargeStatus.AUTHORIZED:

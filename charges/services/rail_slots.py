@@ -69,6 +69,14 @@ class RailWaiters:
                     names[name] = None
                     names.move_to_end(name, last=False)
 
+    def discard(self, rail_code: str, job_name: str) -> None:
+        with self._lock:
+            names = self._waiting.get(rail_code)
+            if names is not None:
+                names.pop(job_name, None)
+                if not names:
+                    del self._waiting[rail_code]
+
     def count(self, rail_code: str) -> int:
         with self._lock:
             return len(self._waiting.get(rail_code, ()))
@@ -84,6 +92,13 @@ WAITERS = RailWaiters()
 def wait_for_slot(rail_code: str, job_name: str) -> None:
     """The poll named ``job_name`` is deferred for a slot of ``rail_code``: wake it when one frees."""
     WAITERS.add(rail_code, job_name)
+
+
+def running(rail_code: str, job_name: str) -> None:
+    """The poll named ``job_name`` runs (on its timer, or woken): it waits for no slot now. Its
+    name left behind would count as a waiter in :func:`few_waiting` until a freed slot passed
+    it over, and a busy process's stale names turned the short wait off (bench/CHARGES.md)."""
+    WAITERS.discard(rail_code, job_name)
 
 
 def few_waiting(rail_code: str) -> bool:

@@ -60,6 +60,7 @@ def poll_refund(ctx: JobContext) -> Outcome:
     if row is None:
         logger.warning("poll for a refund that does not exist", extra={"refund_id": ctx.payload["refund_id"]})
         return Outcome.done()
+    rail_slots.running(row.rail, refund_repository.poll_dedupe_key(row.id))
     if row.status in REFUND_TERMINAL:
         return Outcome.done()
     past = policy.past(row.age)
