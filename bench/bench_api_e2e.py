@@ -29,7 +29,8 @@ is asked for, not the most it can take).
 Usage (project root, the project's venv; needs Debian's nginx-light and pgbench):
   python bench/bench_api_e2e.py [--payments 1000] [--clients 16] [--concurrency 16] [--workers 2] [--rate R]
       [--worker-root <another checkout, same schema: its worker, for an A/B>] [--logs <dir>]
-Results: printed, and appended to bench/out/api_e2e.jsonl.
+Results: printed, and appended to bench/out/api_e2e.jsonl; the processes' output of the last
+run in bench/out/api_e2e_logs (or --logs), and the three slowest payments stage by stage.
 """
 
 from __future__ import annotations
@@ -155,6 +156,34 @@ SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM d.created_
  WHERE ev.type = 'payment_intent.succeeded'
 """
 
+# The slowest payments, stage by stage (ms), from the rows' own timestamps: submit answered →
+# first status poll sent → event → delivery row → first attempt. Kept with the results, so a
+# straggler leaves evidence (a 50 s hold once: bench/CHARGES.md). Each charge's requests by
+# provider_requests_charge_op; the rest by primary keys and the events' type.
+_SLOWEST = """
+SELECT c.id, round(extract(epoch FROM a.started - i.created_at) * 1000),
+       round(extract(epoch FROM r.polled - r.answered) * 1000), round(extract(epoch FROM ev.created_at - r.polled) * 1000),
+       round(extract(epoch FROM d.created_at - ev.created_at) * 1000), round(extract(epoch FROM a.started - d.created_at) * 1000)
+  FROM payment_intents i
+  JOIN charges c ON c.intent_id = i.id
+  JOIN events ev ON ev.type = 'payment_intent.succeeded' AND ev.data->>'id' = i.id
+  JOIN webhook_deliveries d ON d.event_id = ev.id
+  JOIN LATERAL (SELECT min(t.started_at) AS started FROM webhook_delivery_attempts t WHERE t.delivery_id = d.id) a ON true
+  JOIN LATERAL (SELECT min(q.answered_at) FILTER (WHERE q.operation = 'submit') AS answered,
+                       min(q.sent_at) FILTER (WHERE q.operation = 'status') AS polled
+                  FROM provider_requests q WHERE q.charge_id = c.id) r ON true
+ ORDER BY a.started - i.created_at DESC NULLS LAST LIMIT 3
+"""
+
+SLOWEST_FIELDS = (
+    "charge",
+    "create_to_attempt",
+    "submit_to_poll",
+    "poll_to_event",
+    "event_to_delivery_row",
+    "delivery_row_to_attempt",
+)
+
 
 def run(
     payments: int,
@@ -222,6 +251,10 @@ def run(
                 conn.execute("SELECT id, data->>'id' FROM events WHERE type = 'payment_intent.succeeded'").fetchall()
             )
             after_settlement = conn.execute(_AFTER_SETTLEMENT).fetchone()
+            slowest = [
+                dict(zip(SLOWEST_FIELDS, (row[0], *(None if v is None else float(v) for v in row[1:])), strict=True))
+                for row in conn.execute(_SLOWEST).fetchall()
+            ]
         limit = None
         if limits:
             from bench.poll_statements import pgbench_commit_rate, rail_get_rate
@@ -259,6 +292,7 @@ def run(
         "settled_to_delivery_row_p50_ms": _ms(after_settlement[0]),
         "settled_to_delivery_row_p99_ms": _ms(after_settlement[1]),
         "delivery_row_to_attempt_p50_ms": _ms(after_settlement[2]),
+        "slowest_payments_ms": slowest,
         # From the first create to the last webhook (or the wait's end): machine-wide, and by
         # role (bench/cpu_roles.py; "bench clients" is this process's own threads).
         "machine_cpu_ms_per_payment": round((machine1 - machine0) * 1000 / payments, 2),
@@ -297,14 +331,15 @@ def main() -> int:
     parser.add_argument(
         "--rate", type=float, help="open loop: start this many payments a second (default: closed loop)"
     )
-    parser.add_argument("--logs", type=Path, help="write the rail's, web's and worker's output here")
+    parser.add_argument(
+        "--logs", type=Path, default=OUT / "api_e2e_logs", help="the rail's, web's and worker's output (each run's)"
+    )
     args = parser.parse_args()
     if args.rate is not None and args.rate <= 0:
         parser.error("--rate must be positive")
     global LOGS
-    if args.logs:
-        args.logs.mkdir(parents=True, exist_ok=True)
-        LOGS = args.logs
+    args.logs.mkdir(parents=True, exist_ok=True)
+    LOGS = args.logs
     result = run(
         args.payments,
         args.clients,
